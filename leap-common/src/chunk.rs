@@ -1,0 +1,238 @@
+//! The LEAP chunk: 12-byte big-endian header + at most 1400 payload bytes,
+//! byte-compatible with the original UDP transport and kernel module.
+
+/// "LEAP" in ASCII, big-endian on the wire.
+pub const LEAP_MAGIC: u32 = 0x4C45_4150;
+/// Size of [`ChunkHeader`] on the wire.
+pub const CHUNK_HEADER_LEN: usize = 12;
+/// Largest payload of one chunk; every chunk but the last of a frame is full.
+pub const CHUNK_PAYLOAD_MAX: usize = 1400;
+/// Largest datagram leap sends or accepts.
+pub const CHUNK_DATAGRAM_MAX: usize = CHUNK_HEADER_LEN + CHUNK_PAYLOAD_MAX;
+
+/// Bits of the header's `reserved` field. The original always sends 0, so a
+/// chunk with [`flags::LEAP`] clear is from an original peer and the other
+/// bits are ignored.
+pub mod flags {
+    /// The sender is a leap node: the other bits are meaningful.
+    pub const LEAP: u16 = 0x8000;
+    /// The sender keeps its recent frames and answers NACKs.
+    pub const RELIABLE: u16 = 0x4000;
+    /// This chunk is a retransmission answering a NACK.
+    pub const RETRANSMIT: u16 = 0x2000;
+    /// Mask of the packet kind (see [`super::ChunkKind`]).
+    pub const KIND_MASK: u16 = 0x000F;
+}
+
+/// What a chunk carries, from the `reserved` field of a leap sender.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ChunkKind {
+    /// Part of a data frame (also every chunk of an original peer).
+    Data = 0,
+    /// Part of a control frame (0xC0DE marker + [`crate::control::ControlMessage`]).
+    Control = 1,
+    /// A request for missing chunks, sent back to the previous node.
+    Nack = 2,
+}
+
+/// The decoded chunk header (host-order fields).
+///
+/// The wire form is 12 bytes, big-endian: magic, seq_id, chunk_id,
+/// total_chunks, reserved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ChunkHeader {
+    /// Frame number, per sender, wrapping at 65536.
+    pub seq: u16,
+    /// Index of this chunk in the frame, `< total_chunks`.
+    pub chunk_id: u16,
+    /// Number of chunks in the frame, `ceil(frame_len / 1400)`.
+    pub total_chunks: u16,
+    /// The `reserved` field: 0 from the original, [`flags`] from leap.
+    pub reserved: u16,
+}
+
+/// Why a datagram is not a valid LEAP chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChunkError {
+    /// Shorter than the 12-byte header.
+    Short,
+    /// The first four bytes are not "LEAP".
+    BadMagic,
+    /// `total_chunks` is 0.
+    ZeroTotal,
+    /// `chunk_id >= total_chunks`.
+    BadChunkId,
+    /// More than 1400 payload bytes.
+    Oversize,
+    /// A chunk that is not the last of its frame must carry exactly 1400
+    /// bytes; the last carries at least one.
+    BadLength,
+}
+
+impl ChunkHeader {
+    /// Header of a data chunk sent by leap (no reliability).
+    pub const fn data(seq: u16, chunk_id: u16, total_chunks: u16) -> Self {
+        Self { seq, chunk_id, total_chunks, reserved: flags::LEAP }
+    }
+
+    /// The kind of the chunk. Chunks of original peers are always data.
+    pub const fn kind(&self) -> ChunkKind {
+        if self.reserved & flags::LEAP == 0 {
+            return ChunkKind::Data;
+        }
+        match self.reserved & flags::KIND_MASK {
+            1 => ChunkKind::Control,
+            2 => ChunkKind::Nack,
+            _ => ChunkKind::Data,
+        }
+    }
+
+    /// Whether the sender is a leap node (as opposed to the original).
+    pub const fn from_leap(&self) -> bool {
+        self.reserved & flags::LEAP != 0
+    }
+
+    /// Whether the given flag bit is set by a leap sender.
+    pub const fn has(&self, flag: u16) -> bool {
+        self.from_leap() && self.reserved & flag == flag
+    }
+
+    /// Writes the 12-byte wire form into `out[..12]`.
+    ///
+    /// # Panics
+    ///
+    /// If `out` is shorter than [`CHUNK_HEADER_LEN`].
+    #[inline]
+    pub fn write(&self, out: &mut [u8]) {
+        out[0..4].copy_from_slice(&LEAP_MAGIC.to_be_bytes());
+        out[4..6].copy_from_slice(&self.seq.to_be_bytes());
+        out[6..8].copy_from_slice(&self.chunk_id.to_be_bytes());
+        out[8..10].copy_from_slice(&self.total_chunks.to_be_bytes());
+        out[10..12].copy_from_slice(&self.reserved.to_be_bytes());
+    }
+
+    /// The wire form as an array.
+    #[inline]
+    pub fn to_bytes(&self) -> [u8; CHUNK_HEADER_LEN] {
+        let mut b = [0u8; CHUNK_HEADER_LEN];
+        self.write(&mut b);
+        b
+    }
+
+    /// Parses the header only: magic, `total_chunks != 0`,
+    /// `chunk_id < total_chunks`, payload length <= 1400.
+    ///
+    /// # Errors
+    ///
+    /// The first rule the datagram breaks, as a [`ChunkError`].
+    #[inline]
+    pub fn parse(datagram: &[u8]) -> Result<(Self, &[u8]), ChunkError> {
+        if datagram.len() < CHUNK_HEADER_LEN {
+            return Err(ChunkError::Short);
+        }
+        let be16 = |i: usize| u16::from_be_bytes([datagram[i], datagram[i + 1]]);
+        let magic = u32::from_be_bytes([datagram[0], datagram[1], datagram[2], datagram[3]]);
+        if magic != LEAP_MAGIC {
+            return Err(ChunkError::BadMagic);
+        }
+        let hdr = Self { seq: be16(4), chunk_id: be16(6), total_chunks: be16(8), reserved: be16(10) };
+        let payload = &datagram[CHUNK_HEADER_LEN..];
+        if hdr.total_chunks == 0 {
+            return Err(ChunkError::ZeroTotal);
+        }
+        if hdr.chunk_id >= hdr.total_chunks {
+            return Err(ChunkError::BadChunkId);
+        }
+        if payload.len() > CHUNK_PAYLOAD_MAX {
+            return Err(ChunkError::Oversize);
+        }
+        Ok((hdr, payload))
+    }
+
+    /// [`Self::parse`] plus the data-chunk length rule: every chunk but the
+    /// last carries exactly 1400 bytes, the last at least one.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::parse`], and [`ChunkError::BadLength`].
+    #[inline]
+    pub fn parse_data(datagram: &[u8]) -> Result<(Self, &[u8]), ChunkError> {
+        let (hdr, payload) = Self::parse(datagram)?;
+        let last = hdr.chunk_id + 1 == hdr.total_chunks;
+        let ok = if last { !payload.is_empty() } else { payload.len() == CHUNK_PAYLOAD_MAX };
+        if !ok {
+            return Err(ChunkError::BadLength);
+        }
+        Ok((hdr, payload))
+    }
+}
+
+/// Number of chunks a frame of `len` bytes needs (`ceil(len / 1400)`), or
+/// `None` when that does not fit the u16 `total_chunks` field or `len` is 0.
+pub const fn chunks_for(len: usize) -> Option<u16> {
+    if len == 0 {
+        return None;
+    }
+    let n = len.div_ceil(CHUNK_PAYLOAD_MAX);
+    if n > u16::MAX as usize { None } else { Some(n as u16) }
+}
+
+/// Largest frame the chunk format can describe (65535 full chunks).
+pub const FRAME_LEN_MAX: usize = u16::MAX as usize * CHUNK_PAYLOAD_MAX;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_round_trips_in_big_endian() {
+        let h = ChunkHeader { seq: 0x0102, chunk_id: 3, total_chunks: 12, reserved: 0 };
+        let b = h.to_bytes();
+        assert_eq!(b, [0x4C, 0x45, 0x41, 0x50, 1, 2, 0, 3, 0, 12, 0, 0]);
+        assert_eq!(ChunkHeader::parse(&b).unwrap().0, h);
+    }
+
+    #[test]
+    fn malformed_headers_are_rejected() {
+        let mut b = ChunkHeader::data(1, 0, 2).to_bytes();
+        assert_eq!(ChunkHeader::parse(&b[..11]), Err(ChunkError::Short));
+        b[0] = b'X';
+        assert_eq!(ChunkHeader::parse(&b), Err(ChunkError::BadMagic));
+        let b = ChunkHeader::data(1, 2, 2).to_bytes();
+        assert_eq!(ChunkHeader::parse(&b), Err(ChunkError::BadChunkId));
+        let b = ChunkHeader::data(1, 0, 0).to_bytes();
+        assert_eq!(ChunkHeader::parse(&b), Err(ChunkError::ZeroTotal));
+        let mut big = [0u8; CHUNK_DATAGRAM_MAX + 1];
+        ChunkHeader::data(1, 0, 2).write(&mut big);
+        assert_eq!(ChunkHeader::parse(&big), Err(ChunkError::Oversize));
+    }
+
+    #[test]
+    fn data_chunks_must_be_full_except_the_last() {
+        let mut d = [0u8; 100];
+        ChunkHeader::data(1, 0, 2).write(&mut d);
+        assert_eq!(ChunkHeader::parse_data(&d), Err(ChunkError::BadLength));
+        ChunkHeader::data(1, 1, 2).write(&mut d);
+        assert!(ChunkHeader::parse_data(&d).is_ok());
+        assert_eq!(ChunkHeader::parse_data(&d[..12]), Err(ChunkError::BadLength));
+    }
+
+    #[test]
+    fn original_chunks_are_data_whatever_the_low_bits() {
+        let h = ChunkHeader { seq: 0, chunk_id: 0, total_chunks: 1, reserved: 1 };
+        assert_eq!(h.kind(), ChunkKind::Data);
+        let h = ChunkHeader { reserved: flags::LEAP | 1, ..h };
+        assert_eq!(h.kind(), ChunkKind::Control);
+    }
+
+    #[test]
+    fn chunk_count_matches_the_original() {
+        assert_eq!(chunks_for(16392), Some(12));
+        assert_eq!(chunks_for(1400), Some(1));
+        assert_eq!(chunks_for(1401), Some(2));
+        assert_eq!(chunks_for(0), None);
+        assert_eq!(chunks_for(FRAME_LEN_MAX), Some(u16::MAX));
+        assert_eq!(chunks_for(FRAME_LEN_MAX + 1), None);
+    }
+}

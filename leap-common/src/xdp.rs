@@ -1,0 +1,376 @@
+//! Maps shared by the XDP program (`leap-ebpf`) and user space: their names,
+//! key and value types, the counter indices and the ring-buffer record.
+//!
+//! The program reads [`XdpConfig`] from `LEAP_CONFIG[0]`, the listening
+//! ports from `LEAP_PORTS`, the allowed senders from `LEAP_PEERS` (only when
+//! [`cfg::PEER_FILTER`] is set) and counts every decision in the per-CPU
+//! array `LEAP_COUNTERS`, indexed by [`Counter`].
+//!
+//! ```
+//! use core::net::SocketAddr;
+//! use leap_common::chunk::ChunkKind;
+//! use leap_common::xdp::{PeerKey, PeerRule};
+//!
+//! let prev: SocketAddr = "10.0.0.1:9999".parse().unwrap();
+//! let key = PeerKey::new(prev, 9999);
+//! let rule = PeerRule::allow(&[ChunkKind::Data, ChunkKind::Control]);
+//! assert!(rule.allows(0x8000)); // a leap data chunk
+//! assert!(!rule.allows(0x8002)); // a NACK must come from the next node
+//! assert_eq!(key.source(), prev);
+//! ```
+
+use core::net::{IpAddr, Ipv6Addr, SocketAddr};
+
+use crate::chunk::{CHUNK_DATAGRAM_MAX, ChunkHeader, ChunkKind};
+
+/// Name of the XDP program in the object (its function name).
+pub const PROGRAM_NAME: &str = "leap_xdp";
+/// `Array<XdpConfig>` with one entry.
+pub const MAP_CONFIG: &str = "LEAP_CONFIG";
+/// `HashMap<u16, PortRule>`: destination ports (host order) to pick up.
+pub const MAP_PORTS: &str = "LEAP_PORTS";
+/// `HashMap<PeerKey, PeerRule>`: allowed senders when the peer filter is on.
+pub const MAP_PEERS: &str = "LEAP_PEERS";
+/// `PerCpuArray<u64>` indexed by [`Counter`].
+pub const MAP_COUNTERS: &str = "LEAP_COUNTERS";
+/// `XskMap`: AF_XDP socket per receive queue.
+pub const MAP_XSKS: &str = "LEAP_XSKS";
+/// `RingBuf` of [`RingRecord`]s.
+pub const MAP_RING: &str = "LEAP_RING";
+
+/// Capacity of `LEAP_PORTS`.
+pub const MAX_PORTS: u32 = 64;
+/// Capacity of `LEAP_PEERS`.
+pub const MAX_PEERS: u32 = 256;
+/// Capacity of `LEAP_XSKS`: receive queues an AF_XDP socket can be bound to.
+pub const MAX_QUEUES: u32 = 64;
+/// Bytes of `LEAP_RING` (a power of two, a multiple of the page size).
+pub const RING_BYTES: u32 = 4 << 20;
+
+/// How the program hands a chunk to user space ([`XdpConfig::delivery`]).
+pub mod delivery {
+    /// Not configured: every packet is passed to the kernel (counted as passed).
+    pub const PASS: u32 = 0;
+    /// Redirect into `LEAP_XSKS[rx_queue]` (AF_XDP).
+    pub const XSK: u32 = 1;
+    /// Copy into `LEAP_RING` as a [`super::RingRecord`] and drop.
+    pub const RING_BUF: u32 = 2;
+}
+
+/// Bits of [`XdpConfig::flags`].
+pub mod cfg {
+    /// Emit aya-log debug events for rejected chunks.
+    pub const LOG: u32 = 1 << 0;
+    /// Only accept chunks whose source is in `LEAP_PEERS` for their kind.
+    pub const PEER_FILTER: u32 = 1 << 1;
+    /// Drop malformed chunks and chunks from the wrong source instead of
+    /// passing them to the kernel.
+    pub const DROP_REJECTED: u32 = 1 << 2;
+    /// Every flag this version knows.
+    pub const ALL: u32 = LOG | PEER_FILTER | DROP_REJECTED;
+}
+
+/// The single entry of `LEAP_CONFIG`, written by user space.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct XdpConfig {
+    /// One of [`delivery`].
+    pub delivery: u32,
+    /// Bits of [`cfg`].
+    pub flags: u32,
+    /// Ring-buffer mode: records are submitted without waking the reader,
+    /// except every `wakeup_every`-th record per CPU and the last chunk of a
+    /// frame. 0 or 1: wake for every record.
+    pub wakeup_every: u32,
+    /// Zero.
+    pub _reserved: u32,
+}
+const _: () = assert!(core::mem::size_of::<XdpConfig>() == 16);
+
+/// Value of `LEAP_PORTS`: the key is the UDP destination port, host order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct PortRule {
+    /// Non-zero: chunks to this port go to user space.
+    pub enabled: u32,
+}
+const _: () = assert!(core::mem::size_of::<PortRule>() == 4);
+
+/// Key of `LEAP_PEERS`: who may send to which local port.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[repr(C)]
+pub struct PeerKey {
+    /// Source address: IPv6, or IPv4 as `::ffff:a.b.c.d`.
+    pub addr: [u8; 16],
+    /// Source UDP port, host order.
+    pub src_port: u16,
+    /// Destination (local, listening) UDP port, host order.
+    pub dst_port: u16,
+}
+const _: () = assert!(core::mem::size_of::<PeerKey>() == 20);
+
+impl PeerKey {
+    /// The key for chunks from `src` to the local port `dst_port`.
+    pub const fn new(src: SocketAddr, dst_port: u16) -> Self {
+        Self { addr: addr16(src.ip()), src_port: src.port(), dst_port }
+    }
+
+    /// The source as a socket address (IPv4-mapped addresses become IPv4).
+    pub const fn source(&self) -> SocketAddr {
+        SocketAddr::new(ip_from16(self.addr), self.src_port)
+    }
+}
+
+/// Value of `LEAP_PEERS`: which chunk kinds the source may send.
+///
+/// The previous node sends data and control chunks; the next node sends
+/// NACKs back. In a two-node ring both are the same address and one entry
+/// allows all three.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct PeerRule {
+    /// Bit `1 << kind` for every allowed [`ChunkKind`].
+    pub kinds: u32,
+}
+const _: () = assert!(core::mem::size_of::<PeerRule>() == 4);
+
+impl PeerRule {
+    /// A rule allowing exactly `kinds`.
+    pub const fn allow(kinds: &[ChunkKind]) -> Self {
+        let mut bits = 0;
+        let mut i = 0;
+        while i < kinds.len() {
+            bits |= 1 << kinds[i] as u32;
+            i += 1;
+        }
+        Self { kinds: bits }
+    }
+
+    /// This rule and `other` together.
+    pub const fn union(self, other: Self) -> Self {
+        Self { kinds: self.kinds | other.kinds }
+    }
+
+    /// Whether a chunk with this header `reserved` field is allowed.
+    #[inline(always)]
+    pub const fn allows(&self, reserved: u16) -> bool {
+        self.kinds & kind_bit(reserved) != 0
+    }
+}
+
+/// `1 << kind` of a chunk whose header has this `reserved` field, with the
+/// same rules as [`ChunkHeader::kind`].
+#[inline(always)]
+pub const fn kind_bit(reserved: u16) -> u32 {
+    let hdr = ChunkHeader { seq: 0, chunk_id: 0, total_chunks: 0, reserved };
+    1 << hdr.kind() as u32
+}
+
+/// Indices of `LEAP_COUNTERS`. Every packet the program sees increments
+/// exactly one of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Counter {
+    /// Not for leap (not UDP, another port, an IP fragment, IPv6 extension
+    /// headers, more than one VLAN tag), or delivery not configured: passed.
+    Passed = 0,
+    /// To a leap port but without the LEAP magic: passed to the kernel.
+    NotLeap = 1,
+    /// Redirected to the AF_XDP socket of its receive queue.
+    ToXsk = 2,
+    /// Copied into the ring buffer (and dropped).
+    ToRingBuf = 3,
+    /// The ring buffer had no room: dropped.
+    RingBufFull = 4,
+    /// LEAP magic but an insane header or inconsistent lengths.
+    Malformed = 5,
+    /// The peer filter is on and the source may not send this kind.
+    WrongSource = 6,
+    /// AF_XDP delivery but no socket bound at the receive queue: passed.
+    NoSocket = 7,
+}
+
+/// Number of [`Counter`]s (entries of `LEAP_COUNTERS`).
+pub const COUNTERS: u32 = 8;
+
+impl Counter {
+    /// Every counter, in index order.
+    pub const ALL: [Self; COUNTERS as usize] = [
+        Self::Passed,
+        Self::NotLeap,
+        Self::ToXsk,
+        Self::ToRingBuf,
+        Self::RingBufFull,
+        Self::Malformed,
+        Self::WrongSource,
+        Self::NoSocket,
+    ];
+
+    /// The name used in `leap xdp stats` and the `--json` output.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Passed => "passed",
+            Self::NotLeap => "not_leap",
+            Self::ToXsk => "to_xsk",
+            Self::ToRingBuf => "to_ringbuf",
+            Self::RingBufFull => "ringbuf_full",
+            Self::Malformed => "malformed",
+            Self::WrongSource => "wrong_source",
+            Self::NoSocket => "no_socket",
+        }
+    }
+}
+
+/// Address family of a [`RingRecord`].
+pub const FAMILY_V4: u16 = 4;
+/// Address family of a [`RingRecord`].
+pub const FAMILY_V6: u16 = 6;
+
+/// One chunk copied into `LEAP_RING`: the UDP payload (LEAP header and
+/// data) and who sent it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub struct RingRecord {
+    /// Bytes of `data` in use: the UDP payload length, 12..=1412.
+    pub len: u16,
+    /// Source UDP port, host order.
+    pub src_port: u16,
+    /// Destination UDP port, host order.
+    pub dst_port: u16,
+    /// [`FAMILY_V4`] or [`FAMILY_V6`].
+    pub family: u16,
+    /// Source address: IPv6, or IPv4 as `::ffff:a.b.c.d`.
+    pub src_addr: [u8; 16],
+    /// Receive queue the packet arrived on.
+    pub rx_queue: u32,
+    /// Zero.
+    pub _reserved: u32,
+    /// The UDP payload; bytes past `len` are unspecified.
+    pub data: [u8; CHUNK_DATAGRAM_MAX],
+}
+const _: () = assert!(core::mem::size_of::<RingRecord>() == 1444);
+const _: () = assert!(core::mem::align_of::<RingRecord>() == 4);
+const _: () = assert!(core::mem::offset_of!(RingRecord, data) == 32);
+
+impl RingRecord {
+    /// The sender of the chunk.
+    pub const fn source(&self) -> SocketAddr {
+        SocketAddr::new(ip_from16(self.src_addr), self.src_port)
+    }
+
+    /// The chunk bytes, `None` when `len` is out of range.
+    pub fn datagram(&self) -> Option<&[u8]> {
+        self.data.get(..usize::from(self.len))
+    }
+}
+
+impl Default for RingRecord {
+    fn default() -> Self {
+        Self {
+            len: 0,
+            src_port: 0,
+            dst_port: 0,
+            family: 0,
+            src_addr: [0; 16],
+            rx_queue: 0,
+            _reserved: 0,
+            data: [0; CHUNK_DATAGRAM_MAX],
+        }
+    }
+}
+
+/// IPv4 addresses as `::ffff:a.b.c.d`, IPv6 as they are.
+pub const fn addr16(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+/// Inverse of [`addr16`].
+pub const fn ip_from16(addr: [u8; 16]) -> IpAddr {
+    let v6 = Ipv6Addr::from_octets(addr);
+    match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
+    }
+}
+
+/// `::ffff:a.b.c.d` from the four bytes of an IPv4 address.
+#[inline(always)]
+pub const fn v4_mapped(octets: [u8; 4]) -> [u8; 16] {
+    let [a, b, c, d] = octets;
+    [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, a, b, c, d]
+}
+
+const _: () = assert!(matches!(ip_from16(v4_mapped([10, 0, 0, 1])), IpAddr::V4(_)));
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::{PeerKey, PeerRule, PortRule, RingRecord, XdpConfig};
+
+    // SAFETY: all of these are `#[repr(C)]`, made of fixed-width integers
+    // and byte arrays only, without padding (their sizes are asserted above),
+    // so every bit pattern is a valid value and no byte is uninitialised.
+    unsafe impl aya::Pod for XdpConfig {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for PortRule {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for PeerKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for PeerRule {}
+    // SAFETY: as above.
+    unsafe impl bytemuck::Zeroable for RingRecord {}
+    // SAFETY: as above; `RingRecord` is `Copy + 'static`.
+    unsafe impl bytemuck::Pod for RingRecord {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nack_needs_its_own_rule() {
+        let prev = PeerRule::allow(&[ChunkKind::Data, ChunkKind::Control]);
+        let next = PeerRule::allow(&[ChunkKind::Nack]);
+        assert!(prev.allows(0)); // an original peer: always data
+        assert!(prev.allows(0x8001));
+        assert!(!prev.allows(0x8002));
+        assert!(next.allows(0x8002));
+        assert!(!next.allows(0x8000));
+        assert!(prev.union(next).allows(0x8002));
+    }
+
+    #[test]
+    fn kind_bit_agrees_with_chunk_header() {
+        for reserved in [0u16, 1, 2, 0x8000, 0x8001, 0x8002, 0x800F, 0xC002, 0x2001] {
+            let hdr = ChunkHeader { seq: 1, chunk_id: 0, total_chunks: 1, reserved };
+            assert_eq!(kind_bit(reserved), 1 << hdr.kind() as u32, "{reserved:#x}");
+        }
+    }
+
+    #[test]
+    fn peer_keys_map_ipv4_into_ipv6() {
+        let v4: SocketAddr = "192.0.2.7:4000".parse().unwrap();
+        let k = PeerKey::new(v4, 9999);
+        assert_eq!(k.addr, v4_mapped([192, 0, 2, 7]));
+        assert_eq!(k.source(), v4);
+        let v6: SocketAddr = "[fd00::2]:4000".parse().unwrap();
+        assert_eq!(PeerKey::new(v6, 9999).source(), v6);
+    }
+
+    #[test]
+    fn counters_are_indexed_in_order() {
+        for (i, c) in Counter::ALL.iter().enumerate() {
+            assert_eq!(*c as usize, i);
+        }
+    }
+
+    #[test]
+    fn ring_record_rejects_bad_lengths() {
+        let mut r = RingRecord { len: 20, ..RingRecord::default() };
+        assert_eq!(r.datagram().map(<[u8]>::len), Some(20));
+        r.len = CHUNK_DATAGRAM_MAX as u16 + 1;
+        assert_eq!(r.datagram(), None);
+    }
+}

@@ -1,0 +1,121 @@
+//! Splits a frame given as several parts (header, payload) into LEAP chunks
+//! without copying: each chunk is its 12-byte header followed by one or two
+//! borrowed slices of the parts.
+
+use leap_common::chunk::{CHUNK_HEADER_LEN, CHUNK_PAYLOAD_MAX, ChunkHeader, FRAME_LEN_MAX, chunks_for};
+
+/// One chunk of a frame: its header and up to two payload slices (a chunk
+/// spans at most two parts when the first part is shorter than a chunk).
+#[derive(Debug, Clone, Copy)]
+pub struct ChunkRef<'a> {
+    /// The header to put in front.
+    pub header: ChunkHeader,
+    /// Payload pieces, in order; the second may be empty.
+    pub pieces: [&'a [u8]; 2],
+}
+
+impl ChunkRef<'_> {
+    /// Payload bytes of this chunk.
+    pub fn payload_len(&self) -> usize {
+        self.pieces[0].len() + self.pieces[1].len()
+    }
+
+    /// Datagram length (header + payload).
+    pub fn datagram_len(&self) -> usize {
+        CHUNK_HEADER_LEN + self.payload_len()
+    }
+}
+
+/// Iterator over the chunks of a frame made of `head` then `tail`.
+#[derive(Debug, Clone)]
+pub struct Chunker<'a> {
+    head: &'a [u8],
+    tail: &'a [u8],
+    seq: u16,
+    reserved: u16,
+    next: u16,
+    total: u16,
+}
+
+impl<'a> Chunker<'a> {
+    /// Chunks of the frame `head ++ tail` with sequence number `seq`; every
+    /// header carries `reserved` (leap flags, or 0 to look like the original).
+    /// `None` if the frame is empty or too long for the format.
+    pub fn new(seq: u16, reserved: u16, head: &'a [u8], tail: &'a [u8]) -> Option<Self> {
+        let len = head.len() + tail.len();
+        if len > FRAME_LEN_MAX {
+            return None;
+        }
+        let total = chunks_for(len)?;
+        Some(Self { head, tail, seq, reserved, next: 0, total })
+    }
+
+    /// Number of chunks of the frame.
+    pub fn total(&self) -> u16 {
+        self.total
+    }
+
+    /// The chunk with index `id` (for retransmission), if it exists.
+    pub fn chunk(&self, id: u16) -> Option<ChunkRef<'a>> {
+        if id >= self.total {
+            return None;
+        }
+        let start = usize::from(id) * CHUNK_PAYLOAD_MAX;
+        let end = (start + CHUNK_PAYLOAD_MAX).min(self.head.len() + self.tail.len());
+        let hl = self.head.len();
+        let first = &self.head[start.min(hl)..end.min(hl)];
+        let second = &self.tail[start.saturating_sub(hl)..end.saturating_sub(hl)];
+        let header = ChunkHeader { seq: self.seq, chunk_id: id, total_chunks: self.total, reserved: self.reserved };
+        Some(ChunkRef { header, pieces: [first, second] })
+    }
+}
+
+impl<'a> Iterator for Chunker<'a> {
+    type Item = ChunkRef<'a>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let c = self.chunk(self.next)?;
+        self.next += 1;
+        Some(c)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = usize::from(self.total - self.next);
+        (n, Some(n))
+    }
+}
+
+impl ExactSizeIterator for Chunker<'_> {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_cover_both_parts_in_order() {
+        let head = [1u8; 8];
+        let tail: Vec<u8> = (0..16384u32).map(|i| i as u8).collect();
+        let mut whole = head.to_vec();
+        whole.extend_from_slice(&tail);
+        let chunks: Vec<_> = Chunker::new(5, 0, &head, &tail).unwrap().collect();
+        assert_eq!(chunks.len(), 12);
+        let mut joined = Vec::new();
+        for (i, c) in chunks.iter().enumerate() {
+            assert_eq!(c.header.chunk_id as usize, i);
+            assert_eq!(c.header.total_chunks, 12);
+            assert_eq!(c.header.seq, 5);
+            if i < 11 {
+                assert_eq!(c.payload_len(), 1400);
+            }
+            joined.extend_from_slice(c.pieces[0]);
+            joined.extend_from_slice(c.pieces[1]);
+        }
+        assert_eq!(joined, whole);
+        assert_eq!(chunks[11].payload_len(), 16392 - 11 * 1400);
+    }
+
+    #[test]
+    fn empty_and_oversized_frames_have_no_chunks() {
+        assert!(Chunker::new(0, 0, &[], &[]).is_none());
+    }
+}

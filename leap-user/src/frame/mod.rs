@@ -1,0 +1,9 @@
+//! Frames as chunks: splitting a frame into LEAP chunks on send and putting
+//! them back together on receive. Pure logic, no system calls, shared by
+//! every datagram backend (UDP, XDP, AF_XDP, ring buffer).
+
+pub mod chunker;
+pub mod reassembly;
+
+pub use chunker::Chunker;
+pub use reassembly::{LostFrame, Push, Reassembler};

@@ -1,0 +1,27 @@
+//! leap moves activation frames around a ring of machines that run one LLM
+//! split layer-wise (pipeline parallel): each node receives a frame from the
+//! previous node, computes its layers and sends the result to the next, and
+//! the tail sends back to the head.
+//!
+//! Every way of moving a frame sits behind one [`Transport`] trait: TCP,
+//! UDP in the LEAP chunk format, the XDP/AF_XDP fast path and the
+//! `leap_kmod` kernel module.
+//!
+//! ```no_run
+//! use leap::transport::{Transport, udp::{UdpConfig, UdpTransport}};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let cfg = UdpConfig::new("127.0.0.1:9999".parse()?, "127.0.0.1:10000".parse()?);
+//! let mut t = UdpTransport::bind(cfg)?;
+//! let frame = vec![0u8; 16392];
+//! t.send_next(&frame)?;
+//! let mut buf = vec![0u8; 16392];
+//! let got = t.recv_prev(&mut buf)?;
+//! assert_eq!(got.len, 16392);
+//! # Ok(()) }
+//! ```
+
+pub mod frame;
+pub mod transport;
+
+pub use transport::{FrameKind, Received, Stats, Transport, TransportError};

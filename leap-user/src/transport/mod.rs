@@ -1,0 +1,350 @@
+//! The [`Transport`] trait every backend implements, its error type and its
+//! counters.
+
+// pub mod tcp;
+// pub mod udp;
+
+use std::io;
+use std::time::Duration;
+
+use leap_common::control::{CONTROL_FRAME_MIN, ControlMessage};
+use serde::Serialize;
+
+/// What a received frame is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum FrameKind {
+    /// Activations (header + floats).
+    Data,
+    /// A control message (0xC0DE marker + message, zero padded).
+    Control,
+}
+
+/// A frame written into the caller's buffer by [`Transport::recv_prev`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Received {
+    /// Bytes of the frame at the start of the buffer.
+    pub len: usize,
+    /// Data or control.
+    pub kind: FrameKind,
+}
+
+/// Errors of every backend.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    /// A system call failed.
+    #[error("{call} failed: {source}")]
+    Syscall {
+        /// The call, e.g. `"sendmsg"`.
+        call: &'static str,
+        /// What the kernel said.
+        #[source]
+        source: io::Error,
+    },
+    /// No complete frame arrived before the receive deadline.
+    #[error("no frame within {0:?}")]
+    Timeout(Duration),
+    /// A frame could not be completed and was given up (best-effort mode).
+    #[error("frame seq {seq} lost: {missing} of {total} chunks missing")]
+    FrameLost {
+        /// Its sequence number.
+        seq: u16,
+        /// Chunks that never arrived.
+        missing: u16,
+        /// Chunks of the frame.
+        total: u16,
+    },
+    /// The frame does not fit the caller's buffer (it is dropped).
+    #[error("frame of {len} bytes does not fit a {capacity}-byte buffer")]
+    FrameTooLarge {
+        /// Length of the frame on the wire.
+        len: usize,
+        /// Length of the caller's buffer.
+        capacity: usize,
+    },
+    /// The frame to send is empty or longer than the format allows.
+    #[error("cannot send a frame of {0} bytes (1 ..= {max} allowed)", max = leap_common::chunk::FRAME_LEN_MAX)]
+    BadFrameLen(usize),
+    /// The peer closed the connection.
+    #[error("the {0} node closed the connection")]
+    PeerClosed(&'static str),
+    /// Could not reach the next node.
+    #[error("cannot connect to {addr} after {attempts} attempts: {source}")]
+    Connect {
+        /// Where we tried to connect.
+        addr: std::net::SocketAddr,
+        /// How often.
+        attempts: u32,
+        /// The last error.
+        #[source]
+        source: io::Error,
+    },
+    /// This backend cannot do that (e.g. `send_prev` on a ring that only
+    /// flows forward).
+    #[error("{0} is not supported by this transport")]
+    Unsupported(&'static str),
+    /// A control message could not be encoded.
+    #[error("invalid control message: {0:?}")]
+    Control(leap_common::control::ControlError),
+    /// Anything a specific backend reports (XDP, kernel module).
+    #[error(transparent)]
+    Backend(Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl TransportError {
+    /// Wraps the last OS error of `call`.
+    pub fn last_os(call: &'static str) -> Self {
+        Self::Syscall { call, source: io::Error::last_os_error() }
+    }
+
+    /// Wraps an `io::Error` of `call`.
+    pub fn io(call: &'static str, source: io::Error) -> Self {
+        Self::Syscall { call, source }
+    }
+
+    /// Whether the error means "nothing arrived in time" (the caller may retry).
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Self::Timeout(_))
+    }
+}
+
+/// Result of transport operations.
+pub type Result<T, E = TransportError> = std::result::Result<T, E>;
+
+/// Datagrams dropped on receive, by reason.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Drops {
+    /// Shorter than a chunk header.
+    pub short: u64,
+    /// Not "LEAP".
+    pub bad_magic: u64,
+    /// `chunk_id >= total_chunks` or `total_chunks == 0`.
+    pub bad_chunk_id: u64,
+    /// More than 1400 payload bytes.
+    pub oversize: u64,
+    /// A non-last chunk that is not full, or an empty last chunk.
+    pub bad_length: u64,
+    /// `total_chunks` disagrees with earlier chunks of the same seq.
+    pub total_mismatch: u64,
+    /// From a source other than the configured previous node.
+    pub wrong_source: u64,
+    /// A chunk already received.
+    pub duplicate: u64,
+    /// A chunk of a frame already delivered or given up.
+    pub stale: u64,
+    /// A chunk too far ahead of the frame being assembled.
+    pub out_of_window: u64,
+    /// A frame larger than the receive buffer.
+    pub too_large: u64,
+}
+
+impl Drops {
+    /// All drops.
+    pub fn total(&self) -> u64 {
+        self.short
+            + self.bad_magic
+            + self.bad_chunk_id
+            + self.oversize
+            + self.bad_length
+            + self.total_mismatch
+            + self.wrong_source
+            + self.duplicate
+            + self.stale
+            + self.out_of_window
+            + self.too_large
+    }
+
+    /// Counts a chunk-header parse error.
+    pub fn count_parse(&mut self, e: leap_common::chunk::ChunkError) {
+        use leap_common::chunk::ChunkError as E;
+        match e {
+            E::Short => self.short += 1,
+            E::BadMagic => self.bad_magic += 1,
+            E::ZeroTotal | E::BadChunkId => self.bad_chunk_id += 1,
+            E::Oversize => self.oversize += 1,
+            E::BadLength => self.bad_length += 1,
+        }
+    }
+}
+
+/// Counters of one transport instance.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Stats {
+    /// Frames handed to the network.
+    pub frames_sent: u64,
+    /// Frames delivered to the caller.
+    pub frames_received: u64,
+    /// Datagrams (chunks) sent, retransmissions included.
+    pub chunks_sent: u64,
+    /// Valid chunks taken into a frame.
+    pub chunks_received: u64,
+    /// Payload bytes sent.
+    pub bytes_sent: u64,
+    /// Payload bytes delivered.
+    pub bytes_received: u64,
+    /// Frames given up (deadline or overtaken).
+    pub frames_lost: u64,
+    /// Chunks sent again in answer to a NACK.
+    pub retransmits: u64,
+    /// NACKs sent to the previous node.
+    pub nacks_sent: u64,
+    /// NACKs received from the next node.
+    pub nacks_received: u64,
+    /// Receive calls that hit their deadline.
+    pub timeouts: u64,
+    /// Dropped datagrams by reason.
+    pub drops: Drops,
+}
+
+impl Stats {
+    /// Adds another instance's counters (for ring-wide sums).
+    pub fn add(&mut self, o: &Stats) {
+        self.frames_sent += o.frames_sent;
+        self.frames_received += o.frames_received;
+        self.chunks_sent += o.chunks_sent;
+        self.chunks_received += o.chunks_received;
+        self.bytes_sent += o.bytes_sent;
+        self.bytes_received += o.bytes_received;
+        self.frames_lost += o.frames_lost;
+        self.retransmits += o.retransmits;
+        self.nacks_sent += o.nacks_sent;
+        self.nacks_received += o.nacks_received;
+        self.timeouts += o.timeouts;
+        let (d, e) = (&mut self.drops, &o.drops);
+        d.short += e.short;
+        d.bad_magic += e.bad_magic;
+        d.bad_chunk_id += e.bad_chunk_id;
+        d.oversize += e.oversize;
+        d.bad_length += e.bad_length;
+        d.total_mismatch += e.total_mismatch;
+        d.wrong_source += e.wrong_source;
+        d.duplicate += e.duplicate;
+        d.stale += e.stale;
+        d.out_of_window += e.out_of_window;
+        d.too_large += e.too_large;
+    }
+}
+
+/// Moves frames around the ring: to the next node, from the previous one.
+///
+/// Frames are opaque bytes (in practice an 8-byte
+/// [`FrameHeader`](leap_common::frame::FrameHeader) and `dim` f32s).
+/// Control frames travel in band, padded to the frame size, as in the
+/// original; [`Received::kind`] says which is which.
+pub trait Transport: Send {
+    /// Short name: `"tcp"`, `"udp"`, `"xdp"`, ...
+    fn name(&self) -> &'static str;
+
+    /// Sends one frame made of `header` followed by `payload` to the next
+    /// node, without merging them into a new buffer.
+    ///
+    /// # Errors
+    ///
+    /// A failed system call, a frame of a length the wire cannot carry, or a
+    /// lost connection.
+    fn send_next_parts(&mut self, kind: FrameKind, header: &[u8], payload: &[u8]) -> Result<()>;
+
+    /// Receives the next frame from the previous node into `buf` and returns
+    /// its length and kind. Waits at most the receive timeout.
+    ///
+    /// # Errors
+    ///
+    /// [`TransportError::Timeout`] when nothing complete arrived in time,
+    /// [`TransportError::FrameLost`] when a frame was given up,
+    /// [`TransportError::FrameTooLarge`], or a system-call error.
+    fn recv_prev(&mut self, buf: &mut [u8]) -> Result<Received>;
+
+    /// Sets the receive deadline of [`Self::recv_prev`] (`None`: wait forever).
+    fn set_recv_timeout(&mut self, timeout: Option<Duration>);
+
+    /// The counters so far.
+    fn stats(&self) -> Stats;
+
+    /// Backend-specific counters (e.g. the XDP program's), as JSON.
+    fn backend_counters(&self) -> Option<serde_json::Value> {
+        None
+    }
+
+    /// Sends one contiguous frame to the next node.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::send_next_parts`].
+    fn send_next(&mut self, frame: &[u8]) -> Result<()> {
+        self.send_next_parts(FrameKind::Data, frame, &[])
+    }
+
+    /// Sends header + payload as one frame (the original's
+    /// `send_multipart_next`).
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::send_next_parts`].
+    fn send_multipart_next(&mut self, header: &[u8], payload: &[u8]) -> Result<()> {
+        self.send_next_parts(FrameKind::Data, header, payload)
+    }
+
+    /// Sends a control message padded with zeros to `frame_len` bytes.
+    ///
+    /// # Errors
+    ///
+    /// [`TransportError::Control`] for an invalid message or a frame too
+    /// small to hold it, else as [`Self::send_next_parts`].
+    fn send_control(&mut self, msg: &ControlMessage, frame_len: usize) -> Result<()> {
+        let mut head = [0u8; CONTROL_FRAME_MIN];
+        msg.encode(&mut head).map_err(TransportError::Control)?;
+        if frame_len < CONTROL_FRAME_MIN {
+            return Err(TransportError::Control(leap_common::control::ControlError::Short));
+        }
+        // Control frames are rare; a zeroed buffer per message is fine.
+        let padding = vec![0u8; frame_len - CONTROL_FRAME_MIN];
+        self.send_next_parts(FrameKind::Control, &head, &padding)
+    }
+
+    /// Sends a frame back to the previous node, where the backend can.
+    ///
+    /// # Errors
+    ///
+    /// [`TransportError::Unsupported`] by default.
+    fn send_prev(&mut self, _frame: &[u8]) -> Result<()> {
+        Err(TransportError::Unsupported("send_prev"))
+    }
+
+    /// Receives a frame from the next node, where the backend can.
+    ///
+    /// # Errors
+    ///
+    /// [`TransportError::Unsupported`] by default.
+    fn recv_next(&mut self, _buf: &mut [u8]) -> Result<Received> {
+        Err(TransportError::Unsupported("recv_next"))
+    }
+}
+
+impl<T: Transport + ?Sized> Transport for Box<T> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+    fn send_next_parts(&mut self, kind: FrameKind, header: &[u8], payload: &[u8]) -> Result<()> {
+        (**self).send_next_parts(kind, header, payload)
+    }
+    fn recv_prev(&mut self, buf: &mut [u8]) -> Result<Received> {
+        (**self).recv_prev(buf)
+    }
+    fn set_recv_timeout(&mut self, timeout: Option<Duration>) {
+        (**self).set_recv_timeout(timeout)
+    }
+    fn stats(&self) -> Stats {
+        (**self).stats()
+    }
+    fn backend_counters(&self) -> Option<serde_json::Value> {
+        (**self).backend_counters()
+    }
+    fn send_control(&mut self, msg: &ControlMessage, frame_len: usize) -> Result<()> {
+        (**self).send_control(msg, frame_len)
+    }
+    fn send_prev(&mut self, frame: &[u8]) -> Result<()> {
+        (**self).send_prev(frame)
+    }
+    fn recv_next(&mut self, buf: &mut [u8]) -> Result<Received> {
+        (**self).recv_next(buf)
+    }
+}

@@ -1,0 +1,304 @@
+//! Reassembly driven with in-memory chunks: order, loss, duplicates, wrap.
+
+use leap::frame::{Chunker, Push, Reassembler};
+use leap::FrameKind;
+use leap_common::chunk::{ChunkHeader, flags};
+use leap_common::control::{ControlMessage, ControlType};
+use proptest::prelude::*;
+
+fn frame(seed: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+/// The datagrams of a frame as the wire would carry them.
+fn datagrams(seq: u16, reserved: u16, f: &[u8]) -> Vec<Vec<u8>> {
+    Chunker::new(seq, reserved, f, &[])
+        .unwrap()
+        .map(|c| {
+            let mut d = c.header.to_bytes().to_vec();
+            d.extend_from_slice(c.pieces[0]);
+            d.extend_from_slice(c.pieces[1]);
+            d
+        })
+        .collect()
+}
+
+fn push(r: &mut Reassembler, d: &[u8], out: &mut [u8]) -> Push {
+    match ChunkHeader::parse_data(d) {
+        Ok((h, p)) => r.push(&h, p, out),
+        Err(e) => {
+            r.drops_mut().count_parse(e);
+            Push::Dropped
+        }
+    }
+}
+
+#[test]
+fn in_order_chunks_make_the_frame() {
+    let f = frame(1, 16392);
+    let mut r = Reassembler::new(16392);
+    let mut out = vec![0; 16392];
+    assert_eq!(r.begin(&mut out), None);
+    let ds = datagrams(0, flags::LEAP, &f);
+    for d in &ds[..11] {
+        assert_eq!(push(&mut r, d, &mut out), Push::Stored);
+    }
+    let Push::Complete(got) = push(&mut r, &ds[11], &mut out) else { panic!("not complete") };
+    assert_eq!(got.len, 16392);
+    assert_eq!(got.kind, FrameKind::Data);
+    assert_eq!(out, f);
+}
+
+#[test]
+fn reordered_and_duplicated_chunks_make_the_frame_once() {
+    let f = frame(2, 5000);
+    let mut r = Reassembler::new(8000);
+    let mut out = vec![0; 8000];
+    r.begin(&mut out);
+    let ds = datagrams(9, 0, &f);
+    assert_eq!(push(&mut r, &ds[3], &mut out), Push::Stored);
+    assert_eq!(push(&mut r, &ds[1], &mut out), Push::Stored);
+    assert_eq!(push(&mut r, &ds[1], &mut out), Push::Dropped);
+    assert_eq!(push(&mut r, &ds[0], &mut out), Push::Stored);
+    let Push::Complete(got) = push(&mut r, &ds[2], &mut out) else { panic!() };
+    assert_eq!(&out[..got.len], &f[..]);
+    assert_eq!(r.drops().duplicate, 1);
+    // A late duplicate of the delivered frame is stale.
+    assert_eq!(push(&mut r, &ds[2], &mut out), Push::Dropped);
+    assert_eq!(r.drops().stale, 1);
+}
+
+#[test]
+fn next_frame_arriving_early_is_kept_for_the_next_call() {
+    let (a, b) = (frame(3, 3000), frame(4, 3000));
+    let mut r = Reassembler::new(3000);
+    let mut out = vec![0; 3000];
+    r.begin(&mut out);
+    let (da, db) = (datagrams(100, 0, &a), datagrams(101, 0, &b));
+    push(&mut r, &da[0], &mut out);
+    push(&mut r, &db[1], &mut out);
+    push(&mut r, &da[2], &mut out);
+    push(&mut r, &db[0], &mut out);
+    assert!(matches!(push(&mut r, &da[1], &mut out), Push::Complete(_)));
+    assert_eq!(out, a);
+    // The rest of b comes in the same batch, after a completed.
+    assert_eq!(r.stash(&ChunkHeader::parse_data(&db[2]).unwrap().0, &db[2][12..]), Push::Stored);
+    let mut out2 = vec![0; 3000];
+    let got = r.begin(&mut out2).expect("b is complete");
+    assert_eq!(got.len, 3000);
+    assert_eq!(out2, b);
+}
+
+#[test]
+fn seq_wraps_around() {
+    let mut r = Reassembler::new(2000);
+    let mut out = vec![0; 2000];
+    for (i, seq) in [65534u16, 65535, 0, 1].into_iter().enumerate() {
+        let f = frame(i as u8, 2000);
+        r.begin(&mut out);
+        let ds = datagrams(seq, 0, &f);
+        push(&mut r, &ds[1], &mut out);
+        assert!(matches!(push(&mut r, &ds[0], &mut out), Push::Complete(_)), "seq {seq}");
+        assert_eq!(out, f);
+    }
+}
+
+#[test]
+fn disagreeing_total_is_dropped_and_never_corrupts() {
+    let f = frame(5, 4200);
+    let mut r = Reassembler::new(8400);
+    let mut out = vec![0; 8400];
+    r.begin(&mut out);
+    let ds = datagrams(1, 0, &f);
+    push(&mut r, &ds[0], &mut out);
+    let mut evil = ds[1].clone();
+    evil[9] = 6; // total_chunks 6 instead of 3
+    evil[12..].fill(0xEE);
+    assert_eq!(push(&mut r, &evil, &mut out), Push::Dropped);
+    assert_eq!(r.drops().total_mismatch, 1);
+    push(&mut r, &ds[1], &mut out);
+    let Push::Complete(got) = push(&mut r, &ds[2], &mut out) else { panic!() };
+    assert_eq!(&out[..got.len], &f[..]);
+}
+
+#[test]
+fn malformed_datagrams_are_counted() {
+    let mut r = Reassembler::new(3000);
+    let mut out = vec![0; 3000];
+    let ok = datagrams(1, 0, &frame(6, 3000));
+    let mut bad_magic = ok[0].clone();
+    bad_magic[0] = 0;
+    let mut bad_id = ok[0].clone();
+    bad_id[7] = 3;
+    let mut short_middle = ok[0].clone();
+    short_middle.truncate(100);
+    let mut oversize = ok[0].clone();
+    oversize.push(1);
+    for d in [&bad_magic, &bad_id, &short_middle, &oversize, &ok[0][..5].to_vec()] {
+        assert_eq!(push(&mut r, d, &mut out), Push::Dropped);
+    }
+    let d = r.drops();
+    assert_eq!((d.bad_magic, d.bad_chunk_id, d.bad_length, d.oversize, d.short), (1, 1, 1, 1, 1));
+}
+
+#[test]
+fn lost_chunk_never_completes_and_abandon_moves_on() {
+    let (a, b) = (frame(7, 2800), frame(8, 2800));
+    let mut r = Reassembler::new(2800);
+    let mut out = vec![0; 2800];
+    r.begin(&mut out);
+    push(&mut r, &datagrams(10, 0, &a)[0], &mut out);
+    assert!(r.has_partial());
+    assert_eq!(r.missing().collect::<Vec<_>>(), vec![1]);
+    let lost = r.abandon();
+    assert_eq!((lost.seq, lost.missing, lost.total), (10, 1, 2));
+    r.begin(&mut out);
+    let db = datagrams(11, 0, &b);
+    push(&mut r, &db[0], &mut out);
+    assert!(matches!(push(&mut r, &db[1], &mut out), Push::Complete(_)));
+    assert_eq!(out, b);
+}
+
+#[test]
+fn far_ahead_chunk_marks_the_frame_overtaken() {
+    let mut r = Reassembler::new(2800);
+    let mut out = vec![0; 2800];
+    r.begin(&mut out);
+    push(&mut r, &datagrams(10, 0, &frame(1, 2800))[0], &mut out);
+    assert!(!r.is_overtaken());
+    push(&mut r, &datagrams(10 + 200, 0, &frame(1, 2800))[0], &mut out);
+    assert!(r.is_overtaken());
+    assert_eq!(r.drops().out_of_window, 1);
+}
+
+#[test]
+fn restarted_sender_is_resynced_after_a_quiet_deadline() {
+    let mut r = Reassembler::new(1400);
+    let mut out = vec![0; 1400];
+    for seq in 500..503 {
+        r.begin(&mut out);
+        assert!(matches!(push(&mut r, &datagrams(seq, 0, &frame(1, 1400))[0], &mut out), Push::Complete(_)));
+    }
+    r.begin(&mut out);
+    // The sender restarts at seq 0: stale from our point of view.
+    assert_eq!(push(&mut r, &datagrams(0, 0, &frame(2, 1400))[0], &mut out), Push::Dropped);
+    assert!(r.resync_if_lost());
+    r.begin(&mut out);
+    assert!(matches!(push(&mut r, &datagrams(1, 0, &frame(3, 1400))[0], &mut out), Push::Complete(_)));
+    assert_eq!(out, frame(3, 1400));
+}
+
+#[test]
+fn suspended_frame_continues_in_another_buffer() {
+    let f = frame(9, 4200);
+    let mut r = Reassembler::new(4200);
+    let mut first = vec![0; 4200];
+    r.begin(&mut first);
+    let ds = datagrams(3, 0, &f);
+    push(&mut r, &ds[0], &mut first);
+    push(&mut r, &ds[2], &mut first);
+    r.suspend(&first);
+    let mut second = vec![0; 4200];
+    assert_eq!(r.begin(&mut second), None);
+    assert!(matches!(push(&mut r, &ds[1], &mut second), Push::Complete(_)));
+    assert_eq!(second, f);
+}
+
+#[test]
+fn control_frames_are_recognised_from_flags_and_from_original_peers() {
+    let mut msg = ControlMessage::new(ControlType::ResizeLayers);
+    msg.end_layer = 4;
+    let mut f = vec![0u8; 3000];
+    msg.encode(&mut f).unwrap();
+    for reserved in [flags::LEAP | 1, 0] {
+        let mut r = Reassembler::new(3000);
+        let mut out = vec![0; 3000];
+        r.begin(&mut out);
+        let mut last = Push::Dropped;
+        for d in datagrams(0, reserved, &f) {
+            last = push(&mut r, &d, &mut out);
+        }
+        let Push::Complete(got) = last else { panic!() };
+        assert_eq!(got.kind, FrameKind::Control);
+    }
+    // A leap data frame whose first bytes look like control stays data.
+    let mut r = Reassembler::new(3000);
+    let mut out = vec![0; 3000];
+    r.begin(&mut out);
+    let mut last = Push::Dropped;
+    for d in datagrams(0, flags::LEAP, &f) {
+        last = push(&mut r, &d, &mut out);
+    }
+    let Push::Complete(got) = last else { panic!() };
+    assert_eq!(got.kind, FrameKind::Data);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Any interleaving, duplication and loss of the chunks of a run of
+    /// frames: every delivered frame is byte-identical to the one sent, in
+    /// sequence order, and frames with all their chunks are delivered.
+    #[test]
+    fn reassembly_never_delivers_a_corrupt_frame(
+        len in 1usize..9000,
+        start in any::<u16>(),
+        nframes in 1usize..6,
+        ops in prop::collection::vec((any::<u16>(), 0u8..10), 0..200),
+        garbage in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..1500), 0..10),
+    ) {
+        let frames: Vec<Vec<u8>> = (0..nframes).map(|i| frame(i as u8 + 1, len)).collect();
+        let mut pool: Vec<(usize, Vec<u8>)> = Vec::new();
+        for (i, f) in frames.iter().enumerate() {
+            for d in datagrams(start.wrapping_add(i as u16), 0, f) {
+                pool.push((i, d));
+            }
+        }
+        // Shuffle-ish, duplicate and drop according to `ops`.
+        let mut wire: Vec<(Option<usize>, Vec<u8>)> = pool.iter().map(|(i, d)| (Some(*i), d.clone())).collect();
+        let mut dropped = vec![false; nframes];
+        for (k, op) in &ops {
+            if wire.is_empty() { break; }
+            let at = *k as usize % wire.len();
+            match op {
+                0 => { let (i, _) = wire.remove(at); if let Some(i) = i { dropped[i] = true; } }
+                1 | 2 => { let d = wire[at].clone(); wire.push(d); }
+                _ => { let last = wire.len() - 1; wire.swap(at, last); }
+            }
+        }
+        for g in &garbage {
+            wire.insert(g.len() % (wire.len() + 1), (None, g.clone()));
+        }
+        // Recount drops: a removed chunk may have a duplicate left.
+        for i in 0..nframes {
+            let total = pool.iter().filter(|(j, _)| *j == i).count();
+            let mut seen = std::collections::HashSet::new();
+            for (j, d) in &wire { if *j == Some(i) { seen.insert(d[6..8].to_vec()); } }
+            dropped[i] = seen.len() < total;
+        }
+        let mut r = Reassembler::new(len);
+        let mut out = vec![0u8; len];
+        let mut delivered = Vec::new();
+        r.begin(&mut out);
+        for (_, d) in &wire {
+            if let Push::Complete(got) = push(&mut r, d, &mut out) {
+                prop_assert_eq!(got.len, len);
+                let idx = frames.iter().position(|f| f[..] == out[..]);
+                prop_assert!(idx.is_some(), "delivered a frame that was never sent");
+                delivered.push(idx.unwrap());
+                while let Some(done) = r.begin(&mut out) {
+                    prop_assert_eq!(done.len, len);
+                    let idx = frames.iter().position(|f| f[..] == out[..]);
+                    prop_assert!(idx.is_some());
+                    delivered.push(idx.unwrap());
+                }
+            }
+        }
+        prop_assert!(delivered.windows(2).all(|w| w[0] < w[1]), "out of order: {:?}", delivered);
+        // Liveness: when the reassembler locks on the first frame and every
+        // chunk arrived at least once (and no garbage), all frames arrive.
+        if wire.first().is_some_and(|(i, _)| *i == Some(0)) && !dropped.contains(&true) && garbage.is_empty() {
+            prop_assert_eq!(delivered, (0..nframes).collect::<Vec<_>>());
+        }
+    }
+}

@@ -1,0 +1,73 @@
+//! After warm-up, reassembling a frame allocates nothing.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use leap::frame::{Chunker, Push, Reassembler};
+use leap_common::chunk::ChunkHeader;
+
+struct Counting;
+
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator; only counts calls.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+#[test]
+fn reassembly_allocates_nothing_per_frame_after_warm_up() {
+    const LEN: usize = 16392;
+    let frame: Vec<u8> = (0..LEN).map(|i| i as u8).collect();
+    let mut wire = vec![0u8; 1412 * 12];
+    let mut lens = [0usize; 12];
+    let mut r = Reassembler::new(LEN);
+    let mut out = vec![0u8; LEN];
+    let mut run = |seq: u16, out: &mut [u8], wire: &mut [u8], lens: &mut [usize; 12]| {
+        for (i, c) in Chunker::new(seq, 0, &frame[..8], &frame[8..]).unwrap().enumerate() {
+            let d = &mut wire[i * 1412..];
+            c.header.write(d);
+            let (a, b) = (c.pieces[0], c.pieces[1]);
+            d[12..12 + a.len()].copy_from_slice(a);
+            d[12 + a.len()..12 + a.len() + b.len()].copy_from_slice(b);
+            lens[i] = c.datagram_len();
+        }
+        r.begin(out);
+        // Deliver odd chunks first, then even: exercises reordering.
+        let mut done = false;
+        for i in (1..12).step_by(2).chain((0..12).step_by(2)) {
+            let d = &wire[i * 1412..i * 1412 + lens[i]];
+            let (h, p) = ChunkHeader::parse_data(d).unwrap();
+            if let Push::Complete(got) = r.push(&h, p, out) {
+                assert_eq!(got.len, LEN);
+                done = true;
+            }
+        }
+        assert!(done);
+        assert_eq!(&out[..], &frame[..]);
+    };
+    for seq in 0..20 {
+        run(seq, &mut out, &mut wire, &mut lens);
+    }
+    let before = ALLOCS.load(Ordering::Relaxed);
+    for seq in 20..2000 {
+        run(seq, &mut out, &mut wire, &mut lens);
+    }
+    assert_eq!(ALLOCS.load(Ordering::Relaxed), before, "allocations while reassembling");
+}
