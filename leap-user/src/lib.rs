@@ -22,6 +22,7 @@
 //! ```
 
 pub mod frame;
+pub mod sys;
 pub mod transport;
 
 pub use transport::{FrameKind, Received, Stats, Transport, TransportError};

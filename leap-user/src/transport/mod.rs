@@ -2,7 +2,7 @@
 //! counters.
 
 // pub mod tcp;
-// pub mod udp;
+pub mod udp;
 
 use std::io;
 use std::time::Duration;

@@ -1,0 +1,318 @@
+//! Batched UDP I/O: `sendmmsg` with `UDP_SEGMENT` (GSO) control messages and
+//! `recvmmsg` with `UDP_GRO`, over buffers owned by the batch so that no
+//! call allocates after construction.
+
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::ptr;
+
+use socket2::SockAddr;
+
+/// `SOL_UDP` options (stable kernel ABI, not in every libc version).
+const UDP_SEGMENT: libc::c_int = 103;
+const UDP_GRO: libc::c_int = 104;
+/// Largest number of iovecs the kernel takes in one message.
+const IOV_MAX: usize = 1024;
+/// GSO: the kernel refuses more than 64 segments or more than 64 KiB.
+pub const GSO_MAX_SEGMENTS: usize = 44;
+
+#[repr(C, align(8))]
+#[derive(Clone, Copy)]
+struct CmsgBuf([u8; 32]);
+
+/// A piece of a datagram to send.
+pub type Piece<'a> = &'a [u8];
+
+/// Outgoing datagrams, grouped into messages (one per datagram, or one GSO
+/// super-datagram per group of equal-sized segments), sent with one
+/// `sendmmsg` call per batch.
+pub struct TxBatch {
+    iov: Vec<libc::iovec>,
+    msgs: Vec<libc::mmsghdr>,
+    ctrl: Vec<CmsgBuf>,
+    /// (first iov index, iov count, gso segment size or 0)
+    groups: Vec<(usize, usize, u16)>,
+}
+
+// SAFETY: the raw pointers in `iov` and `msgs` are only written and read
+// inside `send`, where they point into borrowed data that outlives the call;
+// between calls they are stale but never dereferenced.
+unsafe impl Send for TxBatch {}
+
+impl std::fmt::Debug for TxBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TxBatch").field("groups", &self.groups.len()).finish()
+    }
+}
+
+impl Default for TxBatch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TxBatch {
+    /// An empty batch.
+    pub fn new() -> Self {
+        Self { iov: Vec::new(), msgs: Vec::new(), ctrl: Vec::new(), groups: Vec::new() }
+    }
+
+    /// Sends `datagrams` (each a list of pieces, header first) to `dst`.
+    /// With `gso`, runs of full-size datagrams (`segment` bytes, the last of a
+    /// run may be shorter) go out as GSO messages of up to
+    /// [`GSO_MAX_SEGMENTS`]; without, one message per datagram. Returns when
+    /// every datagram was handed to the kernel.
+    ///
+    /// # Errors
+    ///
+    /// The `sendmmsg` error; with GSO, `EIO`/`EINVAL` mean the path cannot
+    /// segment (the caller retries without).
+    pub fn send<'a, I>(&mut self, fd: BorrowedFd<'_>, dst: &SockAddr, datagrams: I, gso: Option<u16>) -> io::Result<()>
+    where
+        I: IntoIterator<Item = [Piece<'a>; 3]>,
+    {
+        self.iov.clear();
+        self.groups.clear();
+        let mut seg_in_group = 0usize;
+        let mut group_closed = true;
+        for pieces in datagrams {
+            let len: usize = pieces.iter().map(|p| p.len()).sum();
+            let start = self.iov.len();
+            for p in pieces.iter().filter(|p| !p.is_empty()) {
+                self.iov.push(libc::iovec { iov_base: p.as_ptr() as *mut libc::c_void, iov_len: p.len() });
+            }
+            let n = self.iov.len() - start;
+            match gso {
+                Some(seg) if !group_closed && seg_in_group < GSO_MAX_SEGMENTS => {
+                    let g = self.groups.last_mut().expect("open group");
+                    g.1 += n;
+                    seg_in_group += 1;
+                    group_closed = len != usize::from(seg) || g.1 + 3 > IOV_MAX;
+                }
+                Some(seg) => {
+                    self.groups.push((start, n, seg));
+                    seg_in_group = 1;
+                    group_closed = len != usize::from(seg);
+                }
+                None => self.groups.push((start, n, 0)),
+            }
+        }
+        self.msgs.clear();
+        self.ctrl.resize(self.groups.len(), CmsgBuf([0; 32]));
+        for (i, &(first, count, seg)) in self.groups.iter().enumerate() {
+            // SAFETY: mmsghdr is plain data; all-zero is a valid value.
+            let mut m: libc::mmsghdr = unsafe { zeroed() };
+            m.msg_hdr.msg_name = dst.as_ptr() as *mut libc::c_void;
+            m.msg_hdr.msg_namelen = dst.len();
+            m.msg_hdr.msg_iov = self.iov[first..].as_mut_ptr();
+            m.msg_hdr.msg_iovlen = count;
+            if seg != 0 && count > 0 {
+                let buf = &mut self.ctrl[i];
+                m.msg_hdr.msg_control = buf.0.as_mut_ptr().cast();
+                // SAFETY: CMSG_SPACE is a pure computation.
+                m.msg_hdr.msg_controllen = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as usize;
+                // SAFETY: msg_control points to a 32-byte, 8-aligned buffer,
+                // large enough for one cmsg carrying a u16.
+                unsafe {
+                    let c = libc::CMSG_FIRSTHDR(&m.msg_hdr);
+                    (*c).cmsg_level = libc::SOL_UDP;
+                    (*c).cmsg_type = UDP_SEGMENT;
+                    (*c).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as usize;
+                    ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), seg);
+                }
+            }
+            self.msgs.push(m);
+        }
+        let mut sent = 0;
+        while sent < self.msgs.len() {
+            let rest = &mut self.msgs[sent..];
+            // SAFETY: every msghdr points to `dst`, to iovecs in `self.iov`
+            // that point into `datagrams`' slices (alive for this call), and
+            // to control buffers in `self.ctrl`; the count is the slice length.
+            let n = unsafe { libc::sendmmsg(fd.as_raw_fd(), rest.as_mut_ptr(), rest.len() as libc::c_uint, 0) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                if e.raw_os_error() == Some(libc::ENOBUFS) {
+                    std::thread::yield_now();
+                    continue;
+                }
+                return Err(e);
+            }
+            sent += n as usize;
+        }
+        Ok(())
+    }
+}
+
+/// One received datagram (or GRO super-datagram) in a [`RxBatch`].
+#[derive(Debug, Clone, Copy)]
+pub struct RxMeta {
+    /// Bytes received.
+    pub len: usize,
+    /// GRO segment size, when the kernel coalesced several datagrams.
+    pub segment: Option<u16>,
+    /// The datagram was larger than the buffer (`MSG_TRUNC`).
+    pub truncated: bool,
+}
+
+/// Buffers for `recvmmsg`: `count` slots of `slot_len` bytes each.
+pub struct RxBatch {
+    slot_len: usize,
+    bufs: Vec<u8>,
+    iov: Vec<libc::iovec>,
+    msgs: Vec<libc::mmsghdr>,
+    names: Vec<libc::sockaddr_storage>,
+    ctrl: Vec<CmsgBuf>,
+    meta: Vec<RxMeta>,
+    filled: usize,
+}
+
+// SAFETY: the raw pointers point into the batch's own heap buffers, which
+// move with it; they are refreshed before every call.
+unsafe impl Send for RxBatch {}
+
+impl std::fmt::Debug for RxBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RxBatch").field("slots", &self.msgs.len()).field("filled", &self.filled).finish()
+    }
+}
+
+impl RxBatch {
+    /// `count` slots of `slot_len` bytes.
+    pub fn new(count: usize, slot_len: usize) -> Self {
+        let count = count.max(1);
+        // SAFETY: plain C structs, all-zero is valid.
+        let (msg, name): (libc::mmsghdr, libc::sockaddr_storage) = unsafe { (zeroed(), zeroed()) };
+        Self {
+            slot_len,
+            bufs: vec![0; count * slot_len],
+            iov: vec![libc::iovec { iov_base: ptr::null_mut(), iov_len: 0 }; count],
+            msgs: vec![msg; count],
+            names: vec![name; count],
+            ctrl: vec![CmsgBuf([0; 32]); count],
+            meta: vec![RxMeta { len: 0, segment: None, truncated: false }; count],
+            filled: 0,
+        }
+    }
+
+    /// Receives up to `count` datagrams. With `wait`, blocks (up to the
+    /// socket's `SO_RCVTIMEO`) for the first and takes what else is queued
+    /// (`MSG_WAITFORONE`); without, returns at once (`MSG_DONTWAIT`).
+    /// Returns how many arrived; 0 on timeout or when none is queued.
+    ///
+    /// # Errors
+    ///
+    /// The `recvmmsg` error, except `EAGAIN`/`EINTR`, which give 0.
+    pub fn recv(&mut self, fd: BorrowedFd<'_>, wait: bool) -> io::Result<usize> {
+        self.filled = 0;
+        let base = self.bufs.as_mut_ptr();
+        for i in 0..self.msgs.len() {
+            // SAFETY: i * slot_len + slot_len <= bufs.len().
+            self.iov[i] = libc::iovec { iov_base: unsafe { base.add(i * self.slot_len) }.cast(), iov_len: self.slot_len };
+            let h = &mut self.msgs[i].msg_hdr;
+            h.msg_iov = &mut self.iov[i];
+            h.msg_iovlen = 1;
+            h.msg_name = (&mut self.names[i] as *mut libc::sockaddr_storage).cast();
+            h.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            h.msg_control = self.ctrl[i].0.as_mut_ptr().cast();
+            h.msg_controllen = self.ctrl[i].0.len();
+            h.msg_flags = 0;
+        }
+        let flags = if wait { libc::MSG_WAITFORONE } else { libc::MSG_DONTWAIT };
+        // SAFETY: every msghdr points to buffers owned by self, sized as
+        // declared; the vector length is the count passed.
+        let n = unsafe {
+            libc::recvmmsg(fd.as_raw_fd(), self.msgs.as_mut_ptr(), self.msgs.len() as libc::c_uint, flags, ptr::null_mut())
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::EAGAIN | libc::EINTR) => Ok(0),
+                _ => Err(e),
+            };
+        }
+        let n = n as usize;
+        for i in 0..n {
+            let m = &self.msgs[i];
+            let mut segment = None;
+            // SAFETY: the kernel filled msg_control/msg_controllen; the CMSG
+            // macros walk within that length.
+            unsafe {
+                let mut c = libc::CMSG_FIRSTHDR(&m.msg_hdr);
+                while !c.is_null() {
+                    if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == UDP_GRO {
+                        let seg = ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>());
+                        segment = u16::try_from(seg).ok();
+                    }
+                    c = libc::CMSG_NXTHDR(&m.msg_hdr, c);
+                }
+            }
+            self.meta[i] = RxMeta {
+                len: (m.msg_len as usize).min(self.slot_len),
+                segment,
+                truncated: m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
+            };
+        }
+        self.filled = n;
+        Ok(n)
+    }
+
+    /// Datagrams received by the last [`Self::recv`].
+    pub fn len(&self) -> usize {
+        self.filled
+    }
+
+    /// Whether the last receive got nothing.
+    pub fn is_empty(&self) -> bool {
+        self.filled == 0
+    }
+
+    /// Bytes, metadata and source of datagram `i < len()`.
+    pub fn get(&self, i: usize) -> (&[u8], RxMeta, Option<SocketAddr>) {
+        let meta = self.meta[i];
+        let bytes = &self.bufs[i * self.slot_len..i * self.slot_len + meta.len];
+        (bytes, meta, sockaddr_to_std(&self.names[i], self.msgs[i].msg_hdr.msg_namelen))
+    }
+}
+
+fn sockaddr_to_std(ss: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<SocketAddr> {
+    // SAFETY: the storage is large enough for any address and the kernel set
+    // `len`; SockAddr::new takes ownership of a copy.
+    let addr = unsafe { SockAddr::new(*ss, len) };
+    addr.as_socket()
+}
+
+/// Enables `UDP_GRO` on a socket; false if the kernel lacks it.
+pub fn enable_gro(fd: BorrowedFd<'_>) -> bool {
+    set_int(fd, libc::SOL_UDP, UDP_GRO, 1).is_ok()
+}
+
+/// Whether the kernel accepts `UDP_SEGMENT` on this socket (GSO).
+pub fn gso_supported(fd: BorrowedFd<'_>) -> bool {
+    // Setting the socket default to 0 is harmless and proves support.
+    set_int(fd, libc::SOL_UDP, UDP_SEGMENT, 0).is_ok()
+}
+
+/// `setsockopt` with an int value.
+///
+/// # Errors
+///
+/// What the kernel said.
+pub fn set_int(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
+    // SAFETY: passes a pointer to a live c_int with its size.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (&value as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}

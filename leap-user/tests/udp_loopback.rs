@@ -1,0 +1,118 @@
+//! The UDP backend on real loopback sockets (no privileges needed).
+
+use std::net::{SocketAddr, UdpSocket};
+use std::time::Duration;
+
+use leap::transport::udp::{UdpConfig, UdpTransport};
+use leap::{FrameKind, Transport, TransportError};
+use leap_common::chunk::ChunkHeader;
+use leap_common::control::{ControlMessage, ControlType};
+
+fn free_addr() -> SocketAddr {
+    UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+fn pair(max: usize) -> (UdpTransport, UdpTransport) {
+    let (a, b) = (free_addr(), free_addr());
+    let mut ca = UdpConfig::new(a, b);
+    ca.max_frame_len = max;
+    let mut cb = UdpConfig::new(b, a);
+    cb.max_frame_len = max;
+    cb.prev = Some(a);
+    ca.prev = Some(b);
+    (UdpTransport::bind(ca).unwrap(), UdpTransport::bind(cb).unwrap())
+}
+
+fn pattern(seed: u32, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i as u32).wrapping_mul(2654435761).wrapping_add(seed).to_le_bytes()[1]).collect()
+}
+
+#[test]
+fn frames_of_every_size_arrive_intact() {
+    let (mut a, mut b) = pair(1 << 20);
+    for (i, len) in [1usize, 1399, 1400, 1401, 16392, 32776, 262152, 1048584 - 8].into_iter().enumerate() {
+        let f = pattern(i as u32, len);
+        a.send_multipart_next(&f[..len.min(8)], &f[len.min(8)..]).unwrap();
+        let mut out = vec![0u8; 1 << 20];
+        let got = b.recv_prev(&mut out).unwrap();
+        assert_eq!(got.len, len);
+        assert_eq!(got.kind, FrameKind::Data);
+        assert!(out[..len] == f[..], "frame of {len} bytes differs");
+    }
+    let s = b.stats();
+    assert_eq!(s.frames_received, 8);
+    assert_eq!(s.drops.total(), 0);
+}
+
+#[test]
+fn several_frames_in_flight_arrive_in_order() {
+    let (mut a, mut b) = pair(65536);
+    let frames: Vec<_> = (0..6).map(|i| pattern(i, 40000)).collect();
+    for f in &frames {
+        a.send_next(f).unwrap();
+    }
+    let mut out = vec![0u8; 65536];
+    for f in &frames {
+        let got = b.recv_prev(&mut out).unwrap();
+        assert_eq!(&out[..got.len], &f[..]);
+    }
+}
+
+#[test]
+fn chunks_from_a_stranger_are_dropped_and_counted() {
+    let (mut a, mut b) = pair(4096);
+    let stranger = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut evil = ChunkHeader::data(0, 0, 1).to_bytes().to_vec();
+    evil.extend_from_slice(&[0xEE; 100]);
+    stranger.send_to(&evil, b.local_addr().unwrap()).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let f = pattern(7, 3000);
+    a.send_next(&f).unwrap();
+    let mut out = vec![0u8; 4096];
+    let got = b.recv_prev(&mut out).unwrap();
+    assert_eq!(&out[..got.len], &f[..]);
+    assert_eq!(b.stats().drops.wrong_source, 1);
+}
+
+#[test]
+fn lost_chunk_gives_a_typed_error_not_a_hang() {
+    let sender = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut cfg = UdpConfig::new(free_addr(), sender.local_addr().unwrap());
+    cfg.prev = Some(sender.local_addr().unwrap());
+    cfg.max_frame_len = 8192;
+    cfg.recv_timeout = Some(Duration::from_millis(200));
+    let mut b = UdpTransport::bind(cfg).unwrap();
+    // Only chunk 0 of a 3-chunk frame arrives.
+    let mut d = ChunkHeader::data(0, 0, 3).to_bytes().to_vec();
+    d.extend_from_slice(&[1; 1400]);
+    sender.send_to(&d, b.local_addr().unwrap()).unwrap();
+    let mut out = vec![0u8; 8192];
+    match b.recv_prev(&mut out) {
+        Err(TransportError::FrameLost { seq: 0, missing: 2, total: 3 }) => {}
+        other => panic!("expected FrameLost, got {other:?}"),
+    }
+    match b.recv_prev(&mut out) {
+        Err(TransportError::Timeout(_)) => {}
+        other => panic!("expected Timeout, got {other:?}"),
+    }
+    assert_eq!(b.stats().frames_lost, 1);
+}
+
+#[test]
+fn control_frames_are_marked_and_decoded() {
+    let (mut a, mut b) = pair(16392);
+    let mut msg = ControlMessage::new(ControlType::ResizeChain);
+    msg.total_workers = 1;
+    msg.ranges[0].end_layer = 32;
+    a.send_control(&msg, 16392).unwrap();
+    let mut out = vec![0u8; 16392];
+    let got = b.recv_prev(&mut out).unwrap();
+    assert_eq!(got.kind, FrameKind::Control);
+    assert_eq!(ControlMessage::decode(&out[..got.len]).unwrap(), msg);
+    // A data frame whose pos has 0xC0DE in its low bytes stays data.
+    let mut f = out.clone();
+    f[..4].copy_from_slice(&0x0001_C0DEi32.to_ne_bytes());
+    a.send_next(&f).unwrap();
+    let got = b.recv_prev(&mut out).unwrap();
+    assert_eq!(got.kind, FrameKind::Data);
+}
