@@ -1,7 +1,7 @@
 //! The [`Transport`] trait every backend implements, its error type and its
 //! counters.
 
-// pub mod tcp;
+pub mod tcp;
 pub mod udp;
 
 use std::io;

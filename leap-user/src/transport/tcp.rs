@@ -1,0 +1,332 @@
+//! TCP, the reliable baseline: one connection from the previous node (we
+//! listen on exactly the address we are given) and one to the next (we
+//! connect, with bounded retries and backoff, concurrently with accepting so
+//! that a ring starts without deadlock). `TCP_NODELAY`, 8 MiB buffers,
+//! vectored writes. By default frames go back to back, exactly as the
+//! original (the receiver knows the frame size); optionally each frame gets
+//! an 8-byte length/kind prefix, for variable sizes and unambiguous control.
+
+use std::io::{self, IoSlice, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use leap_common::control::ControlMessage;
+use socket2::{Domain, Protocol, Socket, Type};
+
+use super::{FrameKind, Received, Result, Stats, Transport, TransportError};
+
+/// How frames are delimited on the stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum TcpFraming {
+    /// Back to back, fixed size: the original's wire.
+    #[default]
+    Raw,
+    /// `u32` little-endian length, `u8` kind, 3 zero bytes, then the frame.
+    Length,
+}
+
+const PREFIX_LEN: usize = 8;
+
+/// Settings of a [`TcpTransport`].
+#[derive(Debug, Clone)]
+pub struct TcpConfig {
+    /// Address to listen on for the previous node (exactly this address).
+    pub listen: SocketAddr,
+    /// The next node.
+    pub next: SocketAddr,
+    /// Accept only connections from this address (the previous node).
+    pub prev: Option<IpAddr>,
+    /// Frame size in [`TcpFraming::Raw`] mode (the receiver must know it).
+    pub frame_len: usize,
+    /// Wire framing; both ends must agree.
+    pub framing: TcpFraming,
+    /// Give up connecting/accepting after this long.
+    pub setup_timeout: Duration,
+    /// Receive deadline (`None`: wait forever).
+    pub recv_timeout: Option<Duration>,
+}
+
+impl TcpConfig {
+    /// Defaults: raw framing, 30 s to set up, 1 s receive deadline.
+    pub fn new(listen: SocketAddr, next: SocketAddr, frame_len: usize) -> Self {
+        Self {
+            listen,
+            next,
+            prev: None,
+            frame_len,
+            framing: TcpFraming::Raw,
+            setup_timeout: Duration::from_secs(30),
+            recv_timeout: Some(Duration::from_secs(1)),
+        }
+    }
+}
+
+/// A stream with the state of a frame half read when a deadline hit, so
+/// that the next read continues where it stopped instead of desynchronising.
+#[derive(Debug)]
+struct Inbound {
+    stream: TcpStream,
+    /// Bytes of the current frame (prefix included) read so far.
+    partial: Vec<u8>,
+    prefix: [u8; PREFIX_LEN],
+}
+
+/// The TCP transport.
+#[derive(Debug)]
+pub struct TcpTransport {
+    cfg: TcpConfig,
+    from_prev: Inbound,
+    to_next: Inbound,
+    stats: Stats,
+}
+
+fn tune(s: &TcpStream) {
+    let _ = s.set_nodelay(true);
+    let sock = socket2::SockRef::from(s);
+    let _ = sock.set_recv_buffer_size(super::udp::SOCKET_BUFFER);
+    let _ = sock.set_send_buffer_size(super::udp::SOCKET_BUFFER);
+}
+
+/// Connects to `addr`, retrying with exponential backoff (10 ms .. 500 ms)
+/// until `timeout` passes.
+///
+/// # Errors
+///
+/// [`TransportError::Connect`] with the last error and the attempt count.
+pub fn connect_with_backoff(addr: SocketAddr, timeout: Duration) -> Result<TcpStream> {
+    let start = Instant::now();
+    let mut delay = Duration::from_millis(10);
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let left = timeout.saturating_sub(start.elapsed()).max(Duration::from_millis(1));
+        match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(2))) {
+            Ok(s) => {
+                tune(&s);
+                return Ok(s);
+            }
+            Err(source) if start.elapsed() + delay >= timeout => {
+                return Err(TransportError::Connect { addr, attempts, source });
+            }
+            Err(_) => {
+                std::thread::sleep(delay);
+                delay = (delay * 2).min(Duration::from_millis(500));
+            }
+        }
+    }
+}
+
+/// Binds exactly `addr` and listens.
+///
+/// # Errors
+///
+/// The failed call.
+pub fn listen(addr: SocketAddr) -> Result<TcpListener> {
+    let s = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
+        .map_err(|e| TransportError::io("socket", e))?;
+    s.set_reuse_address(true).map_err(|e| TransportError::io("setsockopt(SO_REUSEADDR)", e))?;
+    // Set before accept so the accepted socket inherits a large window.
+    let _ = s.set_recv_buffer_size(super::udp::SOCKET_BUFFER);
+    s.bind(&addr.into()).map_err(|e| TransportError::io("bind", e))?;
+    s.listen(4).map_err(|e| TransportError::io("listen", e))?;
+    Ok(s.into())
+}
+
+/// Accepts the previous node's connection, refusing other sources, until
+/// `timeout` passes.
+///
+/// # Errors
+///
+/// [`TransportError::Timeout`] or the failed call.
+pub fn accept_from(l: &TcpListener, prev: Option<IpAddr>, timeout: Duration) -> Result<TcpStream> {
+    l.set_nonblocking(true).map_err(|e| TransportError::io("fcntl", e))?;
+    let start = Instant::now();
+    loop {
+        match l.accept() {
+            Ok((s, from)) => {
+                if prev.is_some_and(|p| p != from.ip()) {
+                    log::warn!("refused a connection from {from}: only the previous node {prev:?} may connect");
+                    continue;
+                }
+                s.set_nonblocking(false).map_err(|e| TransportError::io("fcntl", e))?;
+                tune(&s);
+                return Ok(s);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if start.elapsed() >= timeout {
+                    return Err(TransportError::Timeout(timeout));
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) => return Err(TransportError::io("accept", e)),
+        }
+    }
+}
+
+impl TcpTransport {
+    /// Listens on `cfg.listen` and connects to `cfg.next` at the same time;
+    /// returns when both connections stand.
+    ///
+    /// # Errors
+    ///
+    /// The bind/listen failure, [`TransportError::Connect`] when the next
+    /// node never answered, or [`TransportError::Timeout`] when the previous
+    /// node never connected.
+    pub fn connect(cfg: TcpConfig) -> Result<Self> {
+        if cfg.framing == TcpFraming::Raw && cfg.frame_len == 0 {
+            return Err(TransportError::BadFrameLen(0));
+        }
+        let listener = listen(cfg.listen)?;
+        let (next, timeout) = (cfg.next, cfg.setup_timeout);
+        let connector = std::thread::spawn(move || connect_with_backoff(next, timeout));
+        let accepted = accept_from(&listener, cfg.prev, cfg.setup_timeout);
+        let to_next = connector.join().map_err(|_| TransportError::Unsupported("connect thread panicked"))??;
+        let from_prev = accepted?;
+        let mut t = Self {
+            from_prev: Inbound { stream: from_prev, partial: Vec::new(), prefix: [0; PREFIX_LEN] },
+            to_next: Inbound { stream: to_next, partial: Vec::new(), prefix: [0; PREFIX_LEN] },
+            stats: Stats::default(),
+            cfg,
+        };
+        t.set_recv_timeout(t.cfg.recv_timeout);
+        Ok(t)
+    }
+
+    fn write(stream: &mut TcpStream, framing: TcpFraming, kind: FrameKind, head: &[u8], tail: &[u8]) -> Result<()> {
+        let len = head.len() + tail.len();
+        let len32 = u32::try_from(len).map_err(|_| TransportError::BadFrameLen(len))?;
+        if len == 0 {
+            return Err(TransportError::BadFrameLen(0));
+        }
+        let mut prefix = [0u8; PREFIX_LEN];
+        prefix[..4].copy_from_slice(&len32.to_le_bytes());
+        prefix[4] = kind as u8;
+        let pre: &[u8] = if framing == TcpFraming::Length { &prefix } else { &[] };
+        let mut bufs = [IoSlice::new(pre), IoSlice::new(head), IoSlice::new(tail)];
+        let mut bufs = &mut bufs[..];
+        IoSlice::advance_slices(&mut bufs, 0);
+        while !bufs.is_empty() {
+            match stream.write_vectored(bufs) {
+                Ok(0) => return Err(TransportError::PeerClosed("next")),
+                Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(TransportError::io("writev", e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads one frame into `out`. On a deadline mid-frame, keeps what was
+    /// read so the stream stays in step.
+    fn read(inb: &mut Inbound, cfg: &TcpConfig, out: &mut [u8], side: &'static str) -> Result<Received> {
+        let framed = cfg.framing == TcpFraming::Length;
+        // Resume a frame interrupted by a deadline.
+        let mut have = inb.partial.len();
+        let pre_len = if framed { PREFIX_LEN } else { 0 };
+        if have > 0 {
+            let (pre, body) = inb.partial.split_at(have.min(pre_len));
+            inb.prefix[..pre.len()].copy_from_slice(pre);
+            if !body.is_empty() {
+                let capacity = out.len();
+                out.get_mut(..body.len())
+                    .ok_or(TransportError::FrameTooLarge { len: body.len(), capacity })?
+                    .copy_from_slice(body);
+            }
+            inb.partial.clear();
+        }
+        let deadline = cfg.recv_timeout;
+        let mut total = if framed { None } else { Some(cfg.frame_len) };
+        loop {
+            if total.is_none() && have >= PREFIX_LEN {
+                let len = u32::from_le_bytes(inb.prefix[..4].try_into().expect("4 bytes")) as usize;
+                if len == 0 || inb.prefix[4] > 1 {
+                    return Err(TransportError::io(
+                        "read",
+                        io::Error::new(io::ErrorKind::InvalidData, "bad frame prefix: peer uses another framing?"),
+                    ));
+                }
+                total = Some(len + PREFIX_LEN);
+            }
+            let want = total.unwrap_or(PREFIX_LEN);
+            if want - pre_len > out.len() {
+                return Err(TransportError::FrameTooLarge { len: want - pre_len, capacity: out.len() });
+            }
+            if have >= want {
+                break;
+            }
+            let dst = if have < pre_len { &mut inb.prefix[have..pre_len] } else { &mut out[have - pre_len..want - pre_len] };
+            match inb.stream.read(dst) {
+                Ok(0) => return Err(TransportError::PeerClosed(side)),
+                Ok(n) => have += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                    if have > 0 {
+                        inb.partial.extend_from_slice(&inb.prefix[..have.min(pre_len)]);
+                        if have > pre_len {
+                            inb.partial.extend_from_slice(&out[..have - pre_len]);
+                        }
+                    }
+                    return Err(TransportError::Timeout(deadline.unwrap_or_default()));
+                }
+                Err(e) => return Err(TransportError::io("read", e)),
+            }
+        }
+        let len = total.expect("known") - pre_len;
+        let kind = if framed {
+            if inb.prefix[4] == 1 { FrameKind::Control } else { FrameKind::Data }
+        } else if ControlMessage::decode_frame(&out[..len]).is_ok() {
+            FrameKind::Control
+        } else {
+            FrameKind::Data
+        };
+        Ok(Received { len, kind })
+    }
+}
+
+impl Transport for TcpTransport {
+    fn name(&self) -> &'static str {
+        "tcp"
+    }
+
+    fn send_next_parts(&mut self, kind: FrameKind, header: &[u8], payload: &[u8]) -> Result<()> {
+        Self::write(&mut self.to_next.stream, self.cfg.framing, kind, header, payload)?;
+        self.stats.frames_sent += 1;
+        self.stats.bytes_sent += (header.len() + payload.len()) as u64;
+        Ok(())
+    }
+
+    fn recv_prev(&mut self, buf: &mut [u8]) -> Result<Received> {
+        match Self::read(&mut self.from_prev, &self.cfg, buf, "previous") {
+            Ok(got) => {
+                self.stats.frames_received += 1;
+                self.stats.bytes_received += got.len as u64;
+                Ok(got)
+            }
+            Err(e) => {
+                if e.is_timeout() {
+                    self.stats.timeouts += 1;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn set_recv_timeout(&mut self, timeout: Option<Duration>) {
+        self.cfg.recv_timeout = timeout;
+        let t = timeout.map(|t| t.max(Duration::from_millis(1)));
+        let _ = self.from_prev.stream.set_read_timeout(t);
+        let _ = self.to_next.stream.set_read_timeout(t);
+    }
+
+    fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    fn send_prev(&mut self, frame: &[u8]) -> Result<()> {
+        Self::write(&mut self.from_prev.stream, self.cfg.framing, FrameKind::Data, frame, &[])
+    }
+
+    fn recv_next(&mut self, buf: &mut [u8]) -> Result<Received> {
+        Self::read(&mut self.to_next, &self.cfg, buf, "next")
+    }
+}

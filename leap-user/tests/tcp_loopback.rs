@@ -1,0 +1,96 @@
+//! The TCP backend on real loopback sockets.
+
+use std::net::{SocketAddr, TcpListener};
+use std::time::Duration;
+
+use leap::transport::tcp::{TcpConfig, TcpFraming, TcpTransport};
+use leap::{FrameKind, Transport, TransportError};
+use leap_common::control::{ControlMessage, ControlType};
+
+fn free_addr() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+/// Two nodes, each other's next and previous: both connect concurrently.
+fn pair(frame_len: usize, framing: TcpFraming) -> (TcpTransport, TcpTransport) {
+    let (a, b) = (free_addr(), free_addr());
+    let mut ca = TcpConfig::new(a, b, frame_len);
+    let mut cb = TcpConfig::new(b, a, frame_len);
+    ca.framing = framing;
+    cb.framing = framing;
+    let tb = std::thread::spawn(move || TcpTransport::connect(cb).unwrap());
+    let ta = TcpTransport::connect(ca).unwrap();
+    (ta, tb.join().unwrap())
+}
+
+#[test]
+fn raw_frames_arrive_back_to_back_intact() {
+    let (mut a, mut b) = pair(16392, TcpFraming::Raw);
+    let mut out = vec![0u8; 16392];
+    for i in 0..50u8 {
+        let f: Vec<u8> = (0..16392).map(|k| (k as u8) ^ i).collect();
+        a.send_multipart_next(&f[..8], &f[8..]).unwrap();
+        let got = b.recv_prev(&mut out).unwrap();
+        assert_eq!(got.len, 16392);
+        assert_eq!(out, f);
+    }
+}
+
+#[test]
+fn length_framing_carries_sizes_and_control() {
+    let (mut a, mut b) = pair(0, TcpFraming::Length);
+    let mut out = vec![0u8; 100_000];
+    a.send_next(&[7u8; 99_999]).unwrap();
+    let got = b.recv_prev(&mut out).unwrap();
+    assert_eq!((got.len, got.kind), (99_999, FrameKind::Data));
+    let msg = ControlMessage::new(ControlType::Ack);
+    a.send_control(&msg, 500).unwrap();
+    let got = b.recv_prev(&mut out).unwrap();
+    assert_eq!((got.len, got.kind), (500, FrameKind::Control));
+    // Backwards on the same connections.
+    b.send_prev(&[1, 2, 3]).unwrap();
+    let got = a.recv_next(&mut out).unwrap();
+    assert_eq!(&out[..got.len], &[1, 2, 3]);
+}
+
+#[test]
+fn raw_control_is_detected_strictly() {
+    let (mut a, mut b) = pair(1000, TcpFraming::Raw);
+    let mut out = vec![0u8; 1000];
+    a.send_control(&ControlMessage::new(ControlType::Ack), 1000).unwrap();
+    assert_eq!(b.recv_prev(&mut out).unwrap().kind, FrameKind::Control);
+    let mut f = out.clone();
+    f[999] = 1;
+    a.send_next(&f).unwrap();
+    assert_eq!(b.recv_prev(&mut out).unwrap().kind, FrameKind::Data);
+}
+
+#[test]
+fn deadline_mid_frame_keeps_the_stream_in_step() {
+    let (a_addr, b_addr) = (free_addr(), free_addr());
+    let mut cb = TcpConfig::new(b_addr, a_addr, 4000);
+    cb.recv_timeout = Some(Duration::from_millis(100));
+    let tb = std::thread::spawn(move || TcpTransport::connect(cb).unwrap());
+    // A hand-made previous node that sends half a frame, then the rest.
+    let l = TcpListener::bind(a_addr).unwrap();
+    let mut to_b = leap::transport::tcp::connect_with_backoff(b_addr, Duration::from_secs(5)).unwrap();
+    let (_from_b, _) = l.accept().unwrap();
+    let mut b = tb.join().unwrap();
+    use std::io::Write;
+    let f: Vec<u8> = (0..4000).map(|i| (i % 251) as u8).collect();
+    to_b.write_all(&f[..1500]).unwrap();
+    let mut out = vec![0u8; 4000];
+    assert!(matches!(b.recv_prev(&mut out), Err(TransportError::Timeout(_))));
+    to_b.write_all(&f[1500..]).unwrap();
+    let mut other = vec![0u8; 4000];
+    let got = b.recv_prev(&mut other).unwrap();
+    assert_eq!(got.len, 4000);
+    assert_eq!(other, f);
+}
+
+#[test]
+fn listener_binds_only_the_given_address() {
+    let a = free_addr();
+    let l = leap::transport::tcp::listen(a).unwrap();
+    assert_eq!(l.local_addr().unwrap(), a);
+}
