@@ -21,7 +21,10 @@
 //! # Ok(()) }
 //! ```
 
+pub mod cli;
 pub mod frame;
+pub mod netns;
+pub mod ring;
 pub mod sys;
 pub mod transport;
 

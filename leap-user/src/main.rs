@@ -1,1 +1,39 @@
-fn main() {}
+//! The `leap` binary.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use leap::cli::{Cli, Command};
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            // One line: what is wrong and where to look.
+            let msg = e.to_string();
+            let first = msg.lines().next().unwrap_or("invalid arguments").trim_start_matches("error: ");
+            eprintln!("leap: {first} (see `leap --help`)");
+            return ExitCode::from(2);
+        }
+    };
+    env_logger::Builder::new()
+        .parse_filters(&std::env::var("RUST_LOG").unwrap_or_else(|_| cli.log.clone()))
+        .format_timestamp_millis()
+        .init();
+    let res = match &cli.cmd {
+        Command::Ring(a) => leap::cli::ring::main(a),
+        Command::Node(a) => leap::cli::node::main(a),
+    };
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("leap: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! The `leap` command line: argument definitions and one module per
+//! subcommand.
+
+pub mod node;
+pub mod ring;
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::transport::open::{Options, TransportKind};
+use crate::transport::tcp::TcpFraming;
+
+/// leap: moves activation frames around a pipeline-parallel ring.
+#[derive(Debug, Parser)]
+#[command(name = "leap", version, about, propagate_version = true)]
+pub struct Cli {
+    /// Log level (error, warn, info, debug, trace); RUST_LOG overrides.
+    #[arg(long, global = true, default_value = "warn")]
+    pub log: String,
+    /// What to do.
+    #[command(subcommand)]
+    pub cmd: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a whole ring on this host and check every frame.
+    Ring(ring::RingArgs),
+    /// Run one ring member (for a ring across machines).
+    Node(node::NodeArgs),
+}
+
+/// `--transport` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum TransportArg {
+    /// Reliable TCP stream.
+    Tcp,
+    /// UDP in the LEAP chunk format.
+    Udp,
+    /// XDP + AF_XDP sockets.
+    Xdp,
+    /// XDP + BPF ring buffer.
+    XdpRingbuf,
+    /// The leap_kmod kernel module.
+    Kmod,
+}
+
+impl From<TransportArg> for TransportKind {
+    fn from(t: TransportArg) -> Self {
+        match t {
+            TransportArg::Tcp => TransportKind::Tcp,
+            TransportArg::Udp => TransportKind::Udp,
+            TransportArg::Xdp => TransportKind::Xdp,
+            TransportArg::XdpRingbuf => TransportKind::XdpRingbuf,
+            TransportArg::Kmod => TransportKind::Kmod,
+        }
+    }
+}
+
+/// `--tcp-framing` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum FramingArg {
+    /// Frames back to back, like the original.
+    Raw,
+    /// 8-byte length/kind prefix per frame (leap peers only).
+    Length,
+}
+
+/// Backend options shared by `ring` and `node`.
+#[derive(Debug, Clone, Args)]
+pub struct TransportArgs {
+    /// Receive deadline per frame, in milliseconds (0: none).
+    #[arg(long, default_value_t = 1000, value_name = "MS")]
+    pub timeout_ms: u64,
+    /// Seconds allowed for connecting to the neighbours.
+    #[arg(long, default_value_t = 30, value_name = "S")]
+    pub setup_timeout_s: u64,
+    /// TCP framing (both ends must agree).
+    #[arg(long, value_enum, default_value = "raw")]
+    pub tcp_framing: FramingArg,
+    /// Send chunks exactly like the original (reserved field 0).
+    #[arg(long)]
+    pub original_compat: bool,
+    /// Busy-poll receives this many microseconds before sleeping.
+    #[arg(long, default_value_t = 0, value_name = "US")]
+    pub spin_us: u64,
+    /// XDP object to load instead of the embedded one.
+    #[arg(long, value_name = "PATH")]
+    pub xdp_object: Option<std::path::PathBuf>,
+    /// XDP attach mode.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "drv", "skb"])]
+    pub xdp_mode: String,
+}
+
+impl TransportArgs {
+    /// Backend options for frames of `frame_len` bytes.
+    pub fn options(&self, frame_len: usize) -> Options {
+        Options {
+            frame_len,
+            recv_timeout: (self.timeout_ms > 0).then(|| Duration::from_millis(self.timeout_ms)),
+            setup_timeout: Duration::from_secs(self.setup_timeout_s.max(1)),
+            tcp_framing: match self.tcp_framing {
+                FramingArg::Raw => TcpFraming::Raw,
+                FramingArg::Length => TcpFraming::Length,
+            },
+            original_compat: self.original_compat,
+            spin: Duration::from_micros(self.spin_us),
+            xdp_object: self.xdp_object.clone(),
+            xdp_mode: self.xdp_mode.clone(),
+        }
+    }
+}

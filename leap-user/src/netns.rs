@@ -1,0 +1,160 @@
+//! Rings of network namespaces linked by veth pairs, for `leap ring --netns`,
+//! the benchmark and the privileged tests. Everything created is removed
+//! again when the [`Topology`] is dropped, also on panic.
+//!
+//! Node `i` lives in namespace `<prefix>n<i>` and owns the address
+//! `10.77.0.<i+1>/32`. Link `i` is a veth pair from node `i` (`tx`) to node
+//! `i+1` (`rx`); each node routes its next node's address out of its `tx`
+//! veth and its previous node's address out of its `rx` veth.
+
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::process::Command;
+
+/// Errors building a topology.
+#[derive(Debug, thiserror::Error)]
+pub enum NetnsError {
+    /// A command failed.
+    #[error("`{cmd}` failed: {stderr}")]
+    Command {
+        /// The command line.
+        cmd: String,
+        /// What it printed.
+        stderr: String,
+    },
+    /// `ip` is missing.
+    #[error("cannot run `ip` ({0}); install iproute2")]
+    NoIp(std::io::Error),
+    /// Not root.
+    #[error("network namespaces need root (CAP_SYS_ADMIN and CAP_NET_ADMIN); run as root or use --loopback")]
+    NotRoot,
+    /// Fewer than two nodes.
+    #[error("a namespace ring needs at least 2 nodes")]
+    TooFew,
+}
+
+/// One node's place in the topology.
+#[derive(Debug, Clone)]
+pub struct NodeNet {
+    /// Namespace name.
+    pub netns: String,
+    /// The node's address.
+    pub addr: Ipv4Addr,
+    /// veth on which frames from the previous node arrive.
+    pub rx_iface: String,
+    /// veth on which frames to the next node leave.
+    pub tx_iface: String,
+}
+
+impl NodeNet {
+    /// Path to enter with [`crate::sys::netns::enter`].
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from("/run/netns").join(&self.netns)
+    }
+}
+
+/// A ring of namespaces; removed on drop.
+#[derive(Debug)]
+pub struct Topology {
+    nodes: Vec<NodeNet>,
+    created: Vec<String>,
+}
+
+fn ip(args: &[&str]) -> Result<(), NetnsError> {
+    let out = Command::new("ip").args(args).output().map_err(NetnsError::NoIp)?;
+    if !out.status.success() {
+        return Err(NetnsError::Command {
+            cmd: format!("ip {}", args.join(" ")),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// Runs a command inside a namespace (`ip netns exec NS ...`).
+///
+/// # Errors
+///
+/// [`NetnsError::Command`] when it fails.
+pub fn exec_in(netns: &str, args: &[&str]) -> Result<(), NetnsError> {
+    let mut all = vec!["netns", "exec", netns];
+    all.extend_from_slice(args);
+    ip(&all)
+}
+
+/// The address of node `i` in a topology.
+pub fn node_addr(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 77, (i / 250) as u8, (i % 250) as u8 + 1)
+}
+
+impl Topology {
+    /// Creates `n` namespaces linked in a ring. Names start with `prefix`
+    /// (keep it short: interface names have 15 characters).
+    ///
+    /// # Errors
+    ///
+    /// [`NetnsError`]; whatever was created is removed again.
+    pub fn ring(prefix: &str, n: usize) -> Result<Self, NetnsError> {
+        if n < 2 {
+            return Err(NetnsError::TooFew);
+        }
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err(NetnsError::NotRoot);
+        }
+        let mut t = Self { nodes: Vec::new(), created: Vec::new() };
+        for i in 0..n {
+            let ns = format!("{prefix}n{i}");
+            // A stale namespace of a crashed run with the same name goes first.
+            let _ = ip(&["netns", "del", &ns]);
+            ip(&["netns", "add", &ns])?;
+            t.created.push(ns.clone());
+            exec_in(&ns, &["ip", "link", "set", "lo", "up"])?;
+            for key in ["net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0"] {
+                exec_in(&ns, &["sysctl", "-qw", key])?;
+            }
+            t.nodes.push(NodeNet {
+                netns: ns,
+                addr: node_addr(i),
+                rx_iface: format!("{prefix}r{i}"),
+                tx_iface: format!("{prefix}t{i}"),
+            });
+        }
+        for i in 0..n {
+            let j = (i + 1) % n;
+            let (a, b) = (&t.nodes[i], &t.nodes[j]);
+            ip(&["link", "add", &a.tx_iface, "netns", &a.netns, "type", "veth", "peer", "name", &b.rx_iface, "netns", &b.netns])?;
+        }
+        for i in 0..n {
+            let node = &t.nodes[i];
+            let (prev, next) = (&t.nodes[(i + n - 1) % n], &t.nodes[(i + 1) % n]);
+            let ns = node.netns.as_str();
+            exec_in(ns, &["ip", "addr", "add", &format!("{}/32", node.addr), "dev", &node.rx_iface])?;
+            for dev in [&node.rx_iface, &node.tx_iface] {
+                exec_in(ns, &["ip", "link", "set", dev, "up"])?;
+                exec_in(ns, &["sysctl", "-qw", &format!("net.ipv4.conf.{dev}.rp_filter=0")])?;
+            }
+            exec_in(ns, &["ip", "route", "add", &format!("{}/32", next.addr), "dev", &node.tx_iface])?;
+            if prev.addr != next.addr {
+                exec_in(ns, &["ip", "route", "add", &format!("{}/32", prev.addr), "dev", &node.rx_iface])?;
+            }
+        }
+        Ok(t)
+    }
+
+    /// The nodes, in ring order.
+    pub fn nodes(&self) -> &[NodeNet] {
+        &self.nodes
+    }
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        // Deleting a namespace deletes its veths (and their XDP programs).
+        for ns in self.created.drain(..).rev() {
+            if let Err(e) = ip(&["netns", "del", &ns]) {
+                log::warn!("could not remove namespace {ns}: {e}");
+            }
+        }
+    }
+}

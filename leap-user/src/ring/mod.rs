@@ -1,0 +1,445 @@
+//! The ring runtime: the head sends frames (header + activations) and checks
+//! what comes back; each worker receives, "computes" for a while and
+//! forwards; the tail sends back to the head. [`run`] starts a whole ring on
+//! this host (loopback ports, or one network namespace per node) with one
+//! thread per node, for `leap ring`, the benchmark and the tests.
+
+pub mod control;
+pub mod node;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::netns::Topology;
+use crate::transport::open::{Endpoint, Options, TransportKind};
+use crate::transport::Stats;
+
+pub use node::{HeadConfig, HeadReport, run_head, run_worker};
+
+/// Where the nodes of a local ring live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Placement {
+    /// All on 127.0.0.1, one port each.
+    Loopback,
+    /// One network namespace per node, linked by veth pairs.
+    Netns,
+}
+
+/// A ring to run on this host.
+#[derive(Clone, Debug)]
+pub struct RingConfig {
+    /// Backend.
+    pub transport: TransportKind,
+    /// Nodes, head included (>= 2).
+    pub nodes: usize,
+    /// Bytes per frame (header + activations).
+    pub frame_size: usize,
+    /// Frames the head drives around.
+    pub frames: u64,
+    /// Frames in flight at once.
+    pub inflight: usize,
+    /// Simulated compute per worker per frame.
+    pub compute: Duration,
+    /// Loopback or namespaces.
+    pub placement: Placement,
+    /// Port (namespaces: every node; loopback: first of consecutive ports,
+    /// 0 to pick free ones).
+    pub port: u16,
+    /// Backend options.
+    pub options: Options,
+    /// Abort when no frame comes back for this long.
+    pub stall_timeout: Duration,
+    /// Send a RESIZE_CHAIN first and wait for its ACK.
+    pub control: bool,
+    /// Called with the number of frames done so far.
+    pub progress: Option<Progress>,
+}
+
+/// A callback told how many frames are done.
+#[derive(Clone)]
+pub struct Progress(pub Arc<dyn Fn(u64) + Send + Sync>);
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Progress")
+    }
+}
+
+impl RingConfig {
+    /// A ring with defaults for everything but the essentials.
+    pub fn new(transport: TransportKind, nodes: usize, frame_size: usize, frames: u64) -> Self {
+        Self {
+            transport,
+            nodes,
+            frame_size,
+            frames,
+            inflight: 1,
+            compute: Duration::ZERO,
+            placement: Placement::Loopback,
+            port: 0,
+            options: Options { frame_len: frame_size, ..Options::default() },
+            stall_timeout: Duration::from_secs(10),
+            control: true,
+            progress: None,
+        }
+    }
+
+    /// Checks the settings; the message names the flag and the fix.
+    ///
+    /// # Errors
+    ///
+    /// A description of the first problem.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.nodes < 2 {
+            return Err(format!("--nodes {}: a ring needs at least 2 nodes (a head and a worker)", self.nodes));
+        }
+        if self.nodes > 64 {
+            return Err(format!("--nodes {}: at most 64 nodes on one host", self.nodes));
+        }
+        let min = leap_common::control::CONTROL_FRAME_MIN;
+        if self.frame_size < min || self.frame_size > MAX_FRAME {
+            return Err(format!(
+                "--frame-size {}: must be {min}..={MAX_FRAME} bytes (a control message must fit; \
+                 Llama-3-8B frames are 16392)",
+                self.frame_size
+            ));
+        }
+        if self.frames == 0 {
+            return Err("--frames 0: drive at least one frame".into());
+        }
+        if self.inflight == 0 || self.inflight > 64 {
+            return Err(format!("--inflight {}: must be 1..=64", self.inflight));
+        }
+        Ok(())
+    }
+}
+
+/// Largest frame `leap ring` drives.
+pub const MAX_FRAME: usize = 64 << 20;
+
+/// Round-trip time percentiles, microseconds.
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq)]
+pub struct Percentiles {
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Largest.
+    pub max: f64,
+    /// Mean.
+    pub mean: f64,
+}
+
+impl Percentiles {
+    /// Percentiles of `samples` (nanoseconds), which it sorts.
+    pub fn of(samples: &mut [u64]) -> Self {
+        if samples.is_empty() {
+            return Self::default();
+        }
+        samples.sort_unstable();
+        let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize] as f64 / 1000.0;
+        let mean = samples.iter().sum::<u64>() as f64 / samples.len() as f64 / 1000.0;
+        Self { p50: at(0.5), p90: at(0.9), p99: at(0.99), max: at(1.0), mean }
+    }
+}
+
+/// What `leap ring --json` prints.
+#[derive(Clone, Debug, Serialize)]
+pub struct RingReport {
+    /// Backend name.
+    pub transport: String,
+    /// Loopback or namespaces.
+    pub placement: Placement,
+    /// Nodes in the ring.
+    pub nodes: usize,
+    /// Bytes per frame.
+    pub frame_size: usize,
+    /// Frames in flight.
+    pub inflight: usize,
+    /// Frames the head sent.
+    pub frames_sent: u64,
+    /// Frames that came back intact.
+    pub frames_delivered: u64,
+    /// Frames that came back with wrong bytes (must be 0).
+    pub frames_corrupt: u64,
+    /// Frames that never came back.
+    pub frames_lost: u64,
+    /// Round-trip times.
+    pub rtt_us: Percentiles,
+    /// Completed round trips per second.
+    pub round_trips_per_s: f64,
+    /// Frame bits delivered per second (one direction of the ring).
+    pub gbit_per_s: f64,
+    /// Wall time of the data phase.
+    pub elapsed_s: f64,
+    /// CPU time (user + sys) of all node threads per delivered frame.
+    pub cpu_us_per_frame: f64,
+    /// Chunks retransmitted on all hops.
+    pub retransmits: u64,
+    /// The RESIZE_CHAIN came back as an ACK from the tail.
+    pub control_ack: Option<bool>,
+    /// Counters summed over all nodes.
+    pub stats: Stats,
+    /// Backend counters (XDP program, kernel module), summed over nodes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub xdp: Option<serde_json::Value>,
+    /// Kernel module counters, when the module was used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kmod: Option<serde_json::Value>,
+}
+
+/// Why a ring run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RingError {
+    /// Bad settings.
+    #[error("{0}")]
+    Config(String),
+    /// The namespaces could not be built.
+    #[error(transparent)]
+    Netns(#[from] crate::netns::NetnsError),
+    /// A node failed.
+    #[error("node {node}: {error}")]
+    Node {
+        /// Its index (0 = head).
+        node: usize,
+        /// What happened.
+        error: String,
+    },
+}
+
+/// Waits until every node has opened its transport, or one failed.
+#[derive(Debug)]
+struct Gate {
+    state: Mutex<(usize, Option<String>)>,
+    cv: Condvar,
+    n: usize,
+}
+
+impl Gate {
+    fn arrive(&self, failure: Option<String>, timeout: Duration) -> Result<(), String> {
+        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        g.0 += 1;
+        if failure.is_some() && g.1.is_none() {
+            g.1 = failure;
+        }
+        self.cv.notify_all();
+        let (g, _) = self
+            .cv
+            .wait_timeout_while(g, timeout, |g| g.0 < self.n && g.1.is_none())
+            .unwrap_or_else(|p| p.into_inner());
+        match &g.1 {
+            Some(e) => Err(e.clone()),
+            None if g.0 < self.n => Err("timed out waiting for the other nodes to start".into()),
+            None => Ok(()),
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    // A port free for both TCP and UDP right now.
+    for _ in 0..100 {
+        let Ok(t) = std::net::TcpListener::bind("127.0.0.1:0") else { continue };
+        let Ok(a) = t.local_addr() else { continue };
+        if std::net::UdpSocket::bind(a).is_ok() {
+            return a.port();
+        }
+    }
+    0
+}
+
+/// Endpoints of every node (and the namespaces, if any, kept alive by the
+/// returned topology).
+fn layout(cfg: &RingConfig) -> Result<(Vec<Endpoint>, Option<Topology>), RingError> {
+    let n = cfg.nodes;
+    match cfg.placement {
+        Placement::Loopback => {
+            let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
+            let ports: Vec<u16> = (0..n)
+                .map(|i| if cfg.port == 0 { free_port() } else { cfg.port.wrapping_add(i as u16) })
+                .collect();
+            let addr = |i: usize| SocketAddr::new(lo, ports[i % n]);
+            Ok(((0..n)
+                .map(|i| Endpoint {
+                    listen: addr(i),
+                    next: addr(i + 1),
+                    prev: Some(addr(i + n - 1)),
+                    iface: Some("lo".into()),
+                })
+                .collect(), None))
+        }
+        Placement::Netns => {
+            let prefix = format!("lp{}", std::process::id() % 100_000);
+            let topo = Topology::ring(&prefix, n)?;
+            let port = if cfg.port == 0 { leap_common::DEFAULT_PORT } else { cfg.port };
+            let nodes = topo.nodes();
+            let addr = |i: usize| SocketAddr::new(IpAddr::V4(nodes[i % n].addr), port);
+            let eps = (0..n)
+                .map(|i| Endpoint {
+                    listen: addr(i),
+                    next: addr(i + 1),
+                    prev: Some(addr(i + n - 1)),
+                    iface: Some(nodes[i].rx_iface.clone()),
+                })
+                .collect();
+            Ok((eps, Some(topo)))
+        }
+    }
+}
+
+/// Runs a whole ring on this host and reports what the head measured.
+///
+/// # Errors
+///
+/// [`RingError`] for bad settings, namespace set-up failures, or a node
+/// whose transport failed.
+pub fn run(cfg: &RingConfig) -> Result<RingReport, RingError> {
+    cfg.validate().map_err(RingError::Config)?;
+    let (eps, topo) = layout(cfg)?;
+    let gate = Arc::new(Gate { state: Mutex::new((0, None)), cv: Condvar::new(), n: cfg.nodes });
+    let stop = Arc::new(AtomicBool::new(false));
+    let start_timeout = cfg.options.setup_timeout + Duration::from_secs(5);
+    let mut workers = Vec::new();
+    for i in 1..cfg.nodes {
+        let (ep, gate, stop, cfg) = (eps[i].clone(), gate.clone(), stop.clone(), cfg.clone());
+        let ns = topo.as_ref().map(|t| t.nodes()[i].path());
+        workers.push(std::thread::Builder::new().name(format!("leap-node-{i}")).spawn(move || {
+            let opened = (|| {
+                if let Some(ns) = &ns {
+                    crate::sys::netns::enter(ns).map_err(|e| format!("entering {}: {e}", ns.display()))?;
+                }
+                crate::transport::open::open(cfg.transport, &ep, &cfg.options).map_err(|e| e.to_string())
+            })();
+            let failure = opened.as_ref().err().cloned();
+            gate.arrive(failure, start_timeout)?;
+            let mut t = opened?;
+            let res = run_worker(&mut *t, cfg.frame_size, cfg.compute, &stop);
+            let cpu = crate::sys::thread_cpu_time();
+            res.map_err(|e| e.to_string())?;
+            Ok::<_, String>((t.stats(), t.backend_counters(), cpu.0 + cpu.1))
+        }).map_err(|e| RingError::Node { node: i, error: format!("spawn: {e}") })?);
+    }
+    let head = {
+        let (ep, gate, cfg2, stop) = (eps[0].clone(), gate.clone(), cfg.clone(), stop.clone());
+        let ns = topo.as_ref().map(|t| t.nodes()[0].path());
+        std::thread::Builder::new()
+            .name("leap-head".into())
+            .spawn(move || {
+                let opened = (|| {
+                    if let Some(ns) = &ns {
+                        crate::sys::netns::enter(ns).map_err(|e| format!("entering {}: {e}", ns.display()))?;
+                    }
+                    crate::transport::open::open(cfg2.transport, &ep, &cfg2.options).map_err(|e| e.to_string())
+                })();
+                let failure = opened.as_ref().err().cloned();
+                gate.arrive(failure, start_timeout)?;
+                let mut t = opened?;
+                let hc = HeadConfig {
+                    frame_size: cfg2.frame_size,
+                    frames: cfg2.frames,
+                    inflight: cfg2.inflight,
+                    stall_timeout: cfg2.stall_timeout,
+                    control_workers: if cfg2.control { Some(cfg2.nodes - 1) } else { None },
+                    progress: cfg2.progress.clone(),
+                };
+                let cpu0 = crate::sys::thread_cpu_time();
+                let res = run_head(&mut *t, &hc).map_err(|e| e.to_string());
+                let cpu1 = crate::sys::thread_cpu_time();
+                let cpu = (cpu1.0 + cpu1.1).saturating_sub(cpu0.0 + cpu0.1);
+                // Tell the workers before our connections close, so that
+                // they take the close for the end of the run.
+                stop.store(true, Ordering::SeqCst);
+                Ok::<_, String>((res?, t.stats(), t.backend_counters(), cpu))
+            })
+            .map_err(|e| RingError::Node { node: 0, error: format!("spawn: {e}") })?
+    };
+    let head_res = head.join().unwrap_or_else(|_| Err("head thread panicked".into()));
+    stop.store(true, Ordering::SeqCst);
+    let mut stats = Stats::default();
+    let mut counters = Vec::new();
+    let mut cpu = Duration::ZERO;
+    let mut worker_err = None;
+    for (i, w) in workers.into_iter().enumerate() {
+        match w.join().unwrap_or_else(|_| Err("worker thread panicked".into())) {
+            Ok((s, c, t)) => {
+                stats.add(&s);
+                counters.extend(c);
+                cpu += t;
+            }
+            Err(e) => worker_err = worker_err.or(Some(RingError::Node { node: i + 1, error: e })),
+        }
+    }
+    drop(topo);
+    let (head, hs, hc, hcpu) = head_res.map_err(|e| RingError::Node { node: 0, error: e })?;
+    if let Some(e) = worker_err {
+        return Err(e);
+    }
+    stats.add(&hs);
+    counters.extend(hc);
+    cpu += hcpu;
+    let mut rtts = head.rtts_ns;
+    let elapsed = head.elapsed.as_secs_f64().max(1e-9);
+    let delivered = head.delivered;
+    let backend = sum_json(&counters);
+    let is_kmod = cfg.transport == TransportKind::Kmod;
+    Ok(RingReport {
+        transport: cfg.transport.as_str().into(),
+        placement: cfg.placement,
+        nodes: cfg.nodes,
+        frame_size: cfg.frame_size,
+        inflight: cfg.inflight,
+        frames_sent: head.sent,
+        frames_delivered: delivered,
+        frames_corrupt: head.corrupt,
+        frames_lost: head.lost,
+        rtt_us: Percentiles::of(&mut rtts),
+        round_trips_per_s: delivered as f64 / elapsed,
+        gbit_per_s: delivered as f64 * cfg.frame_size as f64 * 8.0 / elapsed / 1e9,
+        elapsed_s: elapsed,
+        cpu_us_per_frame: if delivered == 0 { 0.0 } else { cpu.as_secs_f64() * 1e6 / delivered as f64 },
+        retransmits: stats.retransmits,
+        control_ack: head.control_ack,
+        stats,
+        xdp: if is_kmod { None } else { backend.clone() },
+        kmod: if is_kmod { backend } else { None },
+    })
+}
+
+/// Sums JSON objects of numbers key by key (nested objects too).
+pub fn sum_json(items: &[serde_json::Value]) -> Option<serde_json::Value> {
+    use serde_json::Value;
+    fn add(acc: &mut Value, v: &Value) {
+        match (acc, v) {
+            (Value::Object(a), Value::Object(b)) => {
+                for (k, bv) in b {
+                    match a.get_mut(k) {
+                        Some(av) => add(av, bv),
+                        None => {
+                            a.insert(k.clone(), bv.clone());
+                        }
+                    }
+                }
+            }
+            (a @ Value::Number(_), Value::Number(b)) => {
+                if let (Some(x), Some(y)) = (a.as_u64(), b.as_u64()) {
+                    *a = Value::from(x + y);
+                } else if let (Some(x), Some(y)) = (a.as_f64(), b.as_f64()) {
+                    *a = Value::from(x + y);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut it = items.iter();
+    let mut acc = it.next()?.clone();
+    for v in it {
+        add(&mut acc, v);
+    }
+    Some(acc)
+}

@@ -1,0 +1,148 @@
+//! Choosing and opening a backend by name, for the CLI, the ring runner and
+//! embedders that take the transport from configuration.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::tcp::{TcpConfig, TcpFraming, TcpTransport};
+use super::udp::{UdpConfig, UdpTransport};
+use super::{Result, Transport};
+
+/// The ways to move a frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TransportKind {
+    /// Reliable TCP stream.
+    Tcp,
+    /// UDP in the LEAP chunk format.
+    Udp,
+    /// XDP program steering chunks into AF_XDP sockets.
+    Xdp,
+    /// XDP program copying chunks into a BPF ring buffer.
+    XdpRingbuf,
+    /// The `leap_kmod` kernel module (`/dev/leap_tensor`).
+    Kmod,
+}
+
+impl TransportKind {
+    /// Every kind, in the order of the docs.
+    pub const ALL: [TransportKind; 5] = [Self::Tcp, Self::Udp, Self::Xdp, Self::XdpRingbuf, Self::Kmod];
+
+    /// The name used on the command line and in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tcp => "tcp",
+            Self::Udp => "udp",
+            Self::Xdp => "xdp",
+            Self::XdpRingbuf => "xdp-ringbuf",
+            Self::Kmod => "kmod",
+        }
+    }
+
+    /// Whether frames travel as LEAP chunks (and so can be lost).
+    pub fn is_datagram(self) -> bool {
+        self != Self::Tcp
+    }
+}
+
+impl std::fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for TransportKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL.into_iter().find(|k| k.as_str() == s).ok_or_else(|| {
+            let names: Vec<_> = Self::ALL.iter().map(|k| k.as_str()).collect();
+            format!("unknown transport `{s}`; choose one of: {}", names.join(", "))
+        })
+    }
+}
+
+/// Where a node sits in the ring.
+#[derive(Clone, Debug)]
+pub struct Endpoint {
+    /// This node's address (listen / bind / source).
+    pub listen: SocketAddr,
+    /// The next node.
+    pub next: SocketAddr,
+    /// The previous node's sending address, to filter on (`None`: any).
+    pub prev: Option<SocketAddr>,
+    /// The interface on which frames arrive (XDP attaches there).
+    pub iface: Option<String>,
+}
+
+/// How to open a backend.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Frame size (TCP raw framing needs it; datagram backends size buffers).
+    pub frame_len: usize,
+    /// Receive deadline.
+    pub recv_timeout: Option<Duration>,
+    /// Time allowed to connect (TCP).
+    pub setup_timeout: Duration,
+    /// TCP wire framing.
+    pub tcp_framing: TcpFraming,
+    /// Send chunks with `reserved = 0` like the original.
+    pub original_compat: bool,
+    /// Spin on non-blocking receives this long before sleeping.
+    pub spin: Duration,
+    /// XDP object to load instead of the embedded one.
+    pub xdp_object: Option<PathBuf>,
+    /// XDP attach mode: `auto`, `drv` or `skb`.
+    pub xdp_mode: String,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            frame_len: 16392,
+            recv_timeout: Some(Duration::from_secs(1)),
+            setup_timeout: Duration::from_secs(30),
+            tcp_framing: TcpFraming::Raw,
+            original_compat: false,
+            spin: Duration::ZERO,
+            xdp_object: None,
+            xdp_mode: "auto".into(),
+        }
+    }
+}
+
+/// The UDP configuration matching an endpoint and options (shared by the
+/// datagram backends that send through UDP).
+pub fn udp_config(ep: &Endpoint, opts: &Options) -> UdpConfig {
+    let mut c = UdpConfig::new(ep.listen, ep.next);
+    c.prev = ep.prev;
+    c.max_frame_len = opts.frame_len.max(1);
+    c.recv_timeout = opts.recv_timeout;
+    c.original_compat = opts.original_compat;
+    c.spin = opts.spin;
+    c
+}
+
+/// Opens a backend of `kind` for `ep`.
+///
+/// # Errors
+///
+/// What the backend reports, or [`super::TransportError::Unsupported`] for a
+/// backend this build does not have.
+pub fn open(kind: TransportKind, ep: &Endpoint, opts: &Options) -> Result<Box<dyn Transport>> {
+    match kind {
+        TransportKind::Tcp => {
+            let mut c = TcpConfig::new(ep.listen, ep.next, opts.frame_len);
+            c.prev = ep.prev.map(|a| a.ip());
+            c.framing = opts.tcp_framing;
+            c.recv_timeout = opts.recv_timeout;
+            c.setup_timeout = opts.setup_timeout;
+            Ok(Box::new(TcpTransport::connect(c)?))
+        }
+        TransportKind::Udp => Ok(Box::new(UdpTransport::bind(udp_config(ep, opts))?)),
+        TransportKind::Xdp | TransportKind::XdpRingbuf | TransportKind::Kmod => {
+            Err(super::TransportError::Unsupported(kind.as_str()))
+        }
+    }
+}
