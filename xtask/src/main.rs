@@ -1,7 +1,11 @@
 //! `cargo xtask`: builds what plain cargo cannot (the BPF object, the kernel
 //! module, the VM image) and runs the checks and the benchmark.
 
+mod ci;
+mod ebpf;
+mod kmod;
 mod util;
+mod vm;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -15,12 +19,39 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Everything CI checks: fmt, clippy, unit tests, privileged ring tests.
-    Ci,
+    /// Everything CI checks: fmt, clippy, unit tests, privileged ring tests, XDP, the VM.
+    Ci(ci::Args),
+    /// Build the XDP object (target/bpf/leap-xdp.o); `--install` installs a missing toolchain.
+    BuildEbpf {
+        /// Install missing apt packages and bpf-linker (root; always in CI).
+        #[arg(long)]
+        install: bool,
+    },
+    /// Build the XDP object, then the `leap` binary with it embedded.
+    Build {
+        /// Install missing apt packages and bpf-linker (root; always in CI).
+        #[arg(long)]
+        install: bool,
+        /// Build `leap` in release mode.
+        #[arg(long)]
+        release: bool,
+    },
+    /// Build the kernel module (target/kmod/leap_kmod.ko) against Debian's headers or `--kernel-dir`.
+    BuildKmod {
+        /// Kernel build tree (default: /lib/modules/<Debian headers release>/build, installed if missing).
+        #[arg(long)]
+        kernel_dir: Option<std::path::PathBuf>,
+    },
+    /// Boot Debian's kernel in qemu with the module and run the kmod suite (or `-- CMD...`).
+    Vm(vm::Args),
 }
 
 fn main() -> Result<()> {
     match Cli::parse().cmd {
-        Cmd::Ci => Ok(()),
+        Cmd::Ci(args) => ci::run_ci(args),
+        Cmd::BuildEbpf { install } => ebpf::build_ebpf(install).map(drop),
+        Cmd::Build { install, release } => ebpf::build(install, release),
+        Cmd::BuildKmod { kernel_dir } => kmod::build(kernel_dir.as_deref()).map(drop),
+        Cmd::Vm(args) => vm::run(args),
     }
 }

@@ -1,0 +1,176 @@
+//! `cargo xtask ci`: every check CI makes, in order, failing on the first
+//! problem. As root with `CI=true` nothing is skipped: a missing privilege or
+//! tool is a failure.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+
+use crate::util::{self, apt_install, in_ci, is_root, run};
+
+/// The stages, in the order they run.
+pub const STAGES: &[&str] = &["deps", "fmt", "clippy", "test", "smoke", "privileged", "ebpf", "vm"];
+
+/// Arguments of `cargo xtask ci`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Run only these stages (comma-separated; default: all).
+    #[arg(long, value_delimiter = ',')]
+    stage: Vec<String>,
+}
+
+fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(util::root());
+    c
+}
+
+/// Privileged test targets: `leap-user/tests/{netns,xdp}_*.rs`.
+fn privileged_tests(root: &Path) -> Result<Vec<String>> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir(root.join("leap-user/tests")).context("reading leap-user/tests")? {
+        let name = e?.file_name().to_string_lossy().into_owned();
+        if let Some(stem) = name.strip_suffix(".rs")
+            && (stem.starts_with("netns_") || stem.starts_with("xdp_"))
+        {
+            v.push(stem.to_string());
+        }
+    }
+    v.sort();
+    Ok(v)
+}
+
+/// Needs root for namespaces, XDP and apt: outside CI, say so and skip;
+/// in CI, fail.
+fn require_root(stage: &str) -> Result<bool> {
+    if is_root() {
+        return Ok(true);
+    }
+    if in_ci() {
+        bail!("stage {stage} needs root (network namespaces, XDP, apt) and CI=true forbids skipping it");
+    }
+    eprintln!("ci: SKIPPED stage {stage}: needs root (run as root, as CI does)");
+    Ok(false)
+}
+
+/// Runs `leap ring` as the foundation issue's acceptance does and checks its JSON.
+fn ring_smoke(leap: &Path, transport: &str, placement: &str, frames: u64) -> Result<()> {
+    let out = util::output(Command::new(leap).args([
+        "ring",
+        "--transport",
+        transport,
+        "--nodes",
+        "3",
+        "--frame-size",
+        "16392",
+        "--frames",
+        &frames.to_string(),
+        placement,
+        "--json",
+    ]))?;
+    let last = out.lines().last().unwrap_or_default();
+    let field = |k: &str| -> Option<u64> {
+        let at = last.find(&format!("\"{k}\":"))? + k.len() + 3;
+        last[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    };
+    let (delivered, corrupt) = (field("frames_delivered"), field("frames_corrupt"));
+    eprintln!("ci: ring {transport} {placement}: delivered {delivered:?}, corrupt {corrupt:?}");
+    if delivered != Some(frames) || corrupt != Some(0) {
+        bail!("leap ring --transport {transport} {placement}: expected {frames} intact frames, got: {last}");
+    }
+    Ok(())
+}
+
+/// Runs the stages.
+///
+/// # Errors
+///
+/// The first failing stage.
+pub fn run_ci(args: Args) -> Result<()> {
+    let root = util::root();
+    let want = |s: &str| args.stage.is_empty() || args.stage.iter().any(|a| a == s);
+    for s in &args.stage {
+        if !STAGES.contains(&s.as_str()) {
+            bail!("unknown stage `{s}`; stages: {}", STAGES.join(", "));
+        }
+    }
+    let mut passed = 0;
+    let started = Instant::now();
+    let mut stage = |name: &str, f: &mut dyn FnMut() -> Result<()>| -> Result<()> {
+        if !want(name) {
+            return Ok(());
+        }
+        let t = Instant::now();
+        eprintln!("ci: === stage {name} ===");
+        f().with_context(|| format!("stage {name} failed"))?;
+        eprintln!("ci: stage {name} ok in {:.0} s", t.elapsed().as_secs_f64());
+        passed += 1;
+        Ok(())
+    };
+    stage("deps", &mut || {
+        if require_root("deps")? {
+            apt_install(&["iproute2", "nftables", "procps", "gcc", "libc6-dev"])?;
+        }
+        Ok(())
+    })?;
+    stage("fmt", &mut || run(cargo().args(["fmt", "--all", "--check"])))?;
+    stage("clippy", &mut || {
+        run(cargo().args(["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"]))
+    })?;
+    stage("test", &mut || run(cargo().args(["test", "--workspace", "--locked"])))?;
+    stage("smoke", &mut || {
+        run(cargo().args(["build", "--release", "--locked", "-p", "leap", "--bin", "leap"]))?;
+        let leap = root.join("target/release/leap");
+        for t in ["tcp", "udp"] {
+            ring_smoke(&leap, t, "--loopback", 2000)?;
+        }
+        if require_root("smoke (namespaces)")? {
+            for t in ["tcp", "udp"] {
+                ring_smoke(&leap, t, "--netns", 2000)?;
+            }
+        }
+        Ok(())
+    })?;
+    stage("privileged", &mut || {
+        if !require_root("privileged")? {
+            return Ok(());
+        }
+        for t in privileged_tests(&root)? {
+            if t.starts_with("xdp_") {
+                // Needs the BPF object: run in the ebpf stage.
+                continue;
+            }
+            run(cargo().args(["test", "--release", "--locked", "-p", "leap", "--test", &t, "--", "--ignored", "--test-threads=1"]))?;
+        }
+        Ok(())
+    })?;
+    stage("ebpf", &mut || {
+        if !require_root("ebpf")? {
+            return Ok(());
+        }
+        let obj = crate::ebpf::build_ebpf(true)?;
+        for t in privileged_tests(&root)?.into_iter().filter(|t| t.starts_with("xdp_")) {
+            run(cargo()
+                .args(["test", "--release", "--locked", "-p", "leap", "--test", &t, "--", "--ignored", "--test-threads=1"])
+                .env("LEAP_XDP_OBJECT", &obj))?;
+        }
+        Ok(())
+    })?;
+    stage("vm", &mut || {
+        if !require_root("vm")? {
+            return Ok(());
+        }
+        /// The VM's defaults, as `cargo xtask vm` with no arguments.
+        #[derive(clap::Parser)]
+        struct VmDefaults {
+            #[command(flatten)]
+            args: crate::vm::Args,
+        }
+        crate::vm::run(<VmDefaults as clap::Parser>::parse_from(["vm"]).args)
+    })?;
+    eprintln!("ci: all stages passed in {:.0} s", started.elapsed().as_secs_f64());
+    println!("ci: {passed} passed, 0 failed");
+    Ok(())
+}
