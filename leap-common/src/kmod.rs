@@ -57,6 +57,249 @@ pub const IOCTL_SET_TX_PORT: u32 = ioc(IOC_WRITE, 5, 2);
 /// `_IOWR('k', 6, struct leap_bank_metadata)`: sender of a bank.
 pub const IOCTL_GET_BANK_SRC: u32 = ioc(IOC_READ | IOC_WRITE, 6, core::mem::size_of::<BankMetadata>());
 
+/// ABI version reported by [`IOCTL_GET_INFO`] (`LEAP_ABI_VERSION`).
+pub const ABI_VERSION: u32 = 1;
+/// Most chunks a frame may have to fit a bank (`total * 1400 <= 128 KiB`).
+pub const BANK_CHUNKS_MAX: usize = BANK_LEN / crate::chunk::CHUNK_PAYLOAD_MAX;
+/// Largest frame the module can receive into one bank.
+pub const BANK_FRAME_MAX: usize = BANK_CHUNKS_MAX * crate::chunk::CHUNK_PAYLOAD_MAX;
+const _: () = assert!(BANK_CHUNKS_MAX == 93 && BANK_FRAME_MAX <= BANK_LEN);
+
+/// Feature bits of [`Info::features`] (`LEAP_FEAT_*`).
+pub mod features {
+    /// State per open file and per network namespace.
+    pub const PER_OPEN: u64 = 1 << 0;
+    /// [`super::IOCTL_RELEASE_BANK`].
+    pub const RELEASE_BANK: u64 = 1 << 1;
+    /// [`super::IOCTL_SET_PEER`].
+    pub const PEER_FILTER: u64 = 1 << 2;
+    /// [`super::IOCTL_WAIT_FRAME`].
+    pub const WAIT_FRAME: u64 = 1 << 3;
+    /// Incomplete frames are reported after a timeout.
+    pub const LOST_REPORT: u64 = 1 << 4;
+    /// UDP checksums verified on receive.
+    pub const RX_CSUM: u64 = 1 << 5;
+    /// UDP checksums sent.
+    pub const TX_CSUM: u64 = 1 << 6;
+    /// IPv4 fragments are reassembled by the stack, then taken.
+    pub const FRAGMENTS: u64 = 1 << 7;
+    /// [`super::IOCTL_SEND_FRAME`].
+    pub const SEND_FRAME: u64 = 1 << 8;
+    /// `poll()` reports complete frames.
+    pub const POLL: u64 = 1 << 9;
+    /// [`super::IOCTL_SET_FRAME_TIMEOUT`].
+    pub const FRAME_TIMEOUT: u64 = 1 << 10;
+}
+
+/// `struct leap_counters`: what the module did with chunks and frames.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct Counters {
+    /// Chunks copied into a bank.
+    pub rx_chunks: u64,
+    /// Chunks already received, ignored.
+    pub rx_duplicates: u64,
+    /// Banks that got all their chunks.
+    pub rx_frames_completed: u64,
+    /// Banks handed to user space.
+    pub rx_frames_delivered: u64,
+    /// Frames reported lost (incomplete after the timeout, or overtaken).
+    pub rx_frames_timed_out: u64,
+    /// Lost reports that found the report queue full.
+    pub rx_lost_overflow: u64,
+    /// LEAP chunks of other kinds (NACK, ...) left alone.
+    pub rx_passthrough: u64,
+    /// Datagrams to the port without the LEAP magic.
+    pub rx_not_leap: u64,
+    /// Shorter than the chunk header.
+    pub drop_short: u64,
+    /// `chunk_id >= total_chunks`, or `total_chunks == 0`.
+    pub drop_bad_chunk_id: u64,
+    /// Payload over 1400 bytes.
+    pub drop_oversize: u64,
+    /// A non-last chunk not exactly 1400 bytes, or an empty last chunk.
+    pub drop_bad_length: u64,
+    /// `total_chunks` disagreeing within a frame.
+    pub drop_total_mismatch: u64,
+    /// `total_chunks * 1400` over the bank size.
+    pub drop_too_big: u64,
+    /// Not from the configured peer.
+    pub drop_peer: u64,
+    /// Wrong UDP checksum.
+    pub drop_bad_checksum: u64,
+    /// The bank still holds a frame user space has not released.
+    pub drop_bank_busy: u64,
+    /// Older seq than the frame in the bank.
+    pub drop_stale: u64,
+    /// Another sender for a frame already started.
+    pub drop_source_mismatch: u64,
+    /// Frames sent.
+    pub tx_frames: u64,
+    /// Chunks sent.
+    pub tx_chunks: u64,
+    /// Failed sends.
+    pub tx_errors: u64,
+    /// Room for more counters.
+    pub _reserved: [u64; 10],
+}
+const _: () = assert!(core::mem::size_of::<Counters>() == 256);
+
+impl Counters {
+    /// Chunks dropped for any reason.
+    pub fn dropped(&self) -> u64 {
+        self.drop_short
+            + self.drop_bad_chunk_id
+            + self.drop_oversize
+            + self.drop_bad_length
+            + self.drop_total_mismatch
+            + self.drop_too_big
+            + self.drop_peer
+            + self.drop_bad_checksum
+            + self.drop_bank_busy
+            + self.drop_stale
+            + self.drop_source_mismatch
+    }
+}
+
+/// [`Info::scope`]: counters of this open file.
+pub const INFO_SCOPE_FILE: u32 = 0;
+/// [`Info::scope`]: counters summed over the module since it was loaded.
+pub const INFO_SCOPE_MODULE: u32 = 1;
+
+/// `struct leap_info`: versioned discovery and counters ([`IOCTL_GET_INFO`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct Info {
+    /// [`ABI_VERSION`] of the loaded module (out).
+    pub abi_version: u32,
+    /// `sizeof(struct leap_info)` in the module (out).
+    pub info_size: u32,
+    /// [`features`] bits (out).
+    pub features: u64,
+    /// [`INFO_SCOPE_FILE`] or [`INFO_SCOPE_MODULE`] (in).
+    pub scope: u32,
+    /// Files open on the device (out).
+    pub open_files: u32,
+    /// Number of receive banks (out).
+    pub rx_banks: u32,
+    /// Bytes of one bank (out).
+    pub bank_size: u32,
+    /// Bytes of the TX area (out).
+    pub tx_size: u32,
+    /// Largest chunk payload (out).
+    pub chunk_payload_max: u32,
+    /// This file's frame timeout in ms (out).
+    pub frame_timeout_ms: u32,
+    /// Listening port, host order, 0 unset (out).
+    pub port: u16,
+    /// Next node's port, host order (out).
+    pub tx_port: u16,
+    /// Next node's IPv4 address, network order (out).
+    pub dest_addr: u32,
+    /// Peer filter address, network order, 0 any (out).
+    pub peer_addr: u32,
+    /// Peer filter port, host order, 0 any (out).
+    pub peer_port: u16,
+    /// Padding.
+    pub _pad0: u16,
+    /// The `busy_wait_limit` module parameter (out).
+    pub busy_wait_limit: u32,
+    /// Counters of the scope asked for (out).
+    pub counters: Counters,
+}
+const _: () = assert!(core::mem::size_of::<Info>() == 320);
+
+/// `struct leap_peer`: accept chunks only from this sender ([`IOCTL_SET_PEER`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct Peer {
+    /// IPv4 address, network order; 0 any.
+    pub addr: u32,
+    /// UDP port, host order; 0 any.
+    pub port: u16,
+    /// Padding.
+    pub _pad: u16,
+}
+const _: () = assert!(core::mem::size_of::<Peer>() == 8);
+
+/// [`Wait::timeout_ms`]: block until something arrives.
+pub const WAIT_FOREVER: u32 = u32::MAX;
+/// [`Wait::status`]: `bank` holds a complete frame.
+pub const WAIT_STATUS_FRAME: u32 = 0;
+/// [`Wait::status`]: frame `seq` timed out incomplete; `bank` is -1.
+pub const WAIT_STATUS_LOST: u32 = 1;
+
+/// `struct leap_wait`: the oldest complete frame or lost-frame report
+/// ([`IOCTL_WAIT_FRAME`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct Wait {
+    /// Milliseconds to wait: 0 poll, [`WAIT_FOREVER`] block (in).
+    pub timeout_ms: u32,
+    /// [`WAIT_STATUS_FRAME`] or [`WAIT_STATUS_LOST`] (out).
+    pub status: u32,
+    /// Bank index, -1 when lost (out).
+    pub bank: i32,
+    /// Frame bytes received (out).
+    pub len: u32,
+    /// Sender IPv4 address, network order (out).
+    pub saddr: u32,
+    /// Sender port, host order (out).
+    pub sport: u16,
+    /// Frame seq (out).
+    pub seq: u16,
+    /// `total_chunks` of the frame (out).
+    pub total_chunks: u16,
+    /// The chunks' `reserved` field (out).
+    pub flags: u16,
+    /// Chunks received; less than `total_chunks` when lost (out).
+    pub chunks: u32,
+}
+const _: () = assert!(core::mem::size_of::<Wait>() == 32);
+
+/// `struct leap_send`: send bytes of the TX area as one frame
+/// ([`IOCTL_SEND_FRAME`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct Send {
+    /// Bytes, 1 ..= [`HALF_LEN`] (in).
+    pub len: u32,
+    /// `reserved` field to put on the wire (in).
+    pub flags: u16,
+    /// Seq the frame went out with (out).
+    pub seq: u16,
+}
+const _: () = assert!(core::mem::size_of::<Send>() == 8);
+
+/// `_IOWR('k', 7, struct leap_info)`: ABI version, features, counters.
+pub const IOCTL_GET_INFO: u32 = ioc(IOC_READ | IOC_WRITE, 7, core::mem::size_of::<Info>());
+/// `_IOW('k', 8, __u32)`: give a bank back to the module.
+pub const IOCTL_RELEASE_BANK: u32 = ioc(IOC_WRITE, 8, 4);
+/// `_IOW('k', 9, struct leap_peer)`: accept only this sender.
+pub const IOCTL_SET_PEER: u32 = ioc(IOC_WRITE, 9, core::mem::size_of::<Peer>());
+/// `_IOWR('k', 10, struct leap_wait)`: wait for a frame or a lost report.
+pub const IOCTL_WAIT_FRAME: u32 = ioc(IOC_READ | IOC_WRITE, 10, core::mem::size_of::<Wait>());
+/// `_IOW('k', 11, __u32)`: frame timeout in ms (0: module default).
+pub const IOCTL_SET_FRAME_TIMEOUT: u32 = ioc(IOC_WRITE, 11, 4);
+/// `_IOWR('k', 12, struct leap_send)`: send a frame with given flags.
+pub const IOCTL_SEND_FRAME: u32 = ioc(IOC_READ | IOC_WRITE, 12, core::mem::size_of::<Send>());
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY (all impls): repr(C), only integer fields, no padding (sizes
+    // asserted above equal the sum of the fields), so every bit pattern is
+    // valid and there are no uninitialised bytes.
+    macro_rules! pod {
+        ($($t:ty),*) => {$(
+            // SAFETY: see above.
+            unsafe impl bytemuck::Zeroable for $t {}
+            // SAFETY: see above.
+            unsafe impl bytemuck::Pod for $t {}
+        )*};
+    }
+    pod!(super::BankMetadata, super::Counters, super::Info, super::Peer, super::Wait, super::Send);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,5 +312,15 @@ mod tests {
         assert_eq!(IOCTL_SEND, 0x4004_6b04);
         assert_eq!(IOCTL_SET_TX_PORT, 0x4002_6b05);
         assert_eq!(IOCTL_GET_BANK_SRC, 0xc00c_6b06);
+    }
+
+    #[test]
+    fn new_ioctls_are_numbered_from_7() {
+        assert_eq!(IOCTL_GET_INFO, 0xc140_6b07);
+        assert_eq!(IOCTL_RELEASE_BANK, 0x4004_6b08);
+        assert_eq!(IOCTL_SET_PEER, 0x4008_6b09);
+        assert_eq!(IOCTL_WAIT_FRAME, 0xc020_6b0a);
+        assert_eq!(IOCTL_SET_FRAME_TIMEOUT, 0x4004_6b0b);
+        assert_eq!(IOCTL_SEND_FRAME, 0xc008_6b0c);
     }
 }

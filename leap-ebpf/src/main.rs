@@ -17,7 +17,7 @@ use core::mem::size_of;
 use core::ptr::addr_of_mut;
 
 use aya_ebpf::bindings::{BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, xdp_action};
-use aya_ebpf::helpers::gen::bpf_xdp_load_bytes;
+use aya_ebpf::helpers::generated::bpf_xdp_load_bytes;
 use aya_ebpf::macros::{map, xdp};
 use aya_ebpf::maps::{Array, HashMap, PerCpuArray, RingBuf, XskMap};
 use aya_ebpf::programs::XdpContext;
@@ -314,9 +314,17 @@ fn to_ring(
         return decide(Counter::RingBufFull, xdp_action::XDP_DROP);
     };
     let rec = entry.as_mut_ptr();
-    // Re-clamped right at the call for the verifier: 1..=1412 bytes.
+    // Clamped right before the call, in a form the verifier can follow
+    // (a mask, then a bound on the same register): 1..=1412 bytes. The
+    // caller checked the range already, so neither changes the value; the
+    // volatile read keeps the compiler from dropping them for that reason.
     let len = datagram as u32;
-    if len == 0 || len > CHUNK_DATAGRAM_MAX as u32 {
+    // SAFETY: reads a local variable.
+    let mut len = unsafe { core::ptr::read_volatile(&len) } & 0x7FF;
+    if len > CHUNK_DATAGRAM_MAX as u32 {
+        len = CHUNK_DATAGRAM_MAX as u32;
+    }
+    if len == 0 {
         entry.discard(0);
         return decide(Counter::Malformed, xdp_action::XDP_DROP);
     }

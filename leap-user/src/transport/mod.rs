@@ -1,8 +1,10 @@
 //! The [`Transport`] trait every backend implements, its error type and its
 //! counters.
 
+pub mod open;
 pub mod tcp;
 pub mod udp;
+pub mod xdp;
 
 use std::io;
 use std::time::Duration;

@@ -1,0 +1,1027 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * leap_kmod - /dev/leap_tensor: LEAP activation frames straight into an
+ * mmap-able buffer.
+ *
+ * Each open file is one ring node: its own 16 MiB buffer (64 RX banks of
+ * 128 KiB, then the TX staging area), its own listening port, peer and
+ * netfilter hook, registered in the network namespace of the opener. Chunks
+ * (12-byte big-endian header + at most 1400 bytes) addressed to the port are
+ * validated and copied into bank seq % 64 at chunk_id * 1400; a complete bank
+ * is handed to user space oldest first and stays untouched until released.
+ * A frame that stays incomplete for frame_timeout_ms is reported as lost.
+ *
+ * Datagrams the PRE_ROUTING hook does not take (IPv4 fragments, GSO
+ * super-packets, non-data kinds, anything without the magic) go through the
+ * stack to the file's kernel UDP socket, whose encap_rcv handler gives
+ * reassembled, checksum-verified datagrams the same treatment.
+ *
+ * The user-space ABI is in leap_uapi.h; ioctls 1 to 6 and the mmap layout
+ * are those of the original LEAP module.
+ */
+
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/atomic.h>
+#include <linux/bitmap.h>
+#include <linux/fs.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/jiffies.h>
+#include <linux/kernel.h>
+#include <linux/list.h>
+#include <linux/miscdevice.h>
+#include <linux/mm.h>
+#include <linux/module.h>
+#include <linux/mutex.h>
+#include <linux/net.h>
+#include <linux/netfilter.h>
+#include <linux/netfilter_ipv4.h>
+#include <linux/nsproxy.h>
+#include <linux/poll.h>
+#include <linux/sched/signal.h>
+#include <linux/skbuff.h>
+#include <linux/slab.h>
+#include <linux/spinlock.h>
+#include <linux/udp.h>
+#include <linux/uaccess.h>
+#include <linux/version.h>
+#include <linux/vmalloc.h>
+#include <linux/wait.h>
+#include <net/checksum.h>
+#include <net/ip.h>
+#include <net/net_namespace.h>
+#include <net/sock.h>
+#include <net/udp.h>
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 12, 0)
+#include <linux/unaligned.h>
+#else
+#include <asm/unaligned.h>
+#endif
+
+#include "leap_uapi.h"
+
+#define LEAP_KMOD_VERSION	"0.1.0"
+/* encap_type of our kernel sockets: any value no other encap user claims. */
+#define LEAP_UDP_ENCAP		0x4c
+#define LEAP_LOST_QUEUE		64
+
+static unsigned int busy_wait_limit = 5000;
+module_param(busy_wait_limit, uint, 0644);
+MODULE_PARM_DESC(busy_wait_limit, "Spins on an empty queue before sleeping (default 5000)");
+
+static unsigned int frame_timeout_ms = 200;
+module_param(frame_timeout_ms, uint, 0644);
+MODULE_PARM_DESC(frame_timeout_ms, "Default time after which an incomplete frame is reported lost (ms)");
+
+static unsigned int max_opens = 16;
+module_param(max_opens, uint, 0444);
+MODULE_PARM_DESC(max_opens, "Most files open at once (each owns a 16 MiB buffer)");
+
+enum leap_bank_state {
+	LEAP_BANK_FREE,
+	LEAP_BANK_FILLING,	/* some chunks received */
+	LEAP_BANK_READY,	/* complete, not yet handed out */
+	LEAP_BANK_HELD,		/* handed to user space, not yet released */
+};
+
+struct leap_bank {
+	enum leap_bank_state state;
+	u16 seq;
+	u16 total;
+	u16 flags;
+	u32 chunks;
+	u32 bytes;
+	__be32 saddr;
+	__be16 sport;
+	unsigned long deadline;	/* jiffies: reported lost after this */
+	u64 stamp;		/* arrival order of the first chunk */
+	DECLARE_BITMAP(map, LEAP_BANK_CHUNKS_MAX);
+};
+
+struct leap_lost {
+	u16 seq;
+	u16 total;
+	u16 flags;
+	u32 chunks;
+	u32 bytes;
+	__be32 saddr;
+	__be16 sport;
+	u64 stamp;
+};
+
+/* One open file of /dev/leap_tensor: one ring node. */
+struct leap_file {
+	struct list_head node;		/* in leap_files */
+	struct net *net;		/* netns of the opener, referenced */
+	void *buf;			/* LEAP_MMAP_SIZE, vmalloc_user */
+
+	struct mutex cfg_lock;		/* port, socket, hook, TX */
+	struct socket *sock;		/* bound to the port, sends chunks */
+	struct nf_hook_ops ops;
+	bool hooked;
+	__be16 port;			/* read locklessly by the hook */
+	__be32 dest_addr;
+	__be16 dest_port;		/* 0: same as the listening port */
+	u16 tx_seq;
+
+	spinlock_t rx_lock;		/* everything below */
+	wait_queue_head_t wq;
+	unsigned int events;		/* READY banks + queued lost reports */
+	__be32 peer_addr;
+	__be16 peer_port;
+	unsigned long timeout;		/* jiffies */
+	u32 timeout_ms;
+	u64 next_stamp;
+	int implicit_bank;		/* held by WAIT_DATA, released by the next */
+	struct leap_bank banks[LEAP_RX_BANKS];
+	struct leap_lost lost[LEAP_LOST_QUEUE];
+	unsigned int lost_head;
+	unsigned int lost_count;
+	struct leap_counters c;
+};
+
+static DEFINE_MUTEX(leap_files_lock);
+static LIST_HEAD(leap_files);
+static unsigned int leap_nr_open;
+static struct leap_counters leap_closed;	/* counters of closed files */
+
+static void leap_counters_add(struct leap_counters *sum, const struct leap_counters *c)
+{
+	u64 *s = (u64 *)sum;
+	const u64 *a = (const u64 *)c;
+	size_t i;
+
+	BUILD_BUG_ON(sizeof(*c) % sizeof(u64));
+	for (i = 0; i < sizeof(*c) / sizeof(u64); i++)
+		s[i] += a[i];
+}
+
+/* Called with rx_lock held. */
+static void leap_report_lost(struct leap_file *f, struct leap_bank *b)
+{
+	struct leap_lost *l;
+
+	f->c.rx_frames_timed_out++;
+	b->state = LEAP_BANK_FREE;
+	if (f->lost_count == LEAP_LOST_QUEUE) {
+		f->c.rx_lost_overflow++;
+		return;
+	}
+	l = &f->lost[(f->lost_head + f->lost_count) % LEAP_LOST_QUEUE];
+	l->seq = b->seq;
+	l->total = b->total;
+	l->flags = b->flags;
+	l->chunks = b->chunks;
+	l->bytes = b->bytes;
+	l->saddr = b->saddr;
+	l->sport = b->sport;
+	l->stamp = b->stamp;
+	f->lost_count++;
+	f->events++;
+	wake_up_interruptible(&f->wq);
+}
+
+/*
+ * Reports every frame whose deadline passed. Returns the earliest deadline
+ * still pending, or 0 when no frame is being filled. Called with rx_lock.
+ */
+static unsigned long leap_expire(struct leap_file *f)
+{
+	unsigned long now = jiffies, next = 0;
+	unsigned int i;
+
+	for (i = 0; i < LEAP_RX_BANKS; i++) {
+		struct leap_bank *b = &f->banks[i];
+
+		if (b->state != LEAP_BANK_FILLING)
+			continue;
+		if (time_after_eq(now, b->deadline))
+			leap_report_lost(f, b);
+		else if (!next || time_before(b->deadline, next))
+			next = b->deadline;
+	}
+	return next;
+}
+
+/* Starts frame `seq` in bank b. Called with rx_lock. */
+static void leap_bank_start(struct leap_file *f, struct leap_bank *b, u16 seq, u16 total, u16 flags,
+			    __be32 saddr, __be16 sport)
+{
+	b->state = LEAP_BANK_FILLING;
+	b->seq = seq;
+	b->total = total;
+	b->flags = flags;
+	b->chunks = 0;
+	b->bytes = 0;
+	b->saddr = saddr;
+	b->sport = sport;
+	b->deadline = jiffies + f->timeout;
+	b->stamp = f->next_stamp++;
+	bitmap_zero(b->map, LEAP_BANK_CHUNKS_MAX);
+}
+
+/*
+ * Validates one chunk whose 12-byte header starts at `off` in skb and whose
+ * datagram payload (header included) is `len` bytes, and copies it into its
+ * bank. Returns true when the chunk was taken (or was a harmless duplicate),
+ * false when it was dropped; every outcome is counted.
+ */
+static bool leap_rx_chunk(struct leap_file *f, const struct sk_buff *skb, unsigned int off, unsigned int len,
+			  const u8 *hdr, __be32 saddr, __be16 sport)
+{
+	u16 seq = get_unaligned_be16(hdr + 4);
+	u16 id = get_unaligned_be16(hdr + 6);
+	u16 total = get_unaligned_be16(hdr + 8);
+	u16 flags = get_unaligned_be16(hdr + 10);
+	unsigned int plen = len - LEAP_CHUNK_HDR_LEN;
+	struct leap_bank *b;
+	bool started = false;
+	bool ok = false;
+	void *dst;
+
+	spin_lock(&f->rx_lock);
+	if ((f->peer_addr && saddr != f->peer_addr) || (f->peer_port && sport != f->peer_port)) {
+		f->c.drop_peer++;
+		goto out;
+	}
+	if (total == 0 || id >= total) {
+		f->c.drop_bad_chunk_id++;
+		goto out;
+	}
+	if (plen > LEAP_CHUNK_PAYLOAD_MAX) {
+		f->c.drop_oversize++;
+		goto out;
+	}
+	if (total > LEAP_BANK_CHUNKS_MAX) {
+		f->c.drop_too_big++;
+		goto out;
+	}
+	if (id + 1 < total ? plen != LEAP_CHUNK_PAYLOAD_MAX : plen == 0) {
+		f->c.drop_bad_length++;
+		goto out;
+	}
+
+	b = &f->banks[seq % LEAP_RX_BANKS];
+	switch (b->state) {
+	case LEAP_BANK_FREE:
+		leap_bank_start(f, b, seq, total, flags, saddr, sport);
+		started = true;
+		break;
+	case LEAP_BANK_FILLING:
+		if (b->seq != seq) {
+			if ((s16)(seq - b->seq) < 0) {
+				f->c.drop_stale++;
+				goto out;
+			}
+			/* The sender is 64 frames ahead: the old one is lost. */
+			leap_report_lost(f, b);
+			leap_bank_start(f, b, seq, total, flags, saddr, sport);
+			started = true;
+			break;
+		}
+		if (saddr != b->saddr || sport != b->sport) {
+			f->c.drop_source_mismatch++;
+			goto out;
+		}
+		if (total != b->total) {
+			f->c.drop_total_mismatch++;
+			goto out;
+		}
+		if (test_bit(id, b->map)) {
+			f->c.rx_duplicates++;
+			ok = true;
+			goto out;
+		}
+		break;
+	case LEAP_BANK_READY:
+	case LEAP_BANK_HELD:
+		if (b->seq == seq && saddr == b->saddr && sport == b->sport) {
+			f->c.rx_duplicates++;
+			ok = true;
+		} else if ((s16)(seq - b->seq) < 0) {
+			f->c.drop_stale++;
+		} else {
+			f->c.drop_bank_busy++;
+		}
+		goto out;
+	}
+
+	/* id < total <= LEAP_BANK_CHUNKS_MAX and plen <= 1400: inside the bank. */
+	dst = f->buf + (size_t)(seq % LEAP_RX_BANKS) * LEAP_BANK_SIZE + (size_t)id * LEAP_CHUNK_PAYLOAD_MAX;
+	if (skb_copy_bits(skb, off + LEAP_CHUNK_HDR_LEN, dst, plen)) {
+		f->c.drop_short++;
+		if (started)
+			b->state = LEAP_BANK_FREE;
+		goto out;
+	}
+	__set_bit(id, b->map);
+	b->chunks++;
+	b->bytes += plen;
+	f->c.rx_chunks++;
+	ok = true;
+	if (b->chunks == b->total) {
+		b->state = LEAP_BANK_READY;
+		f->c.rx_frames_completed++;
+		f->events++;
+		wake_up_interruptible(&f->wq);
+	}
+out:
+	spin_unlock(&f->rx_lock);
+	return ok;
+}
+
+enum leap_verdict {
+	LEAP_NOT_OURS,	/* leave it to the stack */
+	LEAP_TAKEN,
+	LEAP_DROPPED,
+};
+
+/*
+ * Common part of both receive paths: `off` is the offset of the UDP payload
+ * in skb, `len` its length. With `for_stack` (netfilter path), anything that
+ * is not a data or control chunk is left to the stack uncounted, to be
+ * counted once by the socket path.
+ */
+static enum leap_verdict leap_rx_datagram(struct leap_file *f, const struct sk_buff *skb, unsigned int off,
+					  unsigned int len, __be32 saddr, __be16 sport, bool for_stack)
+{
+	u8 buf[LEAP_CHUNK_HDR_LEN];
+	const u8 *hdr;
+	u16 flags;
+
+	if (len < LEAP_CHUNK_HDR_LEN) {
+		if (for_stack)
+			return LEAP_NOT_OURS;
+		spin_lock(&f->rx_lock);
+		f->c.drop_short++;
+		spin_unlock(&f->rx_lock);
+		return LEAP_DROPPED;
+	}
+	hdr = skb_header_pointer(skb, off, sizeof(buf), buf);
+	if (!hdr)
+		return for_stack ? LEAP_NOT_OURS : LEAP_DROPPED;
+	flags = get_unaligned_be16(hdr + 10);
+	if (get_unaligned_be32(hdr) != LEAP_CHUNK_MAGIC ||
+	    ((flags & LEAP_CHUNK_F_LEAP) && (flags & LEAP_CHUNK_KIND_MASK) > LEAP_CHUNK_KIND_CONTROL)) {
+		if (for_stack)
+			return LEAP_NOT_OURS;
+		spin_lock(&f->rx_lock);
+		if (get_unaligned_be32(hdr) != LEAP_CHUNK_MAGIC)
+			f->c.rx_not_leap++;
+		else
+			f->c.rx_passthrough++;
+		spin_unlock(&f->rx_lock);
+		return LEAP_DROPPED;
+	}
+	return leap_rx_chunk(f, skb, off, len, hdr, saddr, sport) ? LEAP_TAKEN : LEAP_DROPPED;
+}
+
+/* Whether the UDP checksum of an unfragmented IPv4 datagram is right. */
+static bool leap_udp_csum_ok(struct sk_buff *skb, const struct iphdr *iph, const struct udphdr *uh,
+			     unsigned int ihl, unsigned int ulen)
+{
+	if (!uh->check)		/* sender sent none, as the original does */
+		return true;
+	if (skb_csum_unnecessary(skb))
+		return true;
+	return !csum_tcpudp_magic(iph->saddr, iph->daddr, ulen, IPPROTO_UDP, skb_checksum(skb, ihl, ulen, 0));
+}
+
+static unsigned int leap_nf_hook(void *priv, struct sk_buff *skb, const struct nf_hook_state *state)
+{
+	struct leap_file *f = priv;
+	const struct iphdr *iph;
+	const struct udphdr *uh;
+	unsigned int ihl, ulen;
+	enum leap_verdict v;
+
+	if (!pskb_may_pull(skb, sizeof(*iph)))
+		return NF_ACCEPT;
+	iph = ip_hdr(skb);
+	if (iph->version != 4 || iph->protocol != IPPROTO_UDP || iph->ihl < 5)
+		return NF_ACCEPT;
+	/* Fragments and GSO packets reach leap_encap_rcv whole, via the stack. */
+	if (ip_is_fragment(iph) || skb_is_gso(skb))
+		return NF_ACCEPT;
+	ihl = iph->ihl * 4;
+	if (!pskb_may_pull(skb, ihl + sizeof(*uh)))
+		return NF_ACCEPT;
+	iph = ip_hdr(skb);
+	uh = (const struct udphdr *)((const u8 *)iph + ihl);
+	if (uh->dest != READ_ONCE(f->port))
+		return NF_ACCEPT;
+	ulen = ntohs(uh->len);
+	/* Malformed lengths are the stack's to drop and count. */
+	if (ulen < sizeof(*uh) || ihl + ulen > skb->len)
+		return NF_ACCEPT;
+	if (ulen < sizeof(*uh) + LEAP_CHUNK_HDR_LEN)
+		return NF_ACCEPT;
+	if (!leap_udp_csum_ok(skb, iph, uh, ihl, ulen)) {
+		/* Let the stack count it in the UDP MIB and drop it. */
+		spin_lock(&f->rx_lock);
+		f->c.drop_bad_checksum++;
+		spin_unlock(&f->rx_lock);
+		return NF_DROP;
+	}
+	v = leap_rx_datagram(f, skb, ihl + sizeof(*uh), ulen - sizeof(*uh), iph->saddr, uh->source, true);
+	switch (v) {
+	case LEAP_TAKEN:
+		consume_skb(skb);
+		return NF_STOLEN;
+	case LEAP_DROPPED:
+		return NF_DROP;
+	default:
+		return NF_ACCEPT;
+	}
+}
+
+/* Datagrams the hook left to the stack: reassembled, checksum verified. */
+static int leap_encap_rcv(struct sock *sk, struct sk_buff *skb)
+{
+	struct leap_file *f = rcu_dereference_sk_user_data(sk);
+	unsigned int off = skb_transport_offset(skb) + sizeof(struct udphdr);
+
+	if (f && skb->len >= off &&
+	    leap_rx_datagram(f, skb, off, skb->len - off, ip_hdr(skb)->saddr, udp_hdr(skb)->source, false) ==
+		    LEAP_TAKEN)
+		consume_skb(skb);
+	else
+		kfree_skb(skb);
+	return 0;
+}
+
+/* Tears down the socket and the hook; waits until no packet uses them. */
+static void leap_unbind(struct leap_file *f)
+{
+	if (f->hooked) {
+		nf_unregister_net_hook(f->net, &f->ops);
+		f->hooked = false;
+	}
+	WRITE_ONCE(f->port, 0);
+	if (f->sock) {
+		sock_release(f->sock);
+		f->sock = NULL;
+		udp_encap_disable();
+	}
+	/* Hook and encap_rcv run under RCU: wait them out before f can go. */
+	synchronize_net();
+}
+
+static int leap_bind(struct leap_file *f, u16 port)
+{
+	struct sockaddr_in sin = {
+		.sin_family = AF_INET,
+		.sin_port = htons(port),
+		.sin_addr.s_addr = htonl(INADDR_ANY),
+	};
+	struct socket *sock;
+	int err;
+
+	err = sock_create_kern(f->net, AF_INET, SOCK_DGRAM, IPPROTO_UDP, &sock);
+	if (err)
+		return err;
+	/* UDP checksums stay on (sk_no_check_tx = 0), unlike the original. */
+	rcu_assign_sk_user_data(sock->sk, f);
+	udp_sk(sock->sk)->encap_type = LEAP_UDP_ENCAP;
+	WRITE_ONCE(udp_sk(sock->sk)->encap_rcv, leap_encap_rcv);
+	udp_encap_enable();
+
+	err = kernel_bind(sock, (struct sockaddr *)&sin, sizeof(sin));
+	if (err)
+		goto err_release_sock;
+
+	f->ops = (struct nf_hook_ops){
+		.hook = leap_nf_hook,
+		.priv = f,
+		.pf = NFPROTO_IPV4,
+		.hooknum = NF_INET_PRE_ROUTING,
+		.priority = NF_IP_PRI_FIRST,
+	};
+	WRITE_ONCE(f->port, htons(port));
+	err = nf_register_net_hook(f->net, &f->ops);
+	if (err)
+		goto err_clear_port;
+	f->hooked = true;
+	f->sock = sock;
+	return 0;
+
+err_clear_port:
+	WRITE_ONCE(f->port, 0);
+err_release_sock:
+	sock_release(sock);
+	udp_encap_disable();
+	synchronize_net();
+	return err;
+}
+
+/* Sends bytes [0, len) of the TX area as frame `seq`, one datagram per chunk. */
+static int leap_send_frame(struct leap_file *f, u32 len, u16 flags, u16 *seq_out)
+{
+	struct sockaddr_in to = { .sin_family = AF_INET };
+	u8 hdr[LEAP_CHUNK_HDR_LEN];
+	const u8 *tx = f->buf + LEAP_TX_OFFSET;
+	u32 total, id;
+	u16 seq;
+	int err = 0;
+
+	if (!len || len > LEAP_HALF_SIZE)
+		return -EINVAL;
+	if (!f->sock)
+		return -ENOTCONN;
+	if (!f->dest_addr)
+		return -EDESTADDRREQ;
+	to.sin_addr.s_addr = f->dest_addr;
+	to.sin_port = f->dest_port ? f->dest_port : f->port;
+	total = DIV_ROUND_UP(len, LEAP_CHUNK_PAYLOAD_MAX);
+	seq = ++f->tx_seq;
+
+	put_unaligned_be32(LEAP_CHUNK_MAGIC, hdr);
+	put_unaligned_be16(seq, hdr + 4);
+	put_unaligned_be16(total, hdr + 8);
+	put_unaligned_be16(flags, hdr + 10);
+	for (id = 0; id < total; id++) {
+		u32 off = id * LEAP_CHUNK_PAYLOAD_MAX;
+		u32 plen = min_t(u32, LEAP_CHUNK_PAYLOAD_MAX, len - off);
+		struct kvec vec[2] = {
+			{ .iov_base = hdr, .iov_len = sizeof(hdr) },
+			{ .iov_base = (void *)(tx + off), .iov_len = plen },
+		};
+		struct msghdr msg = {
+			.msg_name = &to,
+			.msg_namelen = sizeof(to),
+		};
+		int ret;
+
+		put_unaligned_be16(id, hdr + 6);
+		ret = kernel_sendmsg(f->sock, &msg, vec, 2, sizeof(hdr) + plen);
+		if (ret < 0) {
+			err = ret;
+			break;
+		}
+		f->c.tx_chunks++;
+		cond_resched();
+	}
+	if (err) {
+		f->c.tx_errors++;
+		return err;
+	}
+	f->c.tx_frames++;
+	if (seq_out)
+		*seq_out = seq;
+	return 0;
+}
+
+/* Hands out the oldest event: a complete bank or a lost-frame report. */
+static bool leap_take_event(struct leap_file *f, struct leap_wait *w)
+{
+	struct leap_bank *best = NULL;
+	struct leap_lost *l = f->lost_count ? &f->lost[f->lost_head] : NULL;
+	unsigned int i;
+
+	for (i = 0; i < LEAP_RX_BANKS; i++) {
+		struct leap_bank *b = &f->banks[i];
+
+		if (b->state == LEAP_BANK_READY && (!best || b->stamp < best->stamp))
+			best = b;
+	}
+	if (l && (!best || l->stamp < best->stamp)) {
+		w->status = LEAP_WAIT_STATUS_LOST;
+		w->bank = -1;
+		w->len = l->bytes;
+		w->saddr = l->saddr;
+		w->sport = ntohs(l->sport);
+		w->seq = l->seq;
+		w->total_chunks = l->total;
+		w->flags = l->flags;
+		w->chunks = l->chunks;
+		f->lost_head = (f->lost_head + 1) % LEAP_LOST_QUEUE;
+		f->lost_count--;
+		f->events--;
+		return true;
+	}
+	if (!best)
+		return false;
+	best->state = LEAP_BANK_HELD;
+	w->status = LEAP_WAIT_STATUS_FRAME;
+	w->bank = best - f->banks;
+	w->len = best->bytes;
+	w->saddr = best->saddr;
+	w->sport = ntohs(best->sport);
+	w->seq = best->seq;
+	w->total_chunks = best->total;
+	w->flags = best->flags;
+	w->chunks = best->chunks;
+	f->c.rx_frames_delivered++;
+	f->events--;
+	return true;
+}
+
+/*
+ * Spins busy_wait_limit times, then sleeps until an event arrives or
+ * `timeout` jiffies pass (MAX_SCHEDULE_TIMEOUT: forever). Wakes up at least
+ * once per frame timeout to report incomplete frames.
+ */
+static int leap_wait(struct leap_file *f, long timeout, struct leap_wait *w)
+{
+	unsigned long end = jiffies + (timeout == MAX_SCHEDULE_TIMEOUT ? 0 : timeout);
+	unsigned int spins = READ_ONCE(busy_wait_limit);
+	unsigned int i;
+
+	for (i = 0; i < spins && !READ_ONCE(f->events); i++)
+		cpu_relax();
+
+	for (;;) {
+		unsigned long next;
+		long slice;
+		bool got;
+		int ret;
+
+		spin_lock_bh(&f->rx_lock);
+		next = leap_expire(f);
+		got = leap_take_event(f, w);
+		slice = f->timeout;
+		spin_unlock_bh(&f->rx_lock);
+		if (got)
+			return 0;
+		if (next)
+			slice = max_t(long, (long)(next - jiffies), 1);
+		if (timeout != MAX_SCHEDULE_TIMEOUT) {
+			long left = (long)(end - jiffies);
+
+			if (left <= 0)
+				return -EAGAIN;
+			slice = min(slice, left);
+		}
+		ret = wait_event_interruptible_timeout(f->wq, READ_ONCE(f->events), slice);
+		if (ret < 0)
+			return ret;
+	}
+}
+
+static int leap_open(struct inode *inode, struct file *file)
+{
+	struct leap_file *f;
+	int err;
+
+	f = kzalloc(sizeof(*f), GFP_KERNEL);
+	if (!f)
+		return -ENOMEM;
+	f->buf = vmalloc_user(LEAP_MMAP_SIZE);
+	if (!f->buf) {
+		err = -ENOMEM;
+		goto err_free_file;
+	}
+	mutex_init(&f->cfg_lock);
+	spin_lock_init(&f->rx_lock);
+	init_waitqueue_head(&f->wq);
+	f->timeout_ms = READ_ONCE(frame_timeout_ms) ?: 1;
+	f->timeout = msecs_to_jiffies(f->timeout_ms) ?: 1;
+	f->implicit_bank = -1;
+	f->tx_seq = 0;
+
+	mutex_lock(&leap_files_lock);
+	if (leap_nr_open >= max_opens) {
+		mutex_unlock(&leap_files_lock);
+		err = -EBUSY;
+		goto err_free_buffer;
+	}
+	leap_nr_open++;
+	f->net = get_net(current->nsproxy->net_ns);
+	list_add(&f->node, &leap_files);
+	mutex_unlock(&leap_files_lock);
+
+	file->private_data = f;
+	return stream_open(inode, file);
+
+err_free_buffer:
+	vfree(f->buf);
+err_free_file:
+	kfree(f);
+	return err;
+}
+
+static int leap_release(struct inode *inode, struct file *file)
+{
+	struct leap_file *f = file->private_data;
+
+	leap_unbind(f);
+	mutex_lock(&leap_files_lock);
+	list_del(&f->node);
+	leap_nr_open--;
+	leap_counters_add(&leap_closed, &f->c);
+	mutex_unlock(&leap_files_lock);
+	put_net(f->net);
+	vfree(f->buf);
+	kfree(f);
+	return 0;
+}
+
+static int leap_mmap(struct file *file, struct vm_area_struct *vma)
+{
+	struct leap_file *f = file->private_data;
+	unsigned long len = vma->vm_end - vma->vm_start;
+
+	if (vma->vm_pgoff >= LEAP_MMAP_SIZE >> PAGE_SHIFT ||
+	    len > LEAP_MMAP_SIZE - (vma->vm_pgoff << PAGE_SHIFT))
+		return -EINVAL;
+	/* remap_vmalloc_range() also sets VM_DONTEXPAND | VM_DONTDUMP. */
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 3, 0)
+	vm_flags_set(vma, VM_DONTEXPAND | VM_DONTDUMP);
+#else
+	vma->vm_flags |= VM_DONTEXPAND | VM_DONTDUMP;
+#endif
+	return remap_vmalloc_range(vma, f->buf, vma->vm_pgoff);
+}
+
+static __poll_t leap_poll(struct file *file, poll_table *wait)
+{
+	struct leap_file *f = file->private_data;
+
+	poll_wait(file, &f->wq, wait);
+	return READ_ONCE(f->events) ? EPOLLIN | EPOLLRDNORM : 0;
+}
+
+static void leap_fill_info(struct leap_file *f, struct leap_info *info)
+{
+	struct leap_file *o;
+
+	info->abi_version = LEAP_ABI_VERSION;
+	info->info_size = sizeof(*info);
+	info->features = LEAP_FEAT_PER_OPEN | LEAP_FEAT_RELEASE_BANK | LEAP_FEAT_PEER_FILTER |
+			 LEAP_FEAT_WAIT_FRAME | LEAP_FEAT_LOST_REPORT | LEAP_FEAT_RX_CSUM | LEAP_FEAT_TX_CSUM |
+			 LEAP_FEAT_FRAGMENTS | LEAP_FEAT_SEND_FRAME | LEAP_FEAT_POLL | LEAP_FEAT_FRAME_TIMEOUT;
+	info->rx_banks = LEAP_RX_BANKS;
+	info->bank_size = LEAP_BANK_SIZE;
+	info->tx_size = LEAP_HALF_SIZE;
+	info->chunk_payload_max = LEAP_CHUNK_PAYLOAD_MAX;
+	info->busy_wait_limit = READ_ONCE(busy_wait_limit);
+
+	mutex_lock(&f->cfg_lock);
+	info->port = ntohs(f->port);
+	info->tx_port = ntohs(f->dest_port ? f->dest_port : f->port);
+	info->dest_addr = f->dest_addr;
+	mutex_unlock(&f->cfg_lock);
+
+	memset(&info->counters, 0, sizeof(info->counters));
+	mutex_lock(&leap_files_lock);
+	info->open_files = leap_nr_open;
+	if (info->scope == LEAP_INFO_SCOPE_MODULE)
+		leap_counters_add(&info->counters, &leap_closed);
+	list_for_each_entry(o, &leap_files, node) {
+		if (info->scope != LEAP_INFO_SCOPE_MODULE && o != f)
+			continue;
+		mutex_lock(&o->cfg_lock);	/* TX counters */
+		spin_lock_bh(&o->rx_lock);
+		leap_counters_add(&info->counters, &o->c);
+		if (o == f) {
+			info->frame_timeout_ms = f->timeout_ms;
+			info->peer_addr = f->peer_addr;
+			info->peer_port = ntohs(f->peer_port);
+		}
+		spin_unlock_bh(&o->rx_lock);
+		mutex_unlock(&o->cfg_lock);
+	}
+	mutex_unlock(&leap_files_lock);
+}
+
+static long leap_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
+{
+	struct leap_file *f = file->private_data;
+	void __user *uarg = (void __user *)arg;
+	long ret;
+
+	switch (cmd) {
+	case LEAP_IOCTL_WAIT_DATA: {
+		struct leap_wait w;
+
+		spin_lock_bh(&f->rx_lock);
+		if (f->implicit_bank >= 0 && f->banks[f->implicit_bank].state == LEAP_BANK_HELD)
+			f->banks[f->implicit_bank].state = LEAP_BANK_FREE;
+		f->implicit_bank = -1;
+		spin_unlock_bh(&f->rx_lock);
+		ret = leap_wait(f, MAX_SCHEDULE_TIMEOUT, &w);
+		if (ret)
+			return ret;
+		if (w.status == LEAP_WAIT_STATUS_LOST)
+			return -ETIMEDOUT;
+		spin_lock_bh(&f->rx_lock);
+		f->implicit_bank = w.bank;
+		spin_unlock_bh(&f->rx_lock);
+		return w.bank;
+	}
+	case LEAP_IOCTL_WAIT_FRAME: {
+		struct leap_wait w;
+		long timeout;
+
+		if (copy_from_user(&w, uarg, sizeof(w)))
+			return -EFAULT;
+		if (w.timeout_ms == LEAP_WAIT_FOREVER)
+			timeout = MAX_SCHEDULE_TIMEOUT;
+		else
+			timeout = msecs_to_jiffies(w.timeout_ms);
+		ret = leap_wait(f, timeout, &w);
+		if (ret)
+			return ret;
+		if (copy_to_user(uarg, &w, sizeof(w))) {
+			/* Nobody learnt of the bank: do not leave it held. */
+			if (w.bank >= 0) {
+				spin_lock_bh(&f->rx_lock);
+				f->banks[w.bank].state = LEAP_BANK_FREE;
+				spin_unlock_bh(&f->rx_lock);
+			}
+			return -EFAULT;
+		}
+		return 0;
+	}
+	case LEAP_IOCTL_RELEASE_BANK: {
+		u32 bank;
+
+		if (copy_from_user(&bank, uarg, sizeof(bank)))
+			return -EFAULT;
+		if (bank >= LEAP_RX_BANKS)
+			return -EINVAL;
+		ret = -EINVAL;
+		spin_lock_bh(&f->rx_lock);
+		if (f->banks[bank].state == LEAP_BANK_HELD) {
+			f->banks[bank].state = LEAP_BANK_FREE;
+			if (f->implicit_bank == bank)
+				f->implicit_bank = -1;
+			ret = 0;
+		}
+		spin_unlock_bh(&f->rx_lock);
+		return ret;
+	}
+	case LEAP_IOCTL_SET_DEST: {
+		u32 addr;
+
+		if (copy_from_user(&addr, uarg, sizeof(addr)))
+			return -EFAULT;
+		mutex_lock(&f->cfg_lock);
+		f->dest_addr = (__force __be32)addr;
+		mutex_unlock(&f->cfg_lock);
+		return 0;
+	}
+	case LEAP_IOCTL_SET_TX_PORT: {
+		u16 port;
+
+		if (copy_from_user(&port, uarg, sizeof(port)))
+			return -EFAULT;
+		mutex_lock(&f->cfg_lock);
+		f->dest_port = htons(port);
+		mutex_unlock(&f->cfg_lock);
+		return 0;
+	}
+	case LEAP_IOCTL_SET_PORT: {
+		u16 port;
+
+		if (copy_from_user(&port, uarg, sizeof(port)))
+			return -EFAULT;
+		if (!port)
+			return -EINVAL;
+		mutex_lock(&f->cfg_lock);
+		if (f->sock && f->port == htons(port)) {
+			ret = 0;
+		} else {
+			leap_unbind(f);
+			ret = leap_bind(f, port);
+		}
+		mutex_unlock(&f->cfg_lock);
+		return ret;
+	}
+	case LEAP_IOCTL_SEND: {
+		u32 len;
+
+		if (copy_from_user(&len, uarg, sizeof(len)))
+			return -EFAULT;
+		if (len > INT_MAX)
+			return -EINVAL;
+		mutex_lock(&f->cfg_lock);
+		ret = leap_send_frame(f, len, LEAP_CHUNK_F_LEAP | LEAP_CHUNK_KIND_DATA, NULL);
+		mutex_unlock(&f->cfg_lock);
+		return ret ? ret : len;
+	}
+	case LEAP_IOCTL_SEND_FRAME: {
+		struct leap_send s;
+
+		if (copy_from_user(&s, uarg, sizeof(s)))
+			return -EFAULT;
+		mutex_lock(&f->cfg_lock);
+		ret = leap_send_frame(f, s.len, s.flags, &s.seq);
+		mutex_unlock(&f->cfg_lock);
+		if (ret)
+			return ret;
+		return copy_to_user(uarg, &s, sizeof(s)) ? -EFAULT : 0;
+	}
+	case LEAP_IOCTL_GET_BANK_SRC: {
+		struct leap_bank_metadata m;
+
+		if (copy_from_user(&m, uarg, sizeof(m)))
+			return -EFAULT;
+		if (m.bank_idx < 0 || m.bank_idx >= LEAP_RX_BANKS)
+			return -EINVAL;
+		spin_lock_bh(&f->rx_lock);
+		m.saddr = (__force u32)f->banks[m.bank_idx].saddr;
+		m.sport = ntohs(f->banks[m.bank_idx].sport);
+		spin_unlock_bh(&f->rx_lock);
+		m._pad = 0;
+		return copy_to_user(uarg, &m, sizeof(m)) ? -EFAULT : 0;
+	}
+	case LEAP_IOCTL_SET_PEER: {
+		struct leap_peer p;
+
+		if (copy_from_user(&p, uarg, sizeof(p)))
+			return -EFAULT;
+		spin_lock_bh(&f->rx_lock);
+		f->peer_addr = (__force __be32)p.addr;
+		f->peer_port = htons(p.port);
+		spin_unlock_bh(&f->rx_lock);
+		return 0;
+	}
+	case LEAP_IOCTL_SET_FRAME_TIMEOUT: {
+		u32 ms;
+
+		if (copy_from_user(&ms, uarg, sizeof(ms)))
+			return -EFAULT;
+		if (ms > 60 * MSEC_PER_SEC)
+			return -EINVAL;
+		if (!ms)
+			ms = READ_ONCE(frame_timeout_ms) ?: 1;
+		spin_lock_bh(&f->rx_lock);
+		f->timeout_ms = ms;
+		f->timeout = msecs_to_jiffies(ms) ?: 1;
+		spin_unlock_bh(&f->rx_lock);
+		return 0;
+	}
+	case LEAP_IOCTL_GET_INFO: {
+		struct leap_info *info;
+
+		info = kzalloc(sizeof(*info), GFP_KERNEL);
+		if (!info)
+			return -ENOMEM;
+		if (copy_from_user(&info->scope, uarg + offsetof(struct leap_info, scope), sizeof(info->scope))) {
+			ret = -EFAULT;
+			goto out_free_info;
+		}
+		leap_fill_info(f, info);
+		ret = copy_to_user(uarg, info, sizeof(*info)) ? -EFAULT : 0;
+out_free_info:
+		kfree(info);
+		return ret;
+	}
+	default:
+		return -ENOTTY;
+	}
+}
+
+static const struct file_operations leap_fops = {
+	.owner = THIS_MODULE,
+	.open = leap_open,
+	.release = leap_release,
+	.unlocked_ioctl = leap_ioctl,
+	.compat_ioctl = compat_ptr_ioctl,
+	.mmap = leap_mmap,
+	.poll = leap_poll,
+#if LINUX_VERSION_CODE < KERNEL_VERSION(6, 12, 0)
+	.llseek = no_llseek,
+#endif
+};
+
+static struct miscdevice leap_misc = {
+	.minor = MISC_DYNAMIC_MINOR,
+	.name = LEAP_DEVICE_NAME,
+	.fops = &leap_fops,
+	.mode = 0600,
+};
+
+static int __init leap_init(void)
+{
+	int err;
+
+	BUILD_BUG_ON(sizeof(struct leap_bank_metadata) != 12);
+	BUILD_BUG_ON(sizeof(struct leap_counters) != 32 * 8);
+	BUILD_BUG_ON(sizeof(struct leap_info) != 320);
+	BUILD_BUG_ON(sizeof(struct leap_wait) != 32);
+	BUILD_BUG_ON(LEAP_BANK_CHUNKS_MAX * LEAP_CHUNK_PAYLOAD_MAX > LEAP_BANK_SIZE);
+
+	err = misc_register(&leap_misc);
+	if (err) {
+		pr_err("cannot register /dev/%s: %d\n", LEAP_DEVICE_NAME, err);
+		return err;
+	}
+	pr_info("version %s, ABI %d, /dev/%s\n", LEAP_KMOD_VERSION, LEAP_ABI_VERSION, LEAP_DEVICE_NAME);
+	return 0;
+}
+
+static void __exit leap_exit(void)
+{
+	/* fops.owner pins the module while any file is open. */
+	misc_deregister(&leap_misc);
+}
+
+module_init(leap_init);
+module_exit(leap_exit);
+
+MODULE_LICENSE("GPL");
+MODULE_DESCRIPTION("LEAP activation frames over UDP into an mmap-able buffer (/dev/leap_tensor)");
+MODULE_VERSION(LEAP_KMOD_VERSION);

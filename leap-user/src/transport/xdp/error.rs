@@ -1,0 +1,123 @@
+//! [`XdpError`]: everything that can go wrong loading, attaching and using
+//! the XDP program and its AF_XDP sockets.
+
+use std::io;
+use std::path::PathBuf;
+
+use super::program::AttachMode;
+use crate::transport::TransportError;
+
+/// Errors of the XDP backend and of `leap xdp`.
+#[derive(Debug, thiserror::Error)]
+pub enum XdpError {
+    /// This build carries no XDP object and none was given.
+    #[error(
+        "this leap was built without the XDP object: build it with `cargo xtask build`, \
+         or pass --xdp-object PATH (from `cargo xtask build-ebpf`)"
+    )]
+    NoObject,
+    /// The object file could not be read.
+    #[error("cannot read the XDP object {path}: {source}")]
+    ReadObject {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// aya could not parse the object or create its maps.
+    #[error("cannot load the XDP object: {0}")]
+    Load(#[source] aya::EbpfError),
+    /// The object lacks a program or map leap needs (wrong or stale object).
+    #[error("the XDP object has no {0}; rebuild it with `cargo xtask build-ebpf`")]
+    Missing(&'static str),
+    /// The kernel rejected the program (the verifier log is in the source).
+    #[error("the kernel rejected the XDP program: {0}")]
+    Program(#[source] aya::programs::ProgramError),
+    /// A map operation failed.
+    #[error("map {map}: {source}")]
+    Map {
+        /// The map.
+        map: &'static str,
+        /// What aya said.
+        #[source]
+        source: aya::maps::MapError,
+    },
+    /// No such network interface.
+    #[error("no network interface named {0:?}")]
+    NoInterface(String),
+    /// Attaching failed in the mode asked for.
+    #[error("cannot attach the XDP program to {iface} in {mode} mode: {source}")]
+    Attach {
+        /// The interface.
+        iface: String,
+        /// The mode tried last.
+        mode: AttachMode,
+        /// What the kernel said.
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    /// Something is attached already (by `leap xdp attach` or another tool).
+    #[error("an XDP program is already attached to {iface}{hint}")]
+    Busy {
+        /// The interface.
+        iface: String,
+        /// How to free it.
+        hint: &'static str,
+    },
+    /// Pinning or unpinning under the BPF file system failed.
+    #[error("pin {path}: {source}")]
+    Pin {
+        /// The bpffs path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// Nothing pinned by leap at that path.
+    #[error("leap has nothing attached to {iface} (no {path})")]
+    NotAttached {
+        /// The interface.
+        iface: String,
+        /// Where the pins would be.
+        path: PathBuf,
+    },
+    /// A system call failed.
+    #[error("{call} failed: {source}")]
+    Syscall {
+        /// The call.
+        call: &'static str,
+        /// What the kernel said.
+        #[source]
+        source: io::Error,
+    },
+    /// An AF_XDP socket call failed.
+    #[error("AF_XDP {call} on {iface} queue {queue}: {source}")]
+    Xsk {
+        /// The step: `socket`, `umem`, `bind`, ...
+        call: &'static str,
+        /// The interface.
+        iface: String,
+        /// The receive queue.
+        queue: u32,
+        /// What the kernel said.
+        #[source]
+        source: io::Error,
+    },
+    /// The configuration cannot work.
+    #[error("{0}")]
+    Config(String),
+}
+
+impl XdpError {
+    /// Wraps an aya map error.
+    pub(crate) fn map(map: &'static str) -> impl FnOnce(aya::maps::MapError) -> Self {
+        move |source| Self::Map { map, source }
+    }
+}
+
+impl From<XdpError> for TransportError {
+    fn from(e: XdpError) -> Self {
+        TransportError::Backend(Box::new(e))
+    }
+}

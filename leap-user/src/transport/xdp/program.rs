@@ -1,0 +1,477 @@
+//! The XDP program in the kernel: loading it with aya, writing its maps,
+//! attaching it to an interface (native mode, else generic with a warning),
+//! and pinning it under `/sys/fs/bpf/leap/<iface>/` so that it outlives the
+//! process (`leap xdp attach`).
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, RingBuf, XskMap};
+use aya::programs::links::{FdLink, PinnedLink};
+use aya::programs::{ProgramError, Xdp, XdpMode};
+use aya::{Ebpf, EbpfLoader};
+use leap_common::xdp::{
+    MAP_CONFIG, MAP_COUNTERS, MAP_PEERS, MAP_PORTS, MAP_RING, MAP_XSKS, PROGRAM_NAME, PeerKey, PeerRule, PortRule,
+    XdpConfig,
+};
+
+use super::counters::XdpCounters;
+use super::object::ObjectSource;
+use super::{XdpError, sys};
+
+/// Where leap pins what outlives the process.
+pub const PIN_ROOT: &str = "/sys/fs/bpf/leap";
+/// Maps pinned next to the link, by name.
+const PINNED_MAPS: [&str; 6] = [MAP_CONFIG, MAP_PORTS, MAP_PEERS, MAP_COUNTERS, MAP_XSKS, MAP_RING];
+
+/// How to attach: what the user asked for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum AttachMode {
+    /// Native (driver) mode, else generic (SKB) mode with a warning.
+    #[default]
+    Auto,
+    /// Native (driver) mode only.
+    Drv,
+    /// Generic (SKB) mode only.
+    Skb,
+}
+
+/// How the program ended up attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttachedMode {
+    /// In the driver, before any socket buffer exists.
+    Drv,
+    /// In the generic path, after the socket buffer is built.
+    Skb,
+}
+
+impl fmt::Display for AttachMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::Drv => "native (drv)",
+            Self::Skb => "generic (skb)",
+        })
+    }
+}
+
+impl fmt::Display for AttachedMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl AttachedMode {
+    /// `"drv"` or `"skb"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Drv => "drv",
+            Self::Skb => "skb",
+        }
+    }
+
+    fn link_file(self) -> &'static str {
+        match self {
+            Self::Drv => "link-drv",
+            Self::Skb => "link-skb",
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Attachment {
+    iface: String,
+    mode: AttachedMode,
+    link: aya::programs::xdp::XdpLinkId,
+}
+
+/// The loaded (and possibly attached) XDP program with its maps. Dropping
+/// it detaches the program, unless [`Self::pin`] made it persistent.
+pub struct XdpProgram {
+    ebpf: Ebpf,
+    attachment: Option<Attachment>,
+    logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
+}
+
+impl fmt::Debug for XdpProgram {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("XdpProgram").field("attachment", &self.attachment).finish_non_exhaustive()
+    }
+}
+
+impl XdpProgram {
+    /// Loads the object and the program into the kernel (the verifier runs
+    /// here); nothing is attached yet.
+    ///
+    /// # Errors
+    ///
+    /// [`XdpError::NoObject`]/[`XdpError::ReadObject`] without an object,
+    /// [`XdpError::Load`] when aya cannot create the maps,
+    /// [`XdpError::Missing`] for a foreign object, [`XdpError::Program`]
+    /// when the verifier rejects the program (its log is in the error).
+    pub fn load(object: &ObjectSource) -> Result<Self, XdpError> {
+        let bytes = object.bytes()?;
+        let mut ebpf = EbpfLoader::new().load(&bytes).map_err(XdpError::Load)?;
+        for name in PINNED_MAPS {
+            if ebpf.map(name).is_none() {
+                return Err(XdpError::Missing(name));
+            }
+        }
+        program_mut(&mut ebpf)?.load().map_err(XdpError::Program)?;
+        Ok(Self { ebpf, attachment: None, logger: None })
+    }
+
+    /// Attaches to `iface`. [`AttachMode::Auto`] tries native mode first and
+    /// falls back to generic mode with one warning.
+    ///
+    /// # Errors
+    ///
+    /// [`XdpError::NoInterface`], [`XdpError::Busy`] when another XDP
+    /// program is attached, [`XdpError::Attach`] otherwise.
+    pub fn attach(&mut self, iface: &str, mode: AttachMode) -> Result<AttachedMode, XdpError> {
+        if self.attachment.is_some() {
+            return Err(XdpError::Config("the XDP program is attached already".into()));
+        }
+        if sys::if_index(iface).is_none() {
+            return Err(XdpError::NoInterface(iface.to_string()));
+        }
+        let prog = program_mut(&mut self.ebpf)?;
+        let tries: &[(AttachedMode, XdpMode)] = match mode {
+            AttachMode::Auto => &[(AttachedMode::Drv, XdpMode::Driver), (AttachedMode::Skb, XdpMode::Skb)],
+            AttachMode::Drv => &[(AttachedMode::Drv, XdpMode::Driver)],
+            AttachMode::Skb => &[(AttachedMode::Skb, XdpMode::Skb)],
+        };
+        let mut last = None;
+        for &(attached, xdp_mode) in tries {
+            match prog.attach(iface, xdp_mode) {
+                Ok(link) => {
+                    if last.is_some() {
+                        log::warn!("{iface}: native XDP is not available; attached in generic (skb) mode, which is slower");
+                    }
+                    log::debug!("{iface}: XDP program attached in {attached} mode");
+                    self.attachment = Some(Attachment { iface: iface.to_string(), mode: attached, link });
+                    return Ok(attached);
+                }
+                Err(e) if is_busy(&e) => {
+                    return Err(XdpError::Busy {
+                        iface: iface.to_string(),
+                        hint: "; if leap attached it, run `leap xdp detach --iface` first",
+                    });
+                }
+                Err(e) => {
+                    log::debug!("{iface}: attaching in {attached} mode failed: {e}");
+                    last = Some(e);
+                }
+            }
+        }
+        let mode = if mode == AttachMode::Auto { AttachMode::Skb } else { mode };
+        Err(XdpError::Attach { iface: iface.to_string(), mode, source: last.expect("at least one attempt") })
+    }
+
+    /// Where and how the program is attached.
+    pub fn attached(&self) -> Option<(&str, AttachedMode)> {
+        self.attachment.as_ref().map(|a| (a.iface.as_str(), a.mode))
+    }
+
+    /// Detaches the program (also done on drop).
+    ///
+    /// # Errors
+    ///
+    /// [`XdpError::Program`] when the kernel refuses.
+    pub fn detach(&mut self) -> Result<(), XdpError> {
+        if let Some(a) = self.attachment.take() {
+            program_mut(&mut self.ebpf)?.detach(a.link).map_err(XdpError::Program)?;
+        }
+        Ok(())
+    }
+
+    /// Writes the program's configuration.
+    ///
+    /// # Errors
+    ///
+    /// [`XdpError::Map`].
+    pub fn configure(&mut self, config: &XdpConfig) -> Result<(), XdpError> {
+        let map = self.ebpf.map_mut(MAP_CONFIG).ok_or(XdpError::Missing(MAP_CONFIG))?;
+        let mut arr: Array<&mut MapData, XdpConfig> = Array::try_from(map).map_err(XdpError::map(MAP_CONFIG))?;
+        arr.set(0, config, 0).map_err(XdpError::map(MAP_CONFIG))
+    }
+
+    /// Turns aya-log events of the program into `log` records (the program
+    /// emits them only with `cfg::LOG` set). Call [`Self::flush_log`] to
+    /// drain them.
+    ///
+    /// # Errors
+    ///
+    /// [`XdpError::Config`] when the object has no log map.
+    pub fn enable_log(&mut self) -> Result<(), XdpError> {
+        let logger =
+            aya_log::EbpfLogger::init(&mut self.ebpf).map_err(|e| XdpError::Config(format!("aya-log: {e}")))?;
+        self.logger = Some(logger);
+        Ok(())
+    }
+
+    /// Forwards pending aya-log events to the `log` crate.
+    pub fn flush_log(&mut self) {
+        if let Some(l) = &mut self.logger {
+            l.flush();
+        }
+    }
+
+    /// Picks up LEAP chunks sent to `port`.
+    ///
+    /// # Errors
+    ///
+    /// [`XdpError::Map`] (e.g. the port map is full).
+    pub fn add_port(&mut self, port: u16) -> Result<(), XdpError> {
+        let map = self.ebpf.map_mut(MAP_PORTS).ok_or(XdpError::Missing(MAP_PORTS))?;
+        let mut ports: HashMap<&mut MapData, u16, PortRule> =
+            HashMap::try_from(map).map_err(XdpError::map(MAP_PORTS))?;
+        ports.insert(port, PortRule { enabled: 1 }, 0).map_err(XdpError::map(MAP_PORTS))
+    }
+
+    /// Allows `src` to send chunks of the kinds in `rule` to the local port
+    /// `dst_port`, in addition to what it may send already.
+    ///
+    /// # Errors
+    ///
+    /// [`XdpError::Map`] (e.g. the peer map is full).
+    pub fn allow_peer(&mut self, src: SocketAddr, dst_port: u16, rule: PeerRule) -> Result<(), XdpError> {
+        let map = self.ebpf.map_mut(MAP_PEERS).ok_or(XdpError::Missing(MAP_PEERS))?;
+        let mut peers: HashMap<&mut MapData, PeerKey, PeerRule> =
+            HashMap::try_from(map).map_err(XdpError::map(MAP_PEERS))?;
+        let key = PeerKey::new(src, dst_port);
+        let merged = peers.get(&key, 0).map_or(rule, |old| old.union(rule));
+        peers.insert(key, merged, 0).map_err(XdpError::map(MAP_PEERS))
+    }
+
+    /// Makes `queue` redirect into the AF_XDP socket `fd`.
+    ///
+    /// # Errors
+    ///
+    /// [`XdpError::Map`] (e.g. `queue` beyond the map).
+    pub fn register_xsk(&mut self, queue: u32, fd: impl AsRawFd) -> Result<(), XdpError> {
+        let map = self.ebpf.map_mut(MAP_XSKS).ok_or(XdpError::Missing(MAP_XSKS))?;
+        let mut xsks: XskMap<&mut MapData> = XskMap::try_from(map).map_err(XdpError::map(MAP_XSKS))?;
+        xsks.set(queue, fd, 0).map_err(XdpError::map(MAP_XSKS))
+    }
+
+    /// Takes the ring buffer out of the program, for a reader.
+    ///
+    /// # Errors
+    ///
+    /// [`XdpError::Missing`] when taken already, [`XdpError::Map`].
+    pub fn take_ring_buf(&mut self) -> Result<RingBuf<MapData>, XdpError> {
+        let map = self.ebpf.take_map(MAP_RING).ok_or(XdpError::Missing(MAP_RING))?;
+        RingBuf::try_from(map).map_err(XdpError::map(MAP_RING))
+    }
+
+    /// The decision counters so far, summed over CPUs.
+    ///
+    /// # Errors
+    ///
+    /// [`XdpError::Map`].
+    pub fn counters(&self) -> Result<XdpCounters, XdpError> {
+        let map = self.ebpf.map(MAP_COUNTERS).ok_or(XdpError::Missing(MAP_COUNTERS))?;
+        let arr: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(map).map_err(XdpError::map(MAP_COUNTERS))?;
+        XdpCounters::read(&arr)
+    }
+
+    /// Makes the attachment outlive the process: pins the link and the maps
+    /// under `/sys/fs/bpf/leap/<iface>/` (mounting bpffs if needed). Undo
+    /// with [`PinnedProgram::unpin`].
+    ///
+    /// # Errors
+    ///
+    /// [`XdpError::Config`] when not attached, [`XdpError::Busy`] when
+    /// something is pinned there already, [`XdpError::Pin`].
+    pub fn pin(mut self) -> Result<PathBuf, XdpError> {
+        let Some(a) = self.attachment.take() else {
+            return Err(XdpError::Config("pin: the XDP program is not attached".into()));
+        };
+        let dir = pin_dir(&a.iface);
+        let pin_err = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| XdpError::Pin { path, source }
+        };
+        sys::ensure_bpffs(Path::new("/sys/fs/bpf")).map_err(pin_err(Path::new("/sys/fs/bpf")))?;
+        if dir.exists() {
+            return Err(XdpError::Busy { iface: a.iface, hint: " by leap already (run `leap xdp detach --iface` first)" });
+        }
+        std::fs::create_dir_all(&dir).map_err(pin_err(&dir))?;
+        let result = (|| {
+            for name in PINNED_MAPS {
+                let path = dir.join(name);
+                let map = self.ebpf.map(name).ok_or(XdpError::Missing(name))?;
+                map.pin(&path).map_err(|e| XdpError::Pin { path: path.clone(), source: std::io::Error::other(e) })?;
+            }
+            let link = program_mut(&mut self.ebpf)?.take_link(a.link).map_err(XdpError::Program)?;
+            let fd_link = FdLink::try_from(link).map_err(|e| XdpError::Config(format!("XDP link cannot be pinned: {e}")))?;
+            let path = dir.join(a.mode.link_file());
+            fd_link.pin(&path).map_err(|e| XdpError::Pin { path, source: std::io::Error::other(e) })?;
+            Ok(())
+        })();
+        if result.is_err() {
+            let _ = remove_pins(&dir);
+        }
+        result.map(|()| dir)
+    }
+}
+
+fn program_mut(ebpf: &mut Ebpf) -> Result<&mut Xdp, XdpError> {
+    let prog = ebpf.program_mut(PROGRAM_NAME).ok_or(XdpError::Missing("program leap_xdp"))?;
+    prog.try_into().map_err(|_| XdpError::Missing("XDP program leap_xdp"))
+}
+
+/// Whether attaching failed because another XDP program is attached.
+fn is_busy(e: &ProgramError) -> bool {
+    let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = src {
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && matches!(io.raw_os_error(), Some(libc::EBUSY | libc::EEXIST))
+        {
+            return true;
+        }
+        src = err.source();
+    }
+    false
+}
+
+/// `/sys/fs/bpf/leap/<iface>`.
+pub fn pin_dir(iface: &str) -> PathBuf {
+    Path::new(PIN_ROOT).join(iface)
+}
+
+/// Removes everything leap pinned in `dir`, then `dir` itself.
+fn remove_pins(dir: &Path) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        std::fs::remove_file(entry?.path())?;
+    }
+    std::fs::remove_dir(dir)
+}
+
+/// A program that `leap xdp attach` left pinned on an interface.
+#[derive(Debug)]
+pub struct PinnedProgram {
+    iface: String,
+    dir: PathBuf,
+    mode: AttachedMode,
+    /// Holds the link while this value lives; the pin keeps it afterwards.
+    link: FdLink,
+}
+
+impl PinnedProgram {
+    /// Opens what is pinned for `iface`.
+    ///
+    /// # Errors
+    ///
+    /// [`XdpError::NotAttached`] when nothing is, [`XdpError::Pin`] when the
+    /// pins cannot be opened.
+    pub fn open(iface: &str) -> Result<Self, XdpError> {
+        let dir = pin_dir(iface);
+        let not_attached = || XdpError::NotAttached { iface: iface.to_string(), path: dir.clone() };
+        if !sys::is_bpffs(Path::new("/sys/fs/bpf")) || !dir.is_dir() {
+            return Err(not_attached());
+        }
+        let mode = [AttachedMode::Drv, AttachedMode::Skb]
+            .into_iter()
+            .find(|m| dir.join(m.link_file()).exists())
+            .ok_or_else(not_attached)?;
+        let path = dir.join(mode.link_file());
+        let link: FdLink = PinnedLink::from_pin(&path)
+            .map_err(|e| XdpError::Pin { path: path.clone(), source: std::io::Error::other(e) })?
+            .into();
+        Ok(Self { iface: iface.to_string(), dir, mode, link })
+    }
+
+    /// Every interface with a pinned leap program.
+    pub fn list() -> Vec<String> {
+        let mut out: Vec<String> = std::fs::read_dir(PIN_ROOT)
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// The interface.
+    pub fn iface(&self) -> &str {
+        &self.iface
+    }
+
+    /// The pin directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The attach mode.
+    pub fn mode(&self) -> AttachedMode {
+        self.mode
+    }
+
+    /// Kernel ids of the link and of the program.
+    ///
+    /// # Errors
+    ///
+    /// [`XdpError::Config`] when the kernel cannot describe the link.
+    pub fn ids(&self) -> Result<(u32, u32), XdpError> {
+        let info = self.link.info().map_err(|e| XdpError::Config(format!("link info: {e}")))?;
+        Ok((info.id(), info.program_id()))
+    }
+
+    fn map(&self, name: &'static str) -> Result<Map, XdpError> {
+        let path = self.dir.join(name);
+        let data = MapData::from_pin(&path).map_err(XdpError::map(name))?;
+        Map::from_map_data(data).map_err(XdpError::map(name))
+    }
+
+    /// The program's configuration.
+    ///
+    /// # Errors
+    ///
+    /// [`XdpError::Map`].
+    pub fn config(&self) -> Result<XdpConfig, XdpError> {
+        let arr: Array<MapData, XdpConfig> = self.map(MAP_CONFIG)?.try_into().map_err(XdpError::map(MAP_CONFIG))?;
+        arr.get(&0, 0).map_err(XdpError::map(MAP_CONFIG))
+    }
+
+    /// The ports the program picks chunks up on, sorted.
+    ///
+    /// # Errors
+    ///
+    /// [`XdpError::Map`].
+    pub fn ports(&self) -> Result<Vec<u16>, XdpError> {
+        let map: HashMap<MapData, u16, PortRule> =
+            self.map(MAP_PORTS)?.try_into().map_err(XdpError::map(MAP_PORTS))?;
+        let mut ports: Vec<u16> = map.keys().filter_map(Result::ok).collect();
+        ports.sort_unstable();
+        Ok(ports)
+    }
+
+    /// The decision counters so far, summed over CPUs.
+    ///
+    /// # Errors
+    ///
+    /// [`XdpError::Map`].
+    pub fn counters(&self) -> Result<XdpCounters, XdpError> {
+        let arr: PerCpuArray<MapData, u64> =
+            self.map(MAP_COUNTERS)?.try_into().map_err(XdpError::map(MAP_COUNTERS))?;
+        XdpCounters::read(&arr)
+    }
+
+    /// Removes the pins: the program is detached once nothing else holds
+    /// the link.
+    ///
+    /// # Errors
+    ///
+    /// [`XdpError::Pin`].
+    pub fn unpin(self) -> Result<(), XdpError> {
+        let Self { dir, link, .. } = self;
+        let result = remove_pins(&dir).map_err(|source| XdpError::Pin { path: dir.clone(), source });
+        // The last reference to the link: closing it detaches the program.
+        drop(link);
+        result
+    }
+}

@@ -1,0 +1,308 @@
+//! One AF_XDP socket on one receive queue (xdpilone): its UMEM, fill ring
+//! and RX ring. Zero-copy where the driver supports it, copy mode
+//! otherwise; need-wakeup; frames go back on the fill ring as soon as their
+//! chunk has been copied into the frame being assembled.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::BorrowedFd;
+use std::time::Duration;
+
+use xdpilone::{DeviceQueue, IfInfo, RingRx, Socket, SocketConfig, Umem, UmemConfig, User};
+
+use super::XdpError;
+use super::sys::{self, UmemArea};
+
+/// Settings of an [`XskSocket`].
+#[derive(Clone, Debug)]
+pub struct XskConfig {
+    /// UMEM frames (each holds one packet).
+    pub frames: u32,
+    /// Bytes per frame: a power of two, 2048 or 4096.
+    pub frame_size: u32,
+    /// Entries of the fill and RX rings (a power of two).
+    pub ring_size: u32,
+    /// How to treat zero-copy.
+    pub zero_copy: ZeroCopy,
+}
+
+impl Default for XskConfig {
+    fn default() -> Self {
+        Self { frames: 4096, frame_size: 2048, ring_size: 2048, zero_copy: ZeroCopy::Auto }
+    }
+}
+
+/// Zero-copy policy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ZeroCopy {
+    /// Try zero-copy, fall back to copy mode (logged once).
+    #[default]
+    Auto,
+    /// Copy mode only.
+    Off,
+    /// Zero-copy or fail.
+    Required,
+}
+
+/// `xdpilone::Umem` holds a raw pointer to the area and so is not `Send`.
+struct SendUmem(#[allow(dead_code, reason = "kept alive for the sockets sharing it")] Umem);
+
+// SAFETY: `Umem` only stores the area's address and a shared socket fd; it
+// never dereferences the pointer on its own, and the area (`UmemArea`) is
+// owned by the same `XskSocket`, which moves between threads as a whole.
+unsafe impl Send for SendUmem {}
+
+/// An AF_XDP socket bound to `(iface, queue)`, receiving only.
+pub struct XskSocket {
+    // Field order is drop order: rings and sockets before the UMEM area.
+    rx: RingRx,
+    fq: DeviceQueue,
+    user: User,
+    _umem: SendUmem,
+    area: UmemArea,
+    iface: String,
+    queue: u32,
+    zero_copy: bool,
+    frame_size: u32,
+    frames: u32,
+    /// Frame addresses to give back to the fill ring.
+    recycle: Vec<u64>,
+}
+
+impl std::fmt::Debug for XskSocket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("XskSocket")
+            .field("iface", &self.iface)
+            .field("queue", &self.queue)
+            .field("zero_copy", &self.zero_copy)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How often and how long to retry `bind` while the kernel still frees the
+/// previous socket of the queue (`EBUSY`).
+const BIND_RETRIES: u32 = 50;
+const BIND_RETRY_WAIT: Duration = Duration::from_millis(20);
+
+impl XskSocket {
+    /// Creates the socket in the current network namespace and binds it to
+    /// `(iface, queue)`.
+    ///
+    /// # Errors
+    ///
+    /// [`XdpError::Xsk`] naming the failed step, [`XdpError::Config`] for a
+    /// bad configuration.
+    pub fn open(iface: &str, queue: u32, cfg: &XskConfig) -> Result<Self, XdpError> {
+        if !cfg.frame_size.is_power_of_two()
+            || !(2048..=4096).contains(&cfg.frame_size)
+            || !cfg.ring_size.is_power_of_two()
+            || cfg.frames < cfg.ring_size
+        {
+            return Err(XdpError::Config(format!("invalid AF_XDP settings {cfg:?}")));
+        }
+        let tries: &[bool] = match cfg.zero_copy {
+            ZeroCopy::Auto => &[true, false],
+            ZeroCopy::Off => &[false],
+            ZeroCopy::Required => &[true],
+        };
+        let mut last = None;
+        for &zc in tries {
+            match Self::open_once(iface, queue, cfg, zc) {
+                Ok(s) => {
+                    if zc {
+                        log::info!("{iface} queue {queue}: AF_XDP in zero-copy mode");
+                    } else if cfg.zero_copy == ZeroCopy::Auto {
+                        log::info!("{iface} queue {queue}: zero-copy AF_XDP not supported by the driver; copy mode");
+                    }
+                    return Ok(s);
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.expect("at least one attempt"))
+    }
+
+    fn open_once(iface: &str, queue: u32, cfg: &XskConfig, zero_copy: bool) -> Result<Self, XdpError> {
+        let err = |call: &'static str| {
+            let iface = iface.to_string();
+            move |source: io::Error| XdpError::Xsk { call, iface, queue, source }
+        };
+        let errno = |e: xdpilone::Errno| io::Error::from_raw_os_error(e.get_raw().abs());
+
+        let area = UmemArea::new(cfg.frames as usize * cfg.frame_size as usize).map_err(err("mmap"))?;
+        let umem_cfg = UmemConfig {
+            fill_size: cfg.ring_size,
+            complete_size: cfg.ring_size,
+            frame_size: cfg.frame_size,
+            headroom: 0,
+            flags: 0,
+        };
+        // SAFETY: `area` is a fresh page-aligned mapping of `frames *
+        // frame_size` bytes that outlives the UMEM: both live in the returned
+        // `XskSocket`, where `area` is dropped last.
+        let umem = unsafe { Umem::new(umem_cfg, area.as_non_null()) }.map_err(|e| err("umem")(errno(e)))?;
+
+        let name = CString::new(iface).map_err(|_| XdpError::NoInterface(iface.to_string()))?;
+        let mut info = IfInfo::invalid();
+        info.from_name(&name).map_err(|e| err("if_nametoindex")(errno(e)))?;
+        info.set_queue(queue);
+        let sock = Socket::with_shared(&info, &umem).map_err(|e| err("socket")(errno(e)))?;
+        let mut fq = umem.fq_cq(&sock).map_err(|e| err("fill/completion rings")(errno(e)))?;
+        let mode = if zero_copy { SocketConfig::XDP_BIND_ZEROCOPY } else { SocketConfig::XDP_BIND_COPY };
+        let sock_cfg = SocketConfig {
+            rx_size: std::num::NonZeroU32::new(cfg.ring_size),
+            tx_size: None,
+            bind_flags: mode | SocketConfig::XDP_BIND_NEED_WAKEUP,
+        };
+        let user = umem.rx_tx(&sock, &sock_cfg).map_err(|e| err("rx ring")(errno(e)))?;
+
+        // Hand every frame to the kernel before binding. `fill(n)` may
+        // offer fewer slots than are free (it refreshes its view of the
+        // ring only when its cached count runs out): loop, bounded.
+        let fill_frames = cfg.ring_size.min(cfg.frames);
+        let mut next = 0u32;
+        for _ in 0..=fill_frames {
+            if next == fill_frames {
+                break;
+            }
+            let mut w = fq.fill(fill_frames - next);
+            let n = w.insert((next..fill_frames).map(|i| u64::from(i) * u64::from(cfg.frame_size)));
+            w.commit();
+            next += n;
+        }
+        if next != fill_frames {
+            return Err(XdpError::Xsk {
+                call: "fill ring",
+                iface: iface.to_string(),
+                queue,
+                source: io::Error::other(format!("only {next} of {fill_frames} frames accepted")),
+            });
+        }
+
+        let mut attempt = 0;
+        loop {
+            match umem.bind(&user) {
+                Ok(()) => break,
+                Err(e) if e.get_raw().abs() == libc::EBUSY && attempt < BIND_RETRIES => {
+                    attempt += 1;
+                    std::thread::sleep(BIND_RETRY_WAIT);
+                }
+                Err(e) => return Err(err("bind")(errno(e))),
+            }
+        }
+        let rx = user.map_rx().map_err(|e| err("mmap rx ring")(errno(e)))?;
+        let mut recycle = Vec::with_capacity(cfg.ring_size as usize);
+        // Frames past the fill ring's size wait in `recycle` for room.
+        recycle.extend((fill_frames..cfg.frames).map(|i| u64::from(i) * u64::from(cfg.frame_size)));
+        Ok(Self {
+            rx,
+            fq,
+            user,
+            _umem: SendUmem(umem),
+            area,
+            iface: iface.to_string(),
+            queue,
+            zero_copy,
+            frame_size: cfg.frame_size,
+            frames: cfg.frames,
+            recycle,
+        })
+    }
+
+    /// The socket, for the XSKMAP.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the descriptor is owned by `self.user` (and shared with the
+        // rings), open for as long as `self` lives, which bounds the borrow.
+        unsafe { BorrowedFd::borrow_raw(self.user.as_raw_fd()) }
+    }
+
+    /// The receive queue.
+    pub fn queue(&self) -> u32 {
+        self.queue
+    }
+
+    /// Whether the socket runs in zero-copy mode.
+    pub fn zero_copy(&self) -> bool {
+        self.zero_copy
+    }
+
+    /// Calls `f` with every received frame (at most `max`), then gives the
+    /// frames back to the kernel. Returns how many there were.
+    pub fn recv(&mut self, max: u32, mut f: impl FnMut(&[u8])) -> u32 {
+        let mut n = 0;
+        {
+            let mut rx = self.rx.receive(max);
+            while let Some(desc) = rx.read() {
+                n += 1;
+                match self.area.get(desc.addr, desc.len) {
+                    Some(bytes) => f(bytes),
+                    None => log::warn!("{} queue {}: AF_XDP descriptor out of the UMEM", self.iface, self.queue),
+                }
+                // The address includes the in-frame offset: give back the
+                // frame-aligned address.
+                self.recycle.push(desc.addr - desc.addr % u64::from(self.frame_size));
+            }
+            rx.release();
+        }
+        self.refill();
+        n
+    }
+
+    /// Puts recycled frames back on the fill ring (as many as fit).
+    fn refill(&mut self) {
+        let mut rounds = 0;
+        while !self.recycle.is_empty() && rounds < 4 {
+            rounds += 1;
+            let want = u32::try_from(self.recycle.len()).unwrap_or(u32::MAX);
+            let mut w = self.fq.fill(want);
+            let from = self.recycle.len() - want.min(w.capacity()) as usize;
+            let n = w.insert(self.recycle[from..].iter().copied());
+            w.commit();
+            self.recycle.truncate(self.recycle.len() - n as usize);
+            if n == 0 {
+                break;
+            }
+        }
+        if self.fq.needs_wakeup() {
+            self.fq.wake();
+        }
+    }
+
+    /// Frames currently owned by user space (not on the fill ring).
+    pub fn frames_out(&self) -> usize {
+        self.recycle.len()
+    }
+
+    /// Total UMEM frames.
+    pub fn frames(&self) -> u32 {
+        self.frames
+    }
+
+    /// Whether the RX ring has descriptors waiting.
+    pub fn has_rx(&self) -> bool {
+        self.rx.available() > 0
+    }
+
+    /// Waits until the RX ring is readable or `timeout` passes; returns
+    /// whether it is readable.
+    ///
+    /// # Errors
+    ///
+    /// The `poll` error.
+    pub fn wait(&mut self, timeout: Duration) -> io::Result<bool> {
+        if self.has_rx() {
+            return Ok(true);
+        }
+        if self.fq.needs_wakeup() {
+            self.fq.wake();
+        }
+        sys::poll_readable(&[self.fd()], timeout)
+    }
+
+    /// The kernel's counters of this socket: `(rx_dropped,
+    /// rx_ring_full, rx_fill_ring_empty)`.
+    pub fn kernel_drops(&self) -> Option<(u64, u64, u64)> {
+        let s = self.user.statistics_v2().ok()?;
+        Some((s.rx_dropped, s.rx_ring_full, s.rx_fill_ring_empty_descs))
+    }
+}

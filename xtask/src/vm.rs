@@ -1,0 +1,465 @@
+//! `cargo xtask vm [-- CMD...]`: boots Debian's kernel in qemu with a busybox
+//! initramfs carrying `leap_kmod.ko`, the modules it needs, `leap` and the
+//! `kmod_vm` test binary, and runs the kernel-module test suite (or CMD).
+//!
+//! The host kernel here cannot load modules, so this is where the module is
+//! proven. The guest has no network device: every packet stays on its
+//! loopback or on veth pairs the tests create inside it.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{kmod, util};
+
+/// Arguments of `cargo xtask vm`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Kernel build tree to build the module against (default: Debian's
+    /// headers); the guest kernel is Debian's image of the same release.
+    #[arg(long)]
+    kernel_dir: Option<PathBuf>,
+    /// Only the module and the shell steps: skip building the Rust binaries.
+    #[arg(long)]
+    kmod_only: bool,
+    /// Give up on the guest after this many seconds.
+    #[arg(long, default_value_t = 900)]
+    timeout: u64,
+    /// Command to run in the guest instead of the test suite (the module is
+    /// loaded first; PATH holds `leap` and `kmod_vm`).
+    #[arg(last = true)]
+    cmd: Vec<String>,
+}
+
+/// Extra modules of the Debian kernel the guest needs (with their deps).
+const GUEST_MODULES: &[&str] = &["veth"];
+
+/// Marker lines that init prints on the console.
+const EXIT_MARKER: &str = "LEAP_VM_EXIT=";
+
+/// `/init` of the guest.
+const INIT: &str = r#"#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+mount -t tmpfs tmpfs /tmp
+mkdir -p /sys/fs/bpf && mount -t bpf bpf /sys/fs/bpf 2>/dev/null
+ip link set lo up
+for m in $(cat /etc/leap/modules); do
+	insmod /lib/modules/$m || echo "LEAP_VM: insmod $m failed"
+done
+echo "LEAP_VM: booted $(uname -r), $(nproc) cpus"
+if [ -s /etc/leap/cmd ]; then
+	insmod /lib/modules/leap_kmod.ko || echo "LEAP_VM: insmod leap_kmod failed"
+	sh /etc/leap/cmd
+	echo "LEAP_VM_EXIT=$?"
+else
+	sh /etc/leap/suite.sh
+fi
+poweroff -f
+"#;
+
+/// The default suite: the Rust tests plus the steps that need a shell.
+const SUITE: &str = r#"
+KO=/lib/modules/leap_kmod.ko
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); echo "LEAP_VM_STEP ok: $1"; }
+ko() { fail=$((fail + 1)); echo "LEAP_VM_STEP FAILED: $1"; }
+check() { name=$1; shift; if "$@"; then ok "$name"; else ko "$name"; fi; }
+
+check "insmod leap_kmod" insmod $KO
+check "/dev/leap_tensor is a character device" test -c /dev/leap_tensor
+
+if [ -x /bin/kmod_vm ]; then
+	KMOD_VM_KO=$KO /bin/kmod_vm --ignored --test-threads=1 >/tmp/kmod_vm.log 2>&1
+	rc=$?
+	cat /tmp/kmod_vm.log
+	line=$(grep '^test result:' /tmp/kmod_vm.log | tail -n 1)
+	p=$(echo "$line" | sed -n 's/.* \([0-9][0-9]*\) passed.*/\1/p')
+	f=$(echo "$line" | sed -n 's/.* \([0-9][0-9]*\) failed.*/\1/p')
+	if [ -z "$p" ] || [ -z "$f" ]; then
+		ko "kmod_vm test binary printed no summary (exit $rc)"
+	else
+		pass=$((pass + p))
+		fail=$((fail + f))
+		if [ "$rc" != 0 ] && [ "$f" = 0 ]; then ko "kmod_vm exited $rc"; fi
+	fi
+fi
+
+exec 3</dev/leap_tensor
+if rmmod leap_kmod 2>/dev/null; then
+	ko "rmmod is refused while the device is open"
+	insmod $KO
+else
+	ok "rmmod is refused while the device is open"
+fi
+exec 3<&-
+
+i=0
+good=1
+while [ $i -lt 10 ]; do
+	rmmod leap_kmod || good=0
+	[ -e /dev/leap_tensor ] && good=0
+	insmod $KO || good=0
+	[ -c /dev/leap_tensor ] || good=0
+	i=$((i + 1))
+done
+if [ $good = 1 ]; then ok "rmmod/insmod repeated 10 times"; else ko "rmmod/insmod repeated 10 times"; fi
+
+if dmesg | grep -E 'BUG|WARNING|Oops|general protection|leak'; then
+	ko "kernel log has no BUG, WARNING or Oops"
+else
+	ok "kernel log has no BUG, WARNING or Oops"
+fi
+
+echo "$pass passed, $fail failed"
+if [ $fail = 0 ] && [ $pass -gt 0 ]; then echo "LEAP_VM_EXIT=0"; else echo "LEAP_VM_EXIT=1"; fi
+"#;
+
+/// Runs `cargo xtask vm`.
+///
+/// # Errors
+///
+/// When something cannot be built or downloaded, the guest does not finish
+/// in time, or the suite (or CMD) fails.
+pub fn run(args: Args) -> Result<()> {
+    util::apt_install(&["qemu-system-x86", "busybox-static"])?;
+    let module = kmod::build(args.kernel_dir.as_deref())?;
+    let kernel = debian_kernel(&module.release)?;
+    let bins = if args.kmod_only { Vec::new() } else { build_user_binaries()? };
+
+    let mut cpio = Cpio::default();
+    cpio.file("init", 0o755, INIT.as_bytes())?;
+    cpio.file("etc/leap/suite.sh", 0o644, SUITE.as_bytes())?;
+    cpio.file("etc/leap/cmd", 0o644, shell_join(&args.cmd).as_bytes())?;
+    for dir in ["proc", "sys", "dev", "tmp", "root", "run", "var"] {
+        cpio.dir(dir)?;
+    }
+    cpio.file("bin/busybox", 0o755, &std::fs::read("/bin/busybox").context("reading /bin/busybox")?)?;
+    cpio.file("lib/modules/leap_kmod.ko", 0o644, &std::fs::read(&module.ko)?)?;
+    let mut load_order = Vec::new();
+    for m in kernel.modules_with_deps(GUEST_MODULES)? {
+        let name = m.file_name().and_then(|n| n.to_str()).context("module name")?;
+        let name = name.trim_end_matches(".xz").trim_end_matches(".zst").to_owned();
+        cpio.file(&format!("lib/modules/{name}"), 0o644, &read_module(&m)?)?;
+        load_order.push(name);
+    }
+    cpio.file("etc/leap/modules", 0o644, load_order.join("\n").as_bytes())?;
+    let mut libs = BTreeSet::new();
+    for (name, path) in &bins {
+        cpio.file(&format!("bin/{name}"), 0o755, &stripped(path)?)?;
+        libs.extend(shared_libraries(path)?);
+    }
+    for lib in &libs {
+        let data = std::fs::read(lib).with_context(|| format!("reading {}", lib.display()))?;
+        cpio.file(lib.to_str().context("library path")?.trim_start_matches('/'), 0o755, &data)?;
+    }
+    let initrd = util::root().join("target/vm/initrd.cpio");
+    std::fs::write(&initrd, cpio.finish())?;
+
+    let code = boot(&kernel.vmlinuz, &initrd, Duration::from_secs(args.timeout))?;
+    if code != 0 {
+        bail!("the guest reported failure ({EXIT_MARKER}{code})");
+    }
+    Ok(())
+}
+
+/// Debian's kernel image of one release, unpacked under `target/vm/`.
+struct Kernel {
+    vmlinuz: PathBuf,
+    modules: PathBuf,
+}
+
+impl Kernel {
+    /// Paths of `names` and of every module they depend on, dependencies
+    /// first. The package ships no `modules.dep` (depmod makes it at install
+    /// time), so dependencies come from each module's `depends=` modinfo.
+    fn modules_with_deps(&self, names: &[&str]) -> Result<Vec<PathBuf>> {
+        let mut index = std::collections::BTreeMap::new();
+        let mut stack = vec![self.modules.join("kernel")];
+        while let Some(dir) = stack.pop() {
+            for entry in std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
+                let path = entry?.path();
+                if path.is_dir() {
+                    stack.push(path);
+                } else if let Some(file) = path.file_name().and_then(|n| n.to_str())
+                    && let Some((name, _)) = file.split_once(".ko")
+                {
+                    index.insert(name.replace('-', "_"), path);
+                }
+            }
+        }
+        let mut order = Vec::new();
+        for name in names {
+            visit(&name.replace('-', "_"), &index, &mut order, 0)?;
+        }
+        return Ok(order);
+
+        fn visit(
+            name: &str,
+            index: &std::collections::BTreeMap<String, PathBuf>,
+            order: &mut Vec<PathBuf>,
+            depth: usize,
+        ) -> Result<()> {
+            if depth > 32 {
+                bail!("module dependency chain too long at {name}");
+            }
+            let path = index.get(name).with_context(|| format!("module {name} is not in the kernel image"))?;
+            if order.contains(path) {
+                return Ok(());
+            }
+            let data = read_module(path)?;
+            for dep in modinfo(&data, "depends").split(',').filter(|d| !d.is_empty()) {
+                visit(&dep.replace('-', "_"), index, order, depth + 1)?;
+            }
+            order.push(path.clone());
+            Ok(())
+        }
+    }
+}
+
+/// The value of `key=` in a module's `.modinfo` strings ("" when absent).
+fn modinfo(module: &[u8], key: &str) -> String {
+    let needle = format!("{key}=");
+    module
+        .split(|&b| b == 0)
+        .find_map(|s| s.strip_prefix(needle.as_bytes()))
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .unwrap_or_default()
+}
+
+/// Downloads (once) Debian's `linux-image-<release>` and unpacks it under
+/// `target/vm/`, without installing it on the host.
+fn debian_kernel(release: &str) -> Result<Kernel> {
+    let dir = util::root().join("target/vm").join(format!("linux-image-{release}"));
+    let kernel = Kernel {
+        vmlinuz: dir.join(format!("boot/vmlinuz-{release}")),
+        modules: dir.join(format!("lib/modules/{release}")),
+    };
+    if kernel.vmlinuz.is_file() && kernel.modules.join("kernel").is_dir() {
+        return Ok(kernel);
+    }
+    let debs = util::root().join("target/vm/debs");
+    std::fs::create_dir_all(&debs)?;
+    let pkg = format!("linux-image-{release}");
+    let download = || util::run(Command::new("apt-get").args(["download", "-q", &pkg]).current_dir(&debs));
+    if download().is_err() {
+        // The package lists may be older than the headers: refresh once.
+        util::run(Command::new("apt-get").args(["update", "-qq"]))?;
+        download()?;
+    }
+    let deb = std::fs::read_dir(&debs)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&format!("{pkg}_")) && n.ends_with(".deb"))
+        })
+        .max()
+        .with_context(|| format!("apt-get download left no {pkg}_*.deb in {}", debs.display()))?;
+    let tmp = dir.with_file_name(format!("linux-image-{release}.partial"));
+    let _ = std::fs::remove_dir_all(&tmp);
+    util::run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&tmp))?;
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::rename(&tmp, &dir)?;
+    if !kernel.vmlinuz.is_file() {
+        bail!("{} holds no {}", deb.display(), kernel.vmlinuz.display());
+    }
+    Ok(kernel)
+}
+
+/// A module file, decompressed when Debian ships it compressed.
+fn read_module(path: &Path) -> Result<Vec<u8>> {
+    let tool = match path.extension().and_then(|e| e.to_str()) {
+        Some("xz") => "xz",
+        Some("zst") => "zstd",
+        _ => return std::fs::read(path).with_context(|| format!("reading {}", path.display())),
+    };
+    let out = Command::new(tool).arg("-dc").arg(path).output().with_context(|| format!("running {tool}"))?;
+    if !out.status.success() {
+        bail!("{tool} -dc {} failed", path.display());
+    }
+    Ok(out.stdout)
+}
+
+/// Builds `leap` and the `kmod_vm` test binary (release), returning
+/// `(name in the guest, path)`.
+fn build_user_binaries() -> Result<Vec<(String, PathBuf)>> {
+    let root = util::root();
+    util::run(Command::new("cargo").args(["build", "--release", "-p", "leap", "--bin", "leap"]).current_dir(&root))?;
+    let json = util::output(
+        Command::new("cargo")
+            .args(["test", "--release", "-p", "leap", "--test", "kmod_vm", "--no-run", "--message-format=json"])
+            .current_dir(&root),
+    )?;
+    let test = json
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["name"] == "kmod_vm")
+        .find_map(|v| v["executable"].as_str().map(PathBuf::from))
+        .context("cargo printed no kmod_vm test executable")?;
+    Ok(vec![("leap".into(), root.join("target/release/leap")), ("kmod_vm".into(), test)])
+}
+
+/// The binary without debug info (smaller initramfs, faster boot), or as is
+/// when `strip` is missing.
+fn stripped(path: &Path) -> Result<Vec<u8>> {
+    if util::have("strip") {
+        let out = util::root().join("target/vm/stripped");
+        if Command::new("strip").arg("--strip-debug").arg("-o").arg(&out).arg(path).status()?.success() {
+            return Ok(std::fs::read(&out)?);
+        }
+    }
+    Ok(std::fs::read(path)?)
+}
+
+/// Shared libraries (and the ELF interpreter) a dynamic binary needs.
+fn shared_libraries(path: &Path) -> Result<Vec<PathBuf>> {
+    let out = Command::new("ldd").arg(path).output().context("running ldd")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(text
+        .lines()
+        .filter_map(|l| {
+            // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or
+            // "/lib64/ld-linux-x86-64.so.2 (0x...)"
+            let l = l.trim();
+            let p = l.split_once("=>").map_or(l, |(_, r)| r.trim());
+            p.split_whitespace().next().filter(|p| p.starts_with('/')).map(PathBuf::from)
+        })
+        .collect())
+}
+
+/// CMD as one shell line, every word single-quoted.
+fn shell_join(words: &[String]) -> String {
+    words.iter().map(|w| format!("'{}'", w.replace('\'', r"'\''"))).collect::<Vec<_>>().join(" ")
+}
+
+/// Boots the guest, streams its console, and returns the code init printed
+/// after [`EXIT_MARKER`].
+fn boot(vmlinuz: &Path, initrd: &Path, timeout: Duration) -> Result<i32> {
+    let accel = std::env::var("LEAP_VM_ACCEL").unwrap_or_else(|_| "tcg".into());
+    let mut cmd = Command::new("qemu-system-x86_64");
+    cmd.args(["-accel", &accel, "-cpu", if accel == "kvm" { "host" } else { "max" }])
+        .args(["-m", "1024", "-smp", "2", "-nographic", "-no-reboot", "-nic", "none"])
+        .arg("-kernel")
+        .arg(vmlinuz)
+        .arg("-initrd")
+        .arg(initrd)
+        .args(["-append", "console=ttyS0 quiet loglevel=4 panic=-1 oops=panic"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    eprintln!("+ {}", util::show(&cmd));
+    let start = Instant::now();
+    let mut child = cmd.spawn().context("cannot start qemu-system-x86_64")?;
+    let stdout = child.stdout.take().context("qemu stdout")?;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut code = None;
+    let mut summary = None;
+    let deadline = start + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                let line = line.trim_end_matches('\r');
+                println!("{line}");
+                let _ = std::io::stdout().flush();
+                if let Some(c) = line.trim().strip_prefix(EXIT_MARKER) {
+                    code = c.trim().parse::<i32>().ok().or(Some(-1));
+                }
+                if line.ends_with(" failed") && line.contains(" passed, ") {
+                    summary = Some(line.to_owned());
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("the guest did not finish within {}s", timeout.as_secs());
+            }
+        }
+    }
+    let status = child.wait()?;
+    eprintln!("guest finished in {:.1}s ({status})", start.elapsed().as_secs_f64());
+    if let Some(s) = summary {
+        eprintln!("vm: {s}");
+    }
+    code.with_context(|| format!("the guest printed no {EXIT_MARKER} line (qemu {status})"))
+}
+
+/// A cpio archive in the "newc" format the kernel unpacks as initramfs
+/// (uncompressed: the guest unpacks it faster than it would gunzip it).
+#[derive(Default)]
+struct Cpio {
+    buf: Vec<u8>,
+    dirs: BTreeSet<String>,
+    ino: u32,
+}
+
+impl Cpio {
+    fn entry(&mut self, name: &str, mode: u32, data: &[u8]) -> Result<()> {
+        if name.is_empty() || name.starts_with('/') || name.split('/').any(|c| c == "..") {
+            bail!("bad initramfs path {name:?}");
+        }
+        self.ino += 1;
+        let size = u32::try_from(data.len()).context("file too big for cpio")?;
+        let fields = [self.ino, mode, 0, 0, 1, 0, size, 0, 0, 0, 0, name.len() as u32 + 1, 0];
+        self.buf.extend_from_slice(b"070701");
+        for f in fields {
+            self.buf.extend_from_slice(format!("{f:08X}").as_bytes());
+        }
+        self.buf.extend_from_slice(name.as_bytes());
+        self.buf.push(0);
+        self.pad();
+        self.buf.extend_from_slice(data);
+        self.pad();
+        Ok(())
+    }
+
+    fn pad(&mut self) {
+        while self.buf.len() % 4 != 0 {
+            self.buf.push(0);
+        }
+    }
+
+    fn dir(&mut self, path: &str) -> Result<()> {
+        let mut at = String::new();
+        for part in path.split('/') {
+            if !at.is_empty() {
+                at.push('/');
+            }
+            at.push_str(part);
+            if self.dirs.insert(at.clone()) {
+                let name = at.clone();
+                self.entry(&name, 0o040_755, &[])?;
+            }
+        }
+        Ok(())
+    }
+
+    fn file(&mut self, path: &str, perm: u32, data: &[u8]) -> Result<()> {
+        if let Some((parent, _)) = path.rsplit_once('/') {
+            self.dir(parent)?;
+        }
+        self.entry(path, 0o100_000 | perm, data)
+    }
+
+    fn finish(mut self) -> Vec<u8> {
+        let _ = self.entry("TRAILER!!!", 0, &[]);
+        self.buf
+    }
+}
