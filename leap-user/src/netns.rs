@@ -123,7 +123,20 @@ impl Topology {
         for i in 0..n {
             let j = (i + 1) % n;
             let (a, b) = (&t.nodes[i], &t.nodes[j]);
-            ip(&["link", "add", &a.tx_iface, "netns", &a.netns, "type", "veth", "peer", "name", &b.rx_iface, "netns", &b.netns])?;
+            ip(&[
+                "link",
+                "add",
+                &a.tx_iface,
+                "netns",
+                &a.netns,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &b.rx_iface,
+                "netns",
+                &b.netns,
+            ])?;
         }
         for i in 0..n {
             let node = &t.nodes[i];

@@ -1,7 +1,7 @@
 //! Reassembly driven with in-memory chunks: order, loss, duplicates, wrap.
 
-use leap::frame::{Chunker, Push, Reassembler};
 use leap::FrameKind;
+use leap::frame::{Chunker, Push, Reassembler};
 use leap_common::chunk::{ChunkHeader, flags};
 use leap_common::control::{ControlMessage, ControlType};
 use proptest::prelude::*;

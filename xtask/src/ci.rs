@@ -142,7 +142,18 @@ pub fn run_ci(args: Args) -> Result<()> {
                 // Needs the BPF object: run in the ebpf stage.
                 continue;
             }
-            run(cargo().args(["test", "--release", "--locked", "-p", "leap", "--test", &t, "--", "--ignored", "--test-threads=1"]))?;
+            run(cargo().args([
+                "test",
+                "--release",
+                "--locked",
+                "-p",
+                "leap",
+                "--test",
+                &t,
+                "--",
+                "--ignored",
+                "--test-threads=1",
+            ]))?;
         }
         Ok(())
     })?;
@@ -153,7 +164,18 @@ pub fn run_ci(args: Args) -> Result<()> {
         let obj = crate::ebpf::build_ebpf(true)?;
         for t in privileged_tests(&root)?.into_iter().filter(|t| t.starts_with("xdp_")) {
             run(cargo()
-                .args(["test", "--release", "--locked", "-p", "leap", "--test", &t, "--", "--ignored", "--test-threads=1"])
+                .args([
+                    "test",
+                    "--release",
+                    "--locked",
+                    "-p",
+                    "leap",
+                    "--test",
+                    &t,
+                    "--",
+                    "--ignored",
+                    "--test-threads=1",
+                ])
                 .env("LEAP_XDP_OBJECT", &obj))?;
         }
         Ok(())

@@ -81,7 +81,11 @@ pub fn apt_install(pkgs: &[&str]) -> Result<()> {
         return Ok(());
     }
     if !is_root() {
-        bail!("missing Debian packages: {}; install them with `sudo apt-get install {}`", missing.join(" "), missing.join(" "));
+        bail!(
+            "missing Debian packages: {}; install them with `sudo apt-get install {}`",
+            missing.join(" "),
+            missing.join(" ")
+        );
     }
     static UPDATED: OnceLock<()> = OnceLock::new();
     if UPDATED.get().is_none() {

@@ -14,10 +14,10 @@ pub struct Layers {
 }
 
 /// What a worker does with a control message after applying it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ControlAction {
     /// Send this message on to the next node.
-    Forward(ControlMessage),
+    Forward(Box<ControlMessage>),
     /// Nothing more to do.
     Consume,
 }
@@ -42,10 +42,10 @@ pub fn apply(layers: &mut Layers, msg: &ControlMessage) -> ControlAction {
                 // The tail answers; the ACK keeps the ranges for the head to check.
                 out.kind = ControlType::Ack;
             }
-            ControlAction::Forward(out)
+            ControlAction::Forward(Box::new(out))
         }
         // An ACK is on its way to the head: pass it on.
-        ControlType::Ack => ControlAction::Forward(*msg),
+        ControlType::Ack => ControlAction::Forward(Box::new(*msg)),
     }
 }
 

@@ -15,8 +15,8 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::netns::Topology;
-use crate::transport::open::{Endpoint, Options, TransportKind};
 use crate::transport::Stats;
+use crate::transport::open::{Endpoint, Options, TransportKind};
 
 pub use node::{HeadConfig, HeadReport, run_head, run_worker};
 
@@ -261,18 +261,20 @@ fn layout(cfg: &RingConfig) -> Result<(Vec<Endpoint>, Option<Topology>), RingErr
     match cfg.placement {
         Placement::Loopback => {
             let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
-            let ports: Vec<u16> = (0..n)
-                .map(|i| if cfg.port == 0 { free_port() } else { cfg.port.wrapping_add(i as u16) })
-                .collect();
+            let ports: Vec<u16> =
+                (0..n).map(|i| if cfg.port == 0 { free_port() } else { cfg.port.wrapping_add(i as u16) }).collect();
             let addr = |i: usize| SocketAddr::new(lo, ports[i % n]);
-            Ok(((0..n)
-                .map(|i| Endpoint {
-                    listen: addr(i),
-                    next: addr(i + 1),
-                    prev: Some(addr(i + n - 1)),
-                    iface: Some("lo".into()),
-                })
-                .collect(), None))
+            Ok((
+                (0..n)
+                    .map(|i| Endpoint {
+                        listen: addr(i),
+                        next: addr(i + 1),
+                        prev: Some(addr(i + n - 1)),
+                        iface: Some("lo".into()),
+                    })
+                    .collect(),
+                None,
+            ))
         }
         Placement::Netns => {
             let prefix = format!("lp{}", std::process::id() % 100_000);
@@ -306,24 +308,29 @@ pub fn run(cfg: &RingConfig) -> Result<RingReport, RingError> {
     let stop = Arc::new(AtomicBool::new(false));
     let start_timeout = cfg.options.setup_timeout + Duration::from_secs(5);
     let mut workers = Vec::new();
-    for i in 1..cfg.nodes {
-        let (ep, gate, stop, cfg) = (eps[i].clone(), gate.clone(), stop.clone(), cfg.clone());
+    for (i, ep) in eps.iter().enumerate().skip(1) {
+        let (ep, gate, stop, cfg) = (ep.clone(), gate.clone(), stop.clone(), cfg.clone());
         let ns = topo.as_ref().map(|t| t.nodes()[i].path());
-        workers.push(std::thread::Builder::new().name(format!("leap-node-{i}")).spawn(move || {
-            let opened = (|| {
-                if let Some(ns) = &ns {
-                    crate::sys::netns::enter(ns).map_err(|e| format!("entering {}: {e}", ns.display()))?;
-                }
-                crate::transport::open::open(cfg.transport, &ep, &cfg.options).map_err(|e| e.to_string())
-            })();
-            let failure = opened.as_ref().err().cloned();
-            gate.arrive(failure, start_timeout)?;
-            let mut t = opened?;
-            let res = run_worker(&mut *t, cfg.frame_size, cfg.compute, &stop);
-            let cpu = crate::sys::thread_cpu_time();
-            res.map_err(|e| e.to_string())?;
-            Ok::<_, String>((t.stats(), t.backend_counters(), cpu.0 + cpu.1))
-        }).map_err(|e| RingError::Node { node: i, error: format!("spawn: {e}") })?);
+        workers.push(
+            std::thread::Builder::new()
+                .name(format!("leap-node-{i}"))
+                .spawn(move || {
+                    let opened = (|| {
+                        if let Some(ns) = &ns {
+                            crate::sys::netns::enter(ns).map_err(|e| format!("entering {}: {e}", ns.display()))?;
+                        }
+                        crate::transport::open::open(cfg.transport, &ep, &cfg.options).map_err(|e| e.to_string())
+                    })();
+                    let failure = opened.as_ref().err().cloned();
+                    gate.arrive(failure, start_timeout)?;
+                    let mut t = opened?;
+                    let res = run_worker(&mut *t, cfg.frame_size, cfg.compute, &stop);
+                    let cpu = crate::sys::thread_cpu_time();
+                    res.map_err(|e| e.to_string())?;
+                    Ok::<_, String>((t.stats(), t.backend_counters(), cpu.0 + cpu.1))
+                })
+                .map_err(|e| RingError::Node { node: i, error: format!("spawn: {e}") })?,
+        );
     }
     let head = {
         let (ep, gate, cfg2, stop) = (eps[0].clone(), gate.clone(), cfg.clone(), stop.clone());

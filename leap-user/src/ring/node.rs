@@ -164,7 +164,7 @@ pub fn run_head(t: &mut dyn Transport, cfg: &HeadConfig) -> Result<HeadReport, T
         }
         if let Some(p) = &cfg.progress {
             let done = rep.delivered + rep.corrupt + rep.lost;
-            if done % 64 == 0 || done == cfg.frames {
+            if done.is_multiple_of(64) || done == cfg.frames {
                 (p.0)(done);
             }
         }
@@ -174,7 +174,12 @@ pub fn run_head(t: &mut dyn Transport, cfg: &HeadConfig) -> Result<HeadReport, T
 }
 
 /// Sends a RESIZE_CHAIN and waits for the tail's ACK (three tries).
-fn control_round(t: &mut dyn Transport, workers: usize, frame_size: usize, buf: &mut [u8]) -> Result<bool, TransportError> {
+fn control_round(
+    t: &mut dyn Transport,
+    workers: usize,
+    frame_size: usize,
+    buf: &mut [u8],
+) -> Result<bool, TransportError> {
     let msg = chain(workers, 32);
     for _ in 0..3 {
         t.send_control(&msg, frame_size)?;
@@ -203,7 +208,12 @@ fn control_round(t: &mut dyn Transport, workers: usize, frame_size: usize, buf: 
 ///
 /// A transport error other than a timeout or a lost frame, unless `stop` is
 /// already set (the head finished and closed its connections).
-pub fn run_worker(t: &mut dyn Transport, frame_size: usize, compute: Duration, stop: &AtomicBool) -> Result<Layers, TransportError> {
+pub fn run_worker(
+    t: &mut dyn Transport,
+    frame_size: usize,
+    compute: Duration,
+    stop: &AtomicBool,
+) -> Result<Layers, TransportError> {
     let mut buf = vec![0u8; frame_size];
     let mut layers = Layers::default();
     while !stop.load(Ordering::Relaxed) {

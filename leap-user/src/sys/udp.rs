@@ -212,8 +212,10 @@ impl RxBatch {
         self.filled = 0;
         let base = self.bufs.as_mut_ptr();
         for i in 0..self.msgs.len() {
-            // SAFETY: i * slot_len + slot_len <= bufs.len().
-            self.iov[i] = libc::iovec { iov_base: unsafe { base.add(i * self.slot_len) }.cast(), iov_len: self.slot_len };
+            // SAFETY: i * slot_len + slot_len <= bufs.len(), so the offset
+            // stays inside the allocation.
+            let slot = unsafe { base.add(i * self.slot_len) };
+            self.iov[i] = libc::iovec { iov_base: slot.cast(), iov_len: self.slot_len };
             let h = &mut self.msgs[i].msg_hdr;
             h.msg_iov = &mut self.iov[i];
             h.msg_iovlen = 1;
@@ -227,7 +229,13 @@ impl RxBatch {
         // SAFETY: every msghdr points to buffers owned by self, sized as
         // declared; the vector length is the count passed.
         let n = unsafe {
-            libc::recvmmsg(fd.as_raw_fd(), self.msgs.as_mut_ptr(), self.msgs.len() as libc::c_uint, flags, ptr::null_mut())
+            libc::recvmmsg(
+                fd.as_raw_fd(),
+                self.msgs.as_mut_ptr(),
+                self.msgs.len() as libc::c_uint,
+                flags,
+                ptr::null_mut(),
+            )
         };
         if n < 0 {
             let e = io::Error::last_os_error();

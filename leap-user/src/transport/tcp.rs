@@ -254,7 +254,8 @@ impl TcpTransport {
             if have >= want {
                 break;
             }
-            let dst = if have < pre_len { &mut inb.prefix[have..pre_len] } else { &mut out[have - pre_len..want - pre_len] };
+            let dst =
+                if have < pre_len { &mut inb.prefix[have..pre_len] } else { &mut out[have - pre_len..want - pre_len] };
             match inb.stream.read(dst) {
                 Ok(0) => return Err(TransportError::PeerClosed(side)),
                 Ok(n) => have += n,

@@ -155,7 +155,9 @@ impl UdpSender {
             Err(e) if seg.is_some() && matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL)) => {
                 log::warn!("UDP GSO failed on this path ({e}); sending one datagram per chunk from now on");
                 self.gso = false;
-                self.batch.send(socket.as_fd(), &self.next, datagrams(), None).map_err(|e| TransportError::io("sendmmsg", e))?;
+                self.batch
+                    .send(socket.as_fd(), &self.next, datagrams(), None)
+                    .map_err(|e| TransportError::io("sendmmsg", e))?;
             }
             Err(e) => return Err(TransportError::io("sendmmsg", e)),
         }
@@ -195,7 +197,9 @@ impl UdpTransport {
         }
         let socket = bind_socket(cfg.listen)?;
         socket
-            .set_read_timeout(Some(cfg.recv_timeout.map_or(WAKE_TICK, |t| t.min(WAKE_TICK)).max(Duration::from_millis(1))))
+            .set_read_timeout(Some(
+                cfg.recv_timeout.map_or(WAKE_TICK, |t| t.min(WAKE_TICK)).max(Duration::from_millis(1)),
+            ))
             .map_err(|source| UdpError::Socket { call: "setsockopt(SO_RCVTIMEO)", addr: cfg.listen, source })?;
         let gro = cfg.gro && enable_gro(socket.as_fd());
         let reserved = if cfg.original_compat { 0 } else { flags::LEAP };
@@ -253,7 +257,8 @@ impl UdpTransport {
                     self.stats.nacks_received += 1;
                     continue;
                 }
-                let r = if done.is_some() { self.reasm.stash(&hdr, payload) } else { self.reasm.push(&hdr, payload, out) };
+                let r =
+                    if done.is_some() { self.reasm.stash(&hdr, payload) } else { self.reasm.push(&hdr, payload, out) };
                 if r != Push::Dropped {
                     self.stats.chunks_received += 1;
                 }

@@ -1,0 +1,616 @@
+//! The kernel module `leap_kmod` for real: these tests need `/dev/leap_tensor`
+//! and root, so they are ignored by plain `cargo test` and run inside the VM
+//! by `cargo xtask vm` (`kmod_vm --ignored --test-threads=1`).
+//!
+//! Packets are crafted with std sockets (and raw IPv4 sockets for checksums
+//! and fragments) to 127.0.0.1 only; every wait is bounded.
+
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
+use std::os::fd::{AsFd, AsRawFd};
+use std::path::Path;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use leap::sys::kmod::Device;
+use leap_common::chunk::{CHUNK_PAYLOAD_MAX, ChunkHeader, flags};
+use leap_common::kmod::{
+    ABI_VERSION, BANK_FRAME_MAX, BANK_LEN, Counters, DEVICE_PATH, HALF_LEN, INFO_SCOPE_FILE, INFO_SCOPE_MODULE,
+    MMAP_LEN, RX_BANKS, WAIT_STATUS_FRAME, WAIT_STATUS_LOST, Wait, features,
+};
+
+const LO: Ipv4Addr = Ipv4Addr::LOCALHOST;
+/// Bound of every wait for the module to act on a packet.
+const PATIENCE: Duration = Duration::from_secs(5);
+/// Frame timeout the tests configure: short, so lost frames show quickly.
+const FRAME_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// A fresh port per node, so tests never see each other's packets.
+fn next_port() -> u16 {
+    static NEXT: AtomicU16 = AtomicU16::new(21000);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// An open device bound to a fresh port.
+fn node() -> (Device, u16) {
+    let dev = Device::open(Path::new(DEVICE_PATH)).expect("open /dev/leap_tensor");
+    let port = next_port();
+    dev.set_port(port).expect("LEAP_IOCTL_SET_PORT");
+    dev.set_frame_timeout(FRAME_TIMEOUT).expect("LEAP_IOCTL_SET_FRAME_TIMEOUT");
+    (dev, port)
+}
+
+fn counters(dev: &Device) -> Counters {
+    dev.info(INFO_SCOPE_FILE).expect("LEAP_IOCTL_GET_INFO").counters
+}
+
+/// Polls the counters until `pred` holds, failing after [`PATIENCE`].
+fn wait_counters(dev: &Device, what: &str, pred: impl Fn(&Counters) -> bool) -> Counters {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let c = counters(dev);
+        if pred(&c) {
+            return c;
+        }
+        assert!(Instant::now() < deadline, "the module never counted {what}: {c:#?}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Deterministic frame bytes that differ per seq.
+fn pattern(seq: u16, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i as u32).wrapping_mul(31).wrapping_add(u32::from(seq) * 7 + 1) as u8).collect()
+}
+
+fn chunk(seq: u16, chunk_id: u16, total_chunks: u16, reserved: u16, payload: &[u8]) -> Vec<u8> {
+    let hdr = ChunkHeader { seq, chunk_id, total_chunks, reserved };
+    let mut d = hdr.to_bytes().to_vec();
+    d.extend_from_slice(payload);
+    d
+}
+
+/// Every chunk of `frame` as frame `seq`, as leap's data chunks.
+fn chunks_of(seq: u16, frame: &[u8]) -> Vec<Vec<u8>> {
+    let total = frame.len().div_ceil(CHUNK_PAYLOAD_MAX) as u16;
+    frame
+        .chunks(CHUNK_PAYLOAD_MAX)
+        .enumerate()
+        .map(|(i, p)| chunk(seq, i as u16, total, flags::LEAP, p))
+        .collect()
+}
+
+fn sender() -> UdpSocket {
+    UdpSocket::bind((LO, 0)).expect("bind a sender")
+}
+
+fn send_all(sock: &UdpSocket, port: u16, datagrams: &[Vec<u8>]) {
+    for d in datagrams {
+        sock.send_to(d, (LO, port)).expect("send_to");
+    }
+}
+
+fn wait(dev: &Device, timeout: Duration) -> Option<Wait> {
+    dev.wait_frame(Some(timeout)).expect("LEAP_IOCTL_WAIT_FRAME")
+}
+
+/// Waits for the next complete frame and checks it is `frame` as seq `seq`.
+fn expect_frame(dev: &Device, seq: u16, frame: &[u8]) -> Wait {
+    let w = wait(dev, PATIENCE).unwrap_or_else(|| panic!("frame {seq} never completed: {:#?}", counters(dev)));
+    assert_eq!(w.status, WAIT_STATUS_FRAME, "{w:?}");
+    assert_eq!(w.seq, seq, "{w:?}");
+    assert_eq!(w.bank, i32::from(seq) % RX_BANKS as i32);
+    assert_eq!(w.len as usize, frame.len());
+    let mut got = vec![0u8; frame.len()];
+    dev.read_bank(w.bank as usize, 0, &mut got);
+    assert!(got == frame, "bank {} does not hold frame {seq}", w.bank);
+    w
+}
+
+fn banks(dev: &Device) -> Vec<u8> {
+    let mut all = vec![0u8; HALF_LEN];
+    dev.read_all_banks(&mut all);
+    all
+}
+
+/// Sends `datagram`, waits until `counter` went up by one, and checks that
+/// no byte of any bank changed and no frame or report came out of it.
+fn assert_rejected(dev: &Device, port: u16, datagram: &[u8], what: &str, counter: fn(&Counters) -> u64) {
+    let before = banks(dev);
+    let c0 = counter(&counters(dev));
+    sender().send_to(datagram, (LO, port)).expect("send_to");
+    wait_counters(dev, what, |c| counter(c) == c0 + 1);
+    let after = banks(dev);
+    if let Some(i) = (0..HALF_LEN).find(|&i| before[i] != after[i]) {
+        panic!("{what}: byte {} of bank {} changed", i % BANK_LEN, i / BANK_LEN);
+    }
+    assert_eq!(wait(dev, Duration::ZERO), None, "{what} produced an event");
+}
+
+#[test]
+#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
+fn device_reports_abi_version_features_and_layout() {
+    let (dev, port) = node();
+    let info = dev.info(INFO_SCOPE_FILE).unwrap();
+    assert_eq!(info.abi_version, ABI_VERSION);
+    assert_eq!(info.info_size as usize, size_of::<leap_common::kmod::Info>());
+    for f in [
+        features::PER_OPEN,
+        features::RELEASE_BANK,
+        features::PEER_FILTER,
+        features::WAIT_FRAME,
+        features::LOST_REPORT,
+        features::RX_CSUM,
+        features::TX_CSUM,
+        features::FRAGMENTS,
+        features::SEND_FRAME,
+    ] {
+        assert_ne!(info.features & f, 0, "feature bit {f:#x} missing");
+    }
+    assert_eq!(info.rx_banks as usize, RX_BANKS);
+    assert_eq!(info.bank_size as usize, BANK_LEN);
+    assert_eq!(info.tx_size as usize, HALF_LEN);
+    assert_eq!(info.port, port);
+    assert_eq!(info.frame_timeout_ms, 100);
+    assert!(info.open_files >= 1);
+    assert_eq!(info.counters, Counters::default());
+}
+
+#[test]
+#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
+fn complete_frame_lands_in_bank_seq_mod_64_at_chunk_offsets() {
+    let (dev, port) = node();
+    let tx = sender();
+    let frame = pattern(70, 3 * CHUNK_PAYLOAD_MAX - 100);
+    let mut cs = chunks_of(70, &frame);
+    cs.reverse(); // order of arrival does not matter
+    send_all(&tx, port, &cs);
+    let w = expect_frame(&dev, 70, &frame);
+    assert_eq!(w.bank, 6);
+    assert_eq!((w.total_chunks, w.chunks), (3, 3));
+    assert_eq!(w.saddr, u32::from_ne_bytes(LO.octets()));
+    assert_eq!(w.sport, tx.local_addr().unwrap().port());
+    assert_eq!(w.flags, flags::LEAP);
+    let src = dev.bank_src(6).unwrap();
+    assert_eq!((src.saddr, src.sport), (w.saddr, w.sport));
+    dev.release_bank(6).unwrap();
+    let c = counters(&dev);
+    assert_eq!((c.rx_chunks, c.rx_frames_completed, c.rx_frames_delivered), (3, 1, 1));
+    assert_eq!(c.dropped(), 0, "{c:#?}");
+}
+
+#[test]
+#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
+fn original_wait_data_holds_the_bank_until_the_next_call() {
+    let (dev, port) = node();
+    let tx = sender();
+    let first = pattern(1, 2000);
+    send_all(&tx, port, &chunks_of(1, &first));
+    assert_eq!(dev.wait_data().unwrap(), 1);
+
+    // Seq 65 maps to the bank user space still reads: refused, bytes kept.
+    let intruder = pattern(65, 2000);
+    send_all(&tx, port, &chunks_of(65, &intruder));
+    wait_counters(&dev, "drop_bank_busy", |c| c.drop_bank_busy == 2);
+    let mut got = vec![0u8; first.len()];
+    dev.read_bank(1, 0, &mut got);
+    assert!(got == first, "a held bank was overwritten");
+
+    // The next WAIT_DATA releases bank 1 implicitly, as the original did.
+    let second = pattern(2, 100);
+    send_all(&tx, port, &chunks_of(2, &second));
+    assert_eq!(dev.wait_data().unwrap(), 2);
+    send_all(&tx, port, &chunks_of(65, &intruder));
+    assert_eq!(dev.wait_data().unwrap(), 1);
+    dev.read_bank(1, 0, &mut got);
+    assert!(got == intruder);
+}
+
+#[test]
+#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
+fn explicitly_held_banks_stay_held_until_released() {
+    let (dev, port) = node();
+    let tx = sender();
+    let frame = pattern(3, 1400);
+    send_all(&tx, port, &chunks_of(3, &frame));
+    expect_frame(&dev, 3, &frame);
+    send_all(&tx, port, &chunks_of(3 + 64, &pattern(67, 1400)));
+    wait_counters(&dev, "drop_bank_busy", |c| c.drop_bank_busy == 1);
+    assert_eq!(dev.release_bank(3).map_err(|e| e.raw_os_error()), Ok(()));
+    // Releasing twice, or a bank out of range, is refused.
+    assert_eq!(dev.release_bank(3).map_err(|e| e.raw_os_error()), Err(Some(libc::EINVAL)));
+    assert_eq!(dev.release_bank(64).map_err(|e| e.raw_os_error()), Err(Some(libc::EINVAL)));
+    let frame = pattern(67, 1400);
+    send_all(&tx, port, &chunks_of(67, &frame));
+    expect_frame(&dev, 67, &frame);
+}
+
+#[test]
+#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
+fn oldest_complete_frame_is_delivered_first_across_the_bank_wrap() {
+    let (dev, port) = node();
+    let tx = sender();
+    // Banks 62, 63, 0, 1: the original returned bank 0 first.
+    let seqs = [62u16, 63, 64, 65];
+    let frames: Vec<Vec<u8>> = seqs.iter().map(|&s| pattern(s, 1500)).collect();
+    for (s, f) in seqs.iter().zip(&frames) {
+        send_all(&tx, port, &chunks_of(*s, f));
+    }
+    wait_counters(&dev, "4 completed frames", |c| c.rx_frames_completed == 4);
+    for (s, f) in seqs.iter().zip(&frames) {
+        let w = expect_frame(&dev, *s, f);
+        dev.release_bank(w.bank as u32).unwrap();
+    }
+}
+
+#[test]
+#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
+fn oversize_payload_never_changes_any_bank() {
+    let (dev, port) = node();
+    // The original wrote chunk 92's 3000 bytes past the end of bank 5.
+    let d = chunk(5, 92, 93, flags::LEAP, &[0xAB; 3000]);
+    assert_rejected(&dev, port, &d, "drop_oversize", |c| c.drop_oversize);
+    let d = chunk(5, 0, 1, 0, &[0xAB; CHUNK_PAYLOAD_MAX + 1]);
+    assert_rejected(&dev, port, &d, "drop_oversize", |c| c.drop_oversize);
+}
+
+#[test]
+#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
+fn bad_chunk_id_never_changes_any_bank() {
+    let (dev, port) = node();
+    let d = chunk(7, 4, 4, flags::LEAP, &[0xAB; 100]);
+    assert_rejected(&dev, port, &d, "drop_bad_chunk_id (id == total)", |c| c.drop_bad_chunk_id);
+    let d = chunk(7, 0, 0, flags::LEAP, &[0xAB; 100]);
+    assert_rejected(&dev, port, &d, "drop_bad_chunk_id (total 0)", |c| c.drop_bad_chunk_id);
+    let d = chunk(7, u16::MAX, 3, 0, &[0xAB; 100]);
+    assert_rejected(&dev, port, &d, "drop_bad_chunk_id (id 65535)", |c| c.drop_bad_chunk_id);
+}
+
+#[test]
+#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
+fn disagreeing_total_chunks_never_changes_any_bank() {
+    let (dev, port) = node();
+    let tx = sender();
+    // Chunk 0 of a 2-chunk frame is taken...
+    tx.send_to(&chunk(9, 0, 2, flags::LEAP, &[0x11; CHUNK_PAYLOAD_MAX]), (LO, port)).unwrap();
+    wait_counters(&dev, "rx_chunks", |c| c.rx_chunks == 1);
+    // ...then chunk 1 of the same seq claims 3 chunks: rejected, from the
+    // same sender (another sender would be a source mismatch).
+    let before = banks(&dev);
+    tx.send_to(&chunk(9, 1, 3, flags::LEAP, &[0xAB; CHUNK_PAYLOAD_MAX]), (LO, port)).unwrap();
+    wait_counters(&dev, "drop_total_mismatch", |c| c.drop_total_mismatch == 1);
+    assert!(before == banks(&dev), "a chunk with a disagreeing total_chunks changed a bank");
+    // A chunk of the same seq from another sender is refused too.
+    let d = chunk(9, 1, 2, flags::LEAP, &[0xAB; 100]);
+    assert_rejected(&dev, port, &d, "drop_source_mismatch", |c| c.drop_source_mismatch);
+}
+
+#[test]
+#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
+fn total_too_big_for_a_bank_never_changes_any_bank() {
+    let (dev, port) = node();
+    let d = chunk(11, 0, 94, flags::LEAP, &[0xAB; CHUNK_PAYLOAD_MAX]);
+    assert_rejected(&dev, port, &d, "drop_too_big", |c| c.drop_too_big);
+    let d = chunk(11, 93, 94, flags::LEAP, &[0xAB; 10]);
+    assert_rejected(&dev, port, &d, "drop_too_big (last chunk)", |c| c.drop_too_big);
+}
+
+#[test]
+#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
+fn short_and_wrong_length_chunks_never_change_any_bank() {
+    let (dev, port) = node();
+    let full = chunk(12, 0, 1, flags::LEAP, &[0xAB; 20]);
+    for len in [0usize, 1, 4, 11] {
+        assert_rejected(&dev, port, &full[..len], "drop_short", |c| c.drop_short);
+    }
+    // Not the last chunk, yet not 1400 bytes.
+    let d = chunk(12, 0, 2, flags::LEAP, &[0xAB; 1000]);
+    assert_rejected(&dev, port, &d, "drop_bad_length (short middle chunk)", |c| c.drop_bad_length);
+    // An empty last chunk.
+    let d = chunk(12, 0, 1, flags::LEAP, &[]);
+    assert_rejected(&dev, port, &d, "drop_bad_length (empty)", |c| c.drop_bad_length);
+}
+
+#[test]
+#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
+fn wrong_magic_and_other_kinds_never_change_any_bank() {
+    let (dev, port) = node();
+    let mut d = chunk(13, 0, 1, flags::LEAP, &[0xAB; 100]);
+    d[0] = b'X';
+    assert_rejected(&dev, port, &d, "rx_not_leap", |c| c.rx_not_leap);
+    // A NACK (kind 2) is not frame data.
+    let d = chunk(13, 0, 1, flags::LEAP | 2, &[0xAB; 100]);
+    assert_rejected(&dev, port, &d, "rx_passthrough", |c| c.rx_passthrough);
+}
+
+#[test]
+#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
+fn lost_chunk_surfaces_as_an_error_to_the_waiter() {
+    let (dev, port) = node();
+    let tx = sender();
+    let cs = chunks_of(20, &pattern(20, 3 * CHUNK_PAYLOAD_MAX));
+    send_all(&tx, port, &[cs[0].clone(), cs[2].clone()]); // chunk 1 lost
+    let start = Instant::now();
+    let w = wait(&dev, PATIENCE).expect("the lost frame was never reported");
+    assert!(start.elapsed() < Duration::from_secs(2), "reported after {:?}", start.elapsed());
+    assert_eq!(w.status, WAIT_STATUS_LOST, "{w:?}");
+    assert_eq!((w.bank, w.seq, w.total_chunks, w.chunks), (-1, 20, 3, 2));
+    assert_eq!(counters(&dev).rx_frames_timed_out, 1);
+
+    // The original call reports it as ETIMEDOUT rather than hanging.
+    send_all(&tx, port, &cs[..1]);
+    let (done_tx, done_rx) = mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let r = dev.wait_data().map_err(|e| e.raw_os_error());
+        let _ = done_tx.send(r);
+        dev
+    });
+    let r = done_rx.recv_timeout(PATIENCE).expect("LEAP_IOCTL_WAIT_DATA hung on a lost frame");
+    assert_eq!(r, Err(Some(libc::ETIMEDOUT)));
+    let dev = waiter.join().unwrap();
+
+    // The bank is free again: the frame resent in full arrives.
+    let frame = pattern(20, 3 * CHUNK_PAYLOAD_MAX);
+    send_all(&tx, port, &chunks_of(20, &frame));
+    expect_frame(&dev, 20, &frame);
+}
+
+#[test]
+#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
+fn waiter_sleeps_until_a_frame_arrives_and_times_out_with_nothing() {
+    let (dev, port) = node();
+    let start = Instant::now();
+    assert_eq!(wait(&dev, Duration::from_millis(200)), None);
+    assert!(start.elapsed() >= Duration::from_millis(150), "{:?}", start.elapsed());
+    let frame = pattern(30, 500);
+    let datagrams = chunks_of(30, &frame);
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        send_all(&sender(), port, &datagrams);
+    });
+    expect_frame(&dev, 30, &frame);
+    t.join().unwrap();
+}
+
+#[test]
+#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
+fn peer_filter_accepts_only_the_configured_sender() {
+    let (dev, port) = node();
+    let good = sender();
+    dev.set_peer(Some(LO), Some(good.local_addr().unwrap().port())).unwrap();
+    let d = chunk(40, 0, 1, flags::LEAP, &[0xAB; 100]);
+    assert_rejected(&dev, port, &d, "drop_peer", |c| c.drop_peer);
+    let frame = pattern(40, 100);
+    send_all(&good, port, &chunks_of(40, &frame));
+    expect_frame(&dev, 40, &frame);
+    // A filter on another address rejects even that sender.
+    dev.set_peer(Some(Ipv4Addr::new(127, 0, 0, 2)), None).unwrap();
+    let before = counters(&dev).drop_peer;
+    send_all(&good, port, &chunks_of(41, &pattern(41, 100)));
+    wait_counters(&dev, "drop_peer", |c| c.drop_peer == before + 1);
+}
+
+#[test]
+#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
+fn open_close_cycles_release_port_socket_and_memory() {
+    let port = next_port();
+    for i in 0..100 {
+        let dev = Device::open(Path::new(DEVICE_PATH)).unwrap_or_else(|e| panic!("open #{i}: {e}"));
+        dev.set_port(port).unwrap_or_else(|e| panic!("SET_PORT #{i}: {e}"));
+    }
+    let (dev, _) = node();
+    assert_eq!(dev.info(INFO_SCOPE_FILE).unwrap().open_files, 1);
+}
+
+#[test]
+#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
+fn two_opens_with_different_ports_coexist_and_share_nothing() {
+    let (a, pa) = node();
+    let (b, pb) = node();
+    assert_eq!(b.set_port(pa).map_err(|e| e.raw_os_error()), Err(Some(libc::EADDRINUSE)));
+    b.set_port(pb).unwrap();
+    let tx = sender();
+    let fa = pattern(1, 3000);
+    let fb = pattern(2, 3000);
+    send_all(&tx, pa, &chunks_of(5, &fa));
+    send_all(&tx, pb, &chunks_of(5, &fb));
+    expect_frame(&a, 5, &fa);
+    expect_frame(&b, 5, &fb);
+    assert_eq!(counters(&a).rx_chunks, 3);
+    assert_eq!(counters(&b).rx_chunks, 3);
+    let module = a.info(INFO_SCOPE_MODULE).unwrap();
+    assert!(module.open_files >= 2 && module.counters.rx_chunks >= 6, "{module:#?}");
+}
+
+#[test]
+#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
+fn opens_beyond_the_module_limit_are_refused() {
+    let mut open = Vec::new();
+    let err = loop {
+        match Device::open(Path::new(DEVICE_PATH)) {
+            Ok(d) => open.push(d),
+            Err(e) => break e,
+        }
+        assert!(open.len() <= 64, "no limit on open files");
+    };
+    assert_eq!(err.raw_os_error(), Some(libc::EBUSY));
+    assert_eq!(open.len(), 16);
+    drop(open);
+    Device::open(Path::new(DEVICE_PATH)).expect("a slot is free again");
+}
+
+#[test]
+#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
+fn mapping_past_16_mib_and_unknown_ioctls_are_refused() {
+    let dev = Device::open(Path::new(DEVICE_PATH)).unwrap();
+    let too_long = memmap2::MmapOptions::new().len(MMAP_LEN + 4096).map_raw(&dev.as_fd());
+    assert!(too_long.is_err(), "a mapping longer than the buffer was allowed");
+    let offset = memmap2::MmapOptions::new().offset(4096).len(MMAP_LEN).map_raw(&dev.as_fd());
+    assert!(offset.is_err(), "a mapping past the end was allowed");
+    // SAFETY: an unknown request number with a null argument; the module
+    // must refuse it without touching memory.
+    let r = unsafe { libc::ioctl(dev.as_fd().as_raw_fd(), 0x6b63 as _, 0) };
+    assert_eq!(r, -1);
+    assert_eq!(io::Error::last_os_error().raw_os_error(), Some(libc::ENOTTY));
+}
+
+/// A node sending through the module to another: original SEND, then
+/// SEND_FRAME, frames up to the largest a bank holds.
+#[test]
+#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
+fn module_to_module_frames_arrive_intact_with_checksums() {
+    let (mut a, pa) = node();
+    let (b, pb) = node();
+    assert_eq!(a.send(100).map_err(|e| e.raw_os_error()), Err(Some(libc::EDESTADDRREQ)));
+    a.set_dest(LO, pb).unwrap();
+    b.set_peer(Some(LO), Some(pa)).unwrap();
+    let mut seq = 0u16;
+    for len in [1usize, 1400, 1401, 16392, 32776, BANK_FRAME_MAX] {
+        let frame = pattern(len as u16, len);
+        a.write_tx(&[&frame]);
+        seq = if len == 1 {
+            a.send(len as u32).unwrap();
+            1
+        } else {
+            a.send_frame(len as u32, flags::LEAP).unwrap()
+        };
+        let w = expect_frame(&b, seq, &frame);
+        b.release_bank(w.bank as u32).unwrap();
+    }
+    // One byte more than a bank holds: every chunk is refused.
+    let frame = pattern(0, BANK_FRAME_MAX + 1);
+    a.write_tx(&[&frame]);
+    assert_eq!(a.send_frame(frame.len() as u32, flags::LEAP).unwrap(), seq + 1);
+    wait_counters(&b, "drop_too_big", |c| c.drop_too_big == 94);
+    let c = counters(&b);
+    assert_eq!(c.drop_bad_checksum, 0);
+    assert_eq!(c.dropped(), 94, "{c:#?}");
+    let sent = counters(&a);
+    assert_eq!(sent.tx_frames, 7);
+    assert_eq!(sent.tx_errors, 0);
+}
+
+/// The multi-node ring over the module: three nodes on loopback, one port
+/// each, frames going round and checked at the head.
+#[test]
+#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
+fn three_node_ring_over_loopback_delivers_300_frames_in_order() {
+    let mut nodes: Vec<(Device, u16)> = (0..3).map(|_| node()).collect();
+    for i in 0..3 {
+        let (next, prev) = (nodes[(i + 1) % 3].1, nodes[(i + 2) % 3].1);
+        nodes[i].0.set_dest(LO, next).unwrap();
+        nodes[i].0.set_peer(Some(LO), Some(prev)).unwrap();
+    }
+    let mut buf = vec![0u8; 16392];
+    for round in 0..300u32 {
+        let mut frame = pattern(round as u16, 16392);
+        frame[..4].copy_from_slice(&round.to_le_bytes());
+        nodes[0].0.write_tx(&[&frame]);
+        nodes[0].0.send_frame(frame.len() as u32, flags::LEAP).unwrap();
+        for hop in 1..=3 {
+            let (dev, _) = &mut nodes[hop % 3];
+            let w = wait(dev, PATIENCE).unwrap_or_else(|| panic!("round {round}: hop {hop} got nothing"));
+            assert_eq!(w.status, WAIT_STATUS_FRAME, "round {round} hop {hop}: {w:?}");
+            assert_eq!(w.len as usize, frame.len());
+            dev.read_bank(w.bank as usize, 0, &mut buf);
+            dev.release_bank(w.bank as u32).unwrap();
+            if hop < 3 {
+                dev.write_tx(&[&buf]);
+                dev.send_frame(buf.len() as u32, flags::LEAP).unwrap();
+            }
+        }
+        assert!(buf == frame, "round {round}: the frame changed on the way round");
+    }
+    for (dev, _) in &nodes {
+        let c = counters(dev);
+        assert_eq!((c.rx_frames_delivered, c.rx_frames_timed_out, c.dropped()), (300, 0, 0), "{c:#?}");
+    }
+}
+
+/// IPv4 + UDP datagram from 127.0.0.1 to `port`, with its UDP checksum
+/// (or a wrong one), for a raw socket.
+fn udp_packet(sport: u16, port: u16, payload: &[u8], good_csum: bool) -> Vec<u8> {
+    let ulen = (8 + payload.len()) as u16;
+    let mut udp = Vec::with_capacity(ulen as usize);
+    udp.extend_from_slice(&sport.to_be_bytes());
+    udp.extend_from_slice(&port.to_be_bytes());
+    udp.extend_from_slice(&ulen.to_be_bytes());
+    udp.extend_from_slice(&[0, 0]);
+    udp.extend_from_slice(payload);
+    let mut sum: u32 = 0;
+    let mut add = |b: &[u8]| {
+        for w in b.chunks(2) {
+            sum += u32::from(u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)]));
+        }
+    };
+    add(&LO.octets());
+    add(&LO.octets());
+    add(&[0, 17]);
+    add(&ulen.to_be_bytes());
+    add(&udp);
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    let mut csum = !(sum as u16);
+    if csum == 0 {
+        csum = 0xffff;
+    }
+    if !good_csum {
+        csum ^= 0x5a5a;
+    }
+    udp[6..8].copy_from_slice(&csum.to_be_bytes());
+    udp
+}
+
+/// IPv4 header for a raw IP_HDRINCL socket (the kernel fills the checksum).
+fn ipv4(id: u16, frag: u16, body: &[u8]) -> Vec<u8> {
+    let mut p = vec![0x45, 0];
+    p.extend_from_slice(&((20 + body.len()) as u16).to_be_bytes());
+    p.extend_from_slice(&id.to_be_bytes());
+    p.extend_from_slice(&frag.to_be_bytes());
+    p.extend_from_slice(&[64, 17, 0, 0]);
+    p.extend_from_slice(&LO.octets());
+    p.extend_from_slice(&LO.octets());
+    p.extend_from_slice(body);
+    p
+}
+
+fn raw_socket() -> socket2::Socket {
+    socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::RAW, Some(socket2::Protocol::from(libc::IPPROTO_RAW)))
+        .expect("raw socket (needs root)")
+}
+
+fn raw_send(sock: &socket2::Socket, packet: &[u8]) {
+    let to = socket2::SockAddr::from(SocketAddr::V4(SocketAddrV4::new(LO, 0)));
+    sock.send_to(packet, &to).expect("raw send_to");
+}
+
+#[test]
+#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
+fn bad_udp_checksum_never_changes_any_bank() {
+    let (dev, port) = node();
+    let raw = raw_socket();
+    let d = udp_packet(4000, port, &chunk(50, 0, 1, flags::LEAP, &[0xAB; 100]), false);
+    let before = banks(&dev);
+    raw_send(&raw, &ipv4(0x1111, 0, &d));
+    wait_counters(&dev, "drop_bad_checksum", |c| c.drop_bad_checksum == 1);
+    assert!(before == banks(&dev), "a datagram with a bad checksum changed a bank");
+    assert_eq!(wait(&dev, Duration::ZERO), None);
+    // The same datagram with the right checksum is taken.
+    let frame = vec![0xAB; 100];
+    raw_send(&raw, &ipv4(0x1112, 0, &udp_packet(4000, port, &chunk(50, 0, 1, flags::LEAP, &frame), true)));
+    expect_frame(&dev, 50, &frame);
+}
+
+#[test]
+#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
+fn ipv4_fragments_are_reassembled_by_the_stack_then_taken() {
+    let (dev, port) = node();
+    let raw = raw_socket();
+    let frame = pattern(51, 1000);
+    let d = udp_packet(4001, port, &chunk(51, 0, 1, flags::LEAP, &frame), true);
+    const MF: u16 = 0x2000;
+    raw_send(&raw, &ipv4(0x2222, MF, &d[..504]));
+    raw_send(&raw, &ipv4(0x2222, 504 / 8, &d[504..]));
+    expect_frame(&dev, 51, &frame);
+}
