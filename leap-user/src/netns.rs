@@ -58,7 +58,11 @@ impl NodeNet {
 pub struct Topology {
     nodes: Vec<NodeNet>,
     created: Vec<String>,
+    loss_tables: Vec<String>,
 }
+
+/// nftables table that `set_loss` creates in each namespace.
+const LOSS_TABLE: &str = "leap_loss";
 
 fn ip(args: &[&str]) -> Result<(), NetnsError> {
     let out = Command::new("ip").args(args).output().map_err(NetnsError::NoIp)?;
@@ -102,7 +106,7 @@ impl Topology {
         if unsafe { libc::geteuid() } != 0 {
             return Err(NetnsError::NotRoot);
         }
-        let mut t = Self { nodes: Vec::new(), created: Vec::new() };
+        let mut t = Self { nodes: Vec::new(), created: Vec::new(), loss_tables: Vec::new() };
         for i in 0..n {
             let ns = format!("{prefix}n{i}");
             // A stale namespace of a crashed run with the same name goes first.
@@ -155,6 +159,36 @@ impl Topology {
         Ok(t)
     }
 
+    /// Drops `pct` percent (0 < pct <= 100, two decimals) of the UDP
+    /// datagrams every node sends to `port`, with an nftables rule using
+    /// `numgen random` on the egress hook of its outgoing veth, in a table of
+    /// our own (netem is not available here). Dropping at the device, after
+    /// the socket layer, loses datagrams silently as a wire does (an
+    /// `output`-hook drop would fail the send with EPERM instead), and also
+    /// before any XDP program of the receiver. Removed with the topology.
+    ///
+    /// # Errors
+    ///
+    /// [`NetnsError::Command`] when `nft` fails (is nftables installed?).
+    pub fn set_loss(&mut self, pct: f64, port: u16) -> Result<(), NetnsError> {
+        let per_10k = (pct * 100.0).round().clamp(0.0, 10_000.0) as u32;
+        for n in &self.nodes {
+            let rules = format!(
+                "table netdev {LOSS_TABLE} {{\n chain egress {{\n  type filter hook egress device \"{dev}\" \
+                 priority 0; policy accept;\n  udp dport {port} numgen random mod 10000 < {per_10k} counter drop\n \
+                 }}\n}}\n",
+                dev = n.tx_iface
+            );
+            let path = std::env::temp_dir().join(format!("leap-loss-{}.nft", n.netns));
+            std::fs::write(&path, &rules).map_err(NetnsError::NoIp)?;
+            let res = exec_in(&n.netns, &["nft", "-f", &path.to_string_lossy()]);
+            let _ = std::fs::remove_file(&path);
+            res?;
+            self.loss_tables.push(n.netns.clone());
+        }
+        Ok(())
+    }
+
     /// The nodes, in ring order.
     pub fn nodes(&self) -> &[NodeNet] {
         &self.nodes
@@ -163,6 +197,9 @@ impl Topology {
 
 impl Drop for Topology {
     fn drop(&mut self) {
+        for ns in self.loss_tables.drain(..) {
+            let _ = exec_in(&ns, &["nft", "delete", "table", "netdev", LOSS_TABLE]);
+        }
         // Deleting a namespace deletes its veths (and their XDP programs).
         for ns in self.created.drain(..).rev() {
             if let Err(e) = ip(&["netns", "del", &ns]) {

@@ -302,3 +302,27 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn restarted_sender_is_followed_without_waiting_for_a_deadline() {
+    let mut r = Reassembler::new(1400);
+    let mut out = vec![0; 1400];
+    for seq in 5000..5003 {
+        r.begin(&mut out);
+        assert!(matches!(push(&mut r, &datagrams(seq, 0, &frame(1, 1400))[0], &mut out), Push::Complete(_)));
+    }
+    // A duplicate of a recent frame is just stale.
+    r.begin(&mut out);
+    assert_eq!(push(&mut r, &datagrams(5001, 0, &frame(1, 1400))[0], &mut out), Push::Dropped);
+    // The sender restarts at 0 and sends single-chunk frames: after a short
+    // run of evidence the reassembler follows it.
+    let mut delivered = 0;
+    for seq in 0..20u16 {
+        if matches!(push(&mut r, &datagrams(seq, 0, &frame(seq as u8, 1400))[0], &mut out), Push::Complete(_)) {
+            assert_eq!(out, frame(seq as u8, 1400));
+            delivered += 1;
+            r.begin(&mut out);
+        }
+    }
+    assert!(delivered >= 12, "delivered {delivered}");
+}

@@ -3,6 +3,7 @@
 
 pub mod node;
 pub mod ring;
+pub mod xdp;
 
 use std::time::Duration;
 
@@ -92,6 +93,21 @@ pub struct TransportArgs {
     /// XDP attach mode.
     #[arg(long, default_value = "auto", value_parser = ["auto", "drv", "skb"])]
     pub xdp_mode: String,
+    /// Loss recovery of the datagram transports.
+    #[arg(long, value_enum, default_value = "reliable")]
+    pub reliability: ReliabilityArg,
+    /// Send one datagram per chunk even where UDP GSO is available.
+    #[arg(long)]
+    pub no_gso: bool,
+}
+
+/// `--reliability` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ReliabilityArg {
+    /// NACK missing chunks, retransmit them (between leap nodes).
+    Reliable,
+    /// Give up frames with missing chunks (typed error, no hang).
+    BestEffort,
 }
 
 impl TransportArgs {
@@ -109,6 +125,11 @@ impl TransportArgs {
             spin: Duration::from_micros(self.spin_us),
             xdp_object: self.xdp_object.clone(),
             xdp_mode: self.xdp_mode.clone(),
+            reliability: match self.reliability {
+                ReliabilityArg::Reliable => crate::transport::datagram::Reliability::Reliable,
+                ReliabilityArg::BestEffort => crate::transport::datagram::Reliability::BestEffort,
+            },
+            gso: !self.no_gso,
         }
     }
 }

@@ -10,7 +10,7 @@ use clap::{Args, ValueEnum};
 
 use super::{TransportArg, TransportArgs};
 use crate::ring::{HeadConfig, Percentiles, run_head, run_worker};
-use crate::transport::open::{Endpoint, open};
+use crate::transport::open::{Endpoint, TransportKind, open};
 
 /// The member's role.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -77,7 +77,7 @@ pub fn main(args: &NodeArgs) -> Result<()> {
     }
     let ep = Endpoint { listen: args.listen, next: args.next, prev: args.prev, iface: args.iface.clone() };
     let opts = args.transport_args.options(args.frame_size);
-    let kind = args.transport.into();
+    let kind: TransportKind = args.transport.into();
     let mut t = open(kind, &ep, &opts).with_context(|| format!("opening the {kind} transport on {}", args.listen))?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
@@ -94,6 +94,10 @@ pub fn main(args: &NodeArgs) -> Result<()> {
                 frames: args.frames,
                 inflight: args.inflight.max(1),
                 stall_timeout: Duration::from_secs(10),
+                lost_after: kind.is_datagram().then(|| match opts.reliability {
+                    crate::transport::datagram::Reliability::BestEffort => Duration::ZERO,
+                    crate::transport::datagram::Reliability::Reliable => Duration::from_secs(4),
+                }),
                 control_workers: (args.workers > 0).then_some(args.workers),
                 progress: None,
             };

@@ -44,6 +44,9 @@ pub struct RingArgs {
     /// Abort when no frame comes back for this many seconds.
     #[arg(long, default_value_t = 10)]
     pub stall_timeout_s: u64,
+    /// Drop this percent of datagrams on every link (with --netns; nftables).
+    #[arg(long, default_value_t = 0.0, value_name = "PCT")]
+    pub loss: f64,
     /// Skip the RESIZE_CHAIN / ACK round before the data.
     #[arg(long)]
     pub no_control: bool,
@@ -66,6 +69,7 @@ impl RingArgs {
         c.options = self.transport_args.options(self.frame_size);
         c.stall_timeout = Duration::from_secs(self.stall_timeout_s.max(1));
         c.control = !self.no_control;
+        c.loss_pct = self.loss;
         c
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod chunker;
 pub mod reassembly;
+pub mod reliable;
 
 pub use chunker::Chunker;
 pub use reassembly::{LostFrame, Push, Reassembler};

@@ -14,6 +14,10 @@ use leap_common::control::ControlMessage;
 
 use crate::transport::{Drops, FrameKind, Received};
 
+/// Consecutive chunks far behind the expected seq that mean the sender
+/// restarted.
+const RESTART_EVIDENCE: u32 = 8;
+
 /// Default number of frames that can be in assembly at once.
 pub const DEFAULT_WINDOW: u16 = 8;
 
@@ -163,6 +167,9 @@ pub struct Reassembler {
     cur: Assembly,
     slots: Vec<Slot>,
     overtaken: bool,
+    ahead: bool,
+    peer_reliable: bool,
+    far_behind: u32,
     placed_since_check: u64,
     unplaced_since_check: u64,
     drops: Drops,
@@ -190,6 +197,9 @@ impl Reassembler {
             cur: Assembly::new(max_chunks),
             slots,
             overtaken: false,
+            ahead: false,
+            peer_reliable: false,
+            far_behind: 0,
             placed_since_check: 0,
             unplaced_since_check: 0,
             drops: Drops::default(),
@@ -216,6 +226,18 @@ impl Reassembler {
     /// complete in order (the sender moved on).
     pub fn is_overtaken(&self) -> bool {
         self.overtaken
+    }
+
+    /// Whether chunks of frames after the expected one arrived: the sender
+    /// has moved on, so what the expected frame lacks is lost, not late.
+    pub fn saw_ahead(&self) -> bool {
+        self.ahead
+    }
+
+    /// Whether the last chunk came from a leap sender that keeps its frames
+    /// for retransmission (so NACKs are worth sending).
+    pub fn peer_reliable(&self) -> bool {
+        self.peer_reliable
     }
 
     /// Whether the expected frame has some, but not all, of its chunks.
@@ -274,15 +296,29 @@ impl Reassembler {
     }
 
     fn place(&mut self, hdr: &ChunkHeader, payload: &[u8], out: Option<&mut [u8]>) -> Push {
+        self.peer_reliable = hdr.has(leap_common::chunk::flags::RELIABLE);
         let exp = *self.expected.get_or_insert(hdr.seq);
         if self.cur.is_empty() && self.cur.seq != exp {
             self.cur.reset(exp);
         }
         let d = hdr.seq.wrapping_sub(exp) as i16;
+        if d < 0 && i32::from(d) < -4 * i32::from(self.window) {
+            // Far behind: legitimate duplicates are a few frames old, so a
+            // run of these means the sender restarted and counts from 0.
+            self.far_behind += 1;
+            if self.far_behind >= RESTART_EVIDENCE {
+                self.resync();
+                return self.place(hdr, payload, out);
+            }
+        }
         if d < 0 {
             self.drops.stale += 1;
             self.unplaced_since_check += 1;
             return Push::Dropped;
+        }
+        self.far_behind = 0;
+        if d > 0 {
+            self.ahead = true;
         }
         if d as u16 >= self.window {
             self.drops.out_of_window += 1;
@@ -363,6 +399,8 @@ impl Reassembler {
     pub fn resync(&mut self) {
         self.expected = None;
         self.overtaken = false;
+        self.ahead = false;
+        self.far_behind = 0;
         self.cur.reset(0);
         for s in &mut self.slots {
             s.asm.reset(0);
@@ -384,6 +422,13 @@ impl Reassembler {
         self.expected = Some(next);
         self.cur.reset(next);
         self.overtaken = false;
+        // Chunks of the new expected frame's successors may already be in
+        // slots: the sender has moved on past it.
+        let (w, e) = (self.window, next);
+        self.ahead = (1..w).any(|d| {
+            let s = &self.slots[usize::from(e.wrapping_add(d) % w)].asm;
+            !s.is_empty() && s.seq == e.wrapping_add(d)
+        });
     }
 
     fn slot_index(&self, seq: u16) -> usize {

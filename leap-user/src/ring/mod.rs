@@ -58,6 +58,8 @@ pub struct RingConfig {
     pub control: bool,
     /// Called with the number of frames done so far.
     pub progress: Option<Progress>,
+    /// Percent of datagrams dropped on every link (namespaces only).
+    pub loss_pct: f64,
 }
 
 /// A callback told how many frames are done.
@@ -86,6 +88,7 @@ impl RingConfig {
             stall_timeout: Duration::from_secs(10),
             control: true,
             progress: None,
+            loss_pct: 0.0,
         }
     }
 
@@ -112,11 +115,31 @@ impl RingConfig {
         if self.frames == 0 {
             return Err("--frames 0: drive at least one frame".into());
         }
+        if self.loss_pct != 0.0 && self.placement != Placement::Netns {
+            return Err(format!("--loss {}: loss is injected on veth links; add --netns", self.loss_pct));
+        }
+        if !(0.0..=50.0).contains(&self.loss_pct) {
+            return Err(format!("--loss {}: must be 0..=50 percent", self.loss_pct));
+        }
         if self.inflight == 0 || self.inflight > 64 {
             return Err(format!("--inflight {}: must be 1..=64", self.inflight));
         }
         Ok(())
     }
+}
+
+/// How long the head waits for a frame before counting it lost: at once
+/// after a receive deadline when nothing recovers losses, longer when the
+/// hops retransmit (the give-up time of NACKs plus a margin).
+pub fn lost_after(cfg: &RingConfig) -> Option<Duration> {
+    use crate::transport::datagram::Reliability;
+    if !cfg.transport.is_datagram() {
+        return None;
+    }
+    Some(match cfg.options.reliability {
+        Reliability::BestEffort => Duration::ZERO,
+        Reliability::Reliable => crate::frame::reliable::Timers::default().give_up * 2,
+    })
 }
 
 /// Largest frame `leap ring` drives.
@@ -278,8 +301,11 @@ fn layout(cfg: &RingConfig) -> Result<(Vec<Endpoint>, Option<Topology>), RingErr
         }
         Placement::Netns => {
             let prefix = format!("lp{}", std::process::id() % 100_000);
-            let topo = Topology::ring(&prefix, n)?;
+            let mut topo = Topology::ring(&prefix, n)?;
             let port = if cfg.port == 0 { leap_common::DEFAULT_PORT } else { cfg.port };
+            if cfg.loss_pct > 0.0 {
+                topo.set_loss(cfg.loss_pct, port)?;
+            }
             let nodes = topo.nodes();
             let addr = |i: usize| SocketAddr::new(IpAddr::V4(nodes[i % n].addr), port);
             let eps = (0..n)
@@ -303,6 +329,15 @@ fn layout(cfg: &RingConfig) -> Result<(Vec<Endpoint>, Option<Topology>), RingErr
 /// whose transport failed.
 pub fn run(cfg: &RingConfig) -> Result<RingReport, RingError> {
     cfg.validate().map_err(RingError::Config)?;
+    let mut cfg = cfg.clone();
+    if cfg.loss_pct > 0.0 && cfg.options.gso {
+        // A GSO super-datagram is one packet until the receiver splits it:
+        // dropping it would lose up to 44 chunks at once. Per-chunk loss
+        // needs per-chunk datagrams.
+        log::info!("--loss: sending one datagram per chunk (GSO off) so that loss hits single chunks");
+        cfg.options.gso = false;
+    }
+    let cfg = &cfg;
     let (eps, topo) = layout(cfg)?;
     let gate = Arc::new(Gate { state: Mutex::new((0, None)), cv: Condvar::new(), n: cfg.nodes });
     let stop = Arc::new(AtomicBool::new(false));
@@ -352,6 +387,7 @@ pub fn run(cfg: &RingConfig) -> Result<RingReport, RingError> {
                     frames: cfg2.frames,
                     inflight: cfg2.inflight,
                     stall_timeout: cfg2.stall_timeout,
+                    lost_after: lost_after(&cfg2),
                     control_workers: if cfg2.control { Some(cfg2.nodes - 1) } else { None },
                     progress: cfg2.progress.clone(),
                 };

@@ -22,6 +22,9 @@ pub struct HeadConfig {
     pub inflight: usize,
     /// Give up when nothing comes back for this long.
     pub stall_timeout: Duration,
+    /// Count the oldest frame in flight as lost when it has been out this
+    /// long and a receive deadline passes (`None`: never, e.g. over TCP).
+    pub lost_after: Option<Duration>,
     /// Send a RESIZE_CHAIN for this many workers first and wait for the ACK.
     pub control_workers: Option<usize>,
     /// Progress callback.
@@ -100,7 +103,6 @@ pub fn run_head(t: &mut dyn Transport, cfg: &HeadConfig) -> Result<HeadReport, T
     let mut next_pos: i64 = 0;
     let start = Instant::now();
     let mut last_progress = Instant::now();
-    let datagram = t.name() != "tcp";
     while rep.delivered + rep.corrupt + rep.lost < cfg.frames {
         while (next_pos as u64) < cfg.frames && in_flight.len() < cfg.inflight {
             let pos = next_pos as i32;
@@ -155,8 +157,11 @@ pub fn run_head(t: &mut dyn Transport, cfg: &HeadConfig) -> Result<HeadReport, T
                         format!("no frame came back for {:?} ({e})", cfg.stall_timeout).into(),
                     ));
                 }
-                if datagram && in_flight.pop_front().is_some() {
-                    // Best effort: the oldest frame died on some hop.
+                if let (Some(after), Some(&(_, sent_at))) = (cfg.lost_after, in_flight.front())
+                    && sent_at.elapsed() >= after
+                {
+                    // The oldest frame died on some hop.
+                    in_flight.pop_front();
                     rep.lost += 1;
                 }
             }

@@ -34,7 +34,7 @@ fn ioctl(fd: BorrowedFd<'_>, request: u32, arg: *mut libc::c_void) -> io::Result
     // with a pointer to a live value of exactly the type that request's
     // `_IOC` size encodes (or null for `_IO` requests), which the kernel
     // reads and writes only within that size.
-    let r = unsafe { libc::ioctl(fd.as_raw_fd(), request as _, arg) };
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), request.into(), arg) };
     if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r) }
 }
 
@@ -98,11 +98,7 @@ impl Device {
     ///
     /// ENOTTY from a module without the filter.
     pub fn set_peer(&self, addr: Option<Ipv4Addr>, port: Option<u16>) -> io::Result<()> {
-        let peer = Peer {
-            addr: addr.map_or(0, |a| u32::from_ne_bytes(a.octets())),
-            port: port.unwrap_or(0),
-            _pad: 0,
-        };
+        let peer = Peer { addr: addr.map_or(0, |a| u32::from_ne_bytes(a.octets())), port: port.unwrap_or(0), _pad: 0 };
         ioctl_in(self.file.as_fd(), IOCTL_SET_PEER, &peer).map(drop)
     }
 
@@ -197,7 +193,9 @@ impl Device {
         // is MMAP_LEN long), `out` is a distinct Rust buffer. The module
         // leaves a held bank alone; reading a bank it is writing yields some
         // bytes, never undefined behaviour for plain u8 copies.
-        unsafe { std::ptr::copy_nonoverlapping(self.map.as_ptr().add(bank * BANK_LEN + offset), out.as_mut_ptr(), out.len()) }
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.map.as_ptr().add(bank * BANK_LEN + offset), out.as_mut_ptr(), out.len())
+        }
     }
 
     /// Copies the whole receive half (all 64 banks) into `out`.

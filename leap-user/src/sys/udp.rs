@@ -324,3 +324,23 @@ pub fn set_int(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int, value:
     };
     if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
 }
+
+/// Waits until `fd` is readable or `timeout` passes, with the kernel's
+/// high-resolution timers (`ppoll`): `SO_RCVTIMEO` counts in scheduler
+/// ticks, up to 10 ms here, far too coarse for loss-recovery timers.
+/// Returns whether it is readable.
+///
+/// # Errors
+///
+/// The `ppoll` error, except `EINTR` (false).
+pub fn wait_readable(fd: BorrowedFd<'_>, timeout: std::time::Duration) -> io::Result<bool> {
+    let mut pfd = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as _ };
+    // SAFETY: one valid pollfd, a valid timespec, no signal mask.
+    let r = unsafe { libc::ppoll(&mut pfd, 1, &ts, ptr::null()) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::Interrupted { Ok(false) } else { Err(e) };
+    }
+    Ok(r > 0)
+}

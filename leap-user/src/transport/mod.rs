@@ -1,6 +1,8 @@
 //! The [`Transport`] trait every backend implements, its error type and its
 //! counters.
 
+pub mod kmod;
+pub mod datagram;
 pub mod open;
 pub mod tcp;
 pub mod udp;
@@ -187,6 +189,8 @@ pub struct Stats {
     pub frames_lost: u64,
     /// Chunks sent again in answer to a NACK.
     pub retransmits: u64,
+    /// Tail-loss probes sent (the last chunk of the last frame, again).
+    pub probes: u64,
     /// NACKs sent to the previous node.
     pub nacks_sent: u64,
     /// NACKs received from the next node.
@@ -208,6 +212,7 @@ impl Stats {
         self.bytes_received += o.bytes_received;
         self.frames_lost += o.frames_lost;
         self.retransmits += o.retransmits;
+        self.probes += o.probes;
         self.nacks_sent += o.nacks_sent;
         self.nacks_received += o.nacks_received;
         self.timeouts += o.timeouts;

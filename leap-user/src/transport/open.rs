@@ -95,6 +95,11 @@ pub struct Options {
     pub xdp_object: Option<PathBuf>,
     /// XDP attach mode: `auto`, `drv` or `skb`.
     pub xdp_mode: String,
+    /// Loss recovery of the datagram backends.
+    pub reliability: super::datagram::Reliability,
+    /// Use UDP GSO where the kernel has it (one super-datagram per up to 44
+    /// chunks); off, every chunk is its own datagram down to the device.
+    pub gso: bool,
 }
 
 impl Default for Options {
@@ -108,6 +113,8 @@ impl Default for Options {
             spin: Duration::ZERO,
             xdp_object: None,
             xdp_mode: "auto".into(),
+            reliability: super::datagram::Reliability::Reliable,
+            gso: true,
         }
     }
 }
@@ -121,6 +128,8 @@ pub fn udp_config(ep: &Endpoint, opts: &Options) -> UdpConfig {
     c.recv_timeout = opts.recv_timeout;
     c.original_compat = opts.original_compat;
     c.spin = opts.spin;
+    c.reliability = opts.reliability;
+    c.gso = opts.gso;
     c
 }
 
@@ -141,8 +150,8 @@ pub fn open(kind: TransportKind, ep: &Endpoint, opts: &Options) -> Result<Box<dy
             Ok(Box::new(TcpTransport::connect(c)?))
         }
         TransportKind::Udp => Ok(Box::new(UdpTransport::bind(udp_config(ep, opts))?)),
-        TransportKind::Xdp | TransportKind::XdpRingbuf | TransportKind::Kmod => {
-            Err(super::TransportError::Unsupported(kind.as_str()))
-        }
+        TransportKind::Xdp => Ok(Box::new(super::xdp::open_endpoint(super::xdp::Delivery::Xsk, ep, opts)?)),
+        TransportKind::XdpRingbuf => Ok(Box::new(super::xdp::open_endpoint(super::xdp::Delivery::RingBuf, ep, opts)?)),
+        TransportKind::Kmod => Ok(Box::new(super::kmod::open_endpoint(ep, opts)?)),
     }
 }

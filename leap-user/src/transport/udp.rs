@@ -5,19 +5,20 @@
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use leap_common::chunk::{CHUNK_DATAGRAM_MAX, CHUNK_HEADER_LEN, ChunkHeader, ChunkKind, FRAME_LEN_MAX, flags};
+use leap_common::chunk::{CHUNK_DATAGRAM_MAX, CHUNK_HEADER_LEN, ChunkKind, FRAME_LEN_MAX, flags};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use super::{FrameKind, Received, Result, Stats, Transport, TransportError};
-use crate::frame::{Chunker, Push, Reassembler};
-use crate::sys::udp::{RxBatch, TxBatch, enable_gro, gso_supported, set_int};
+use crate::frame::chunker::ChunkRef;
+use crate::frame::Chunker;
+use crate::frame::reliable::Timers;
+use super::datagram::{DatagramLink, Reliability};
+use crate::sys::udp::{RxBatch, TxBatch, enable_gro, gso_supported, set_int, wait_readable};
 
 /// Socket buffer size asked for (the original used 8 MiB).
 pub const SOCKET_BUFFER: usize = 8 << 20;
-/// How often a blocking receive wakes up to check its deadline.
-const WAKE_TICK: Duration = Duration::from_millis(20);
 
 /// Settings of a [`UdpTransport`].
 #[derive(Debug, Clone)]
@@ -43,6 +44,14 @@ pub struct UdpConfig {
     pub spin: Duration,
     /// Frames in assembly at once (window of the reassembler).
     pub window: u16,
+    /// Loss recovery.
+    pub reliability: Reliability,
+    /// Loss-recovery timers.
+    pub timers: Timers,
+    /// Where NACKs come from (default: `next`); checked when `prev` is set.
+    pub nack_from: Option<SocketAddr>,
+    /// Frames kept to answer NACKs.
+    pub keep_frames: usize,
 }
 
 impl UdpConfig {
@@ -58,7 +67,11 @@ impl UdpConfig {
             gso: true,
             gro: true,
             spin: Duration::ZERO,
-            window: crate::frame::reassembly::DEFAULT_WINDOW,
+            window: 16,
+            reliability: Reliability::Reliable,
+            timers: Timers::default(),
+            nack_from: None,
+            keep_frames: 32,
         }
     }
 }
@@ -109,7 +122,7 @@ pub fn bind_socket(addr: SocketAddr) -> Result<Socket, UdpError> {
 }
 
 /// The sending half: chunks frames and hands them to the kernel in one
-/// `sendmmsg` each. Shared with the XDP backend, which receives elsewhere.
+/// `sendmmsg` each. Shared by the datagram backends (UDP, XDP).
 #[derive(Debug)]
 pub struct UdpSender {
     next: SockAddr,
@@ -122,6 +135,8 @@ pub struct UdpSender {
 
 impl UdpSender {
     /// A sender to `next`; `gso` if the socket supports it (checked).
+    /// `reserved` goes into every chunk header (leap flags, or 0 to send
+    /// exactly like the original).
     pub fn new(socket: &Socket, next: SocketAddr, gso: bool, reserved: u16) -> Self {
         let gso = gso && gso_supported(socket.as_fd());
         Self { next: next.into(), seq: 0, reserved, gso, batch: TxBatch::new(), headers: Vec::new() }
@@ -132,37 +147,83 @@ impl UdpSender {
         self.gso
     }
 
+    /// The seq the next frame gets.
+    pub fn next_seq(&self) -> u16 {
+        self.seq
+    }
+
+    /// The `reserved` field of a frame of `kind`.
+    pub fn reserved_for(&self, kind: FrameKind) -> u16 {
+        if self.reserved & flags::LEAP != 0 && kind == FrameKind::Control {
+            self.reserved | ChunkKind::Control as u16
+        } else {
+            self.reserved
+        }
+    }
+
     /// Sends one frame (`head ++ tail`) as chunks; returns the chunk count.
     ///
     /// # Errors
     ///
     /// [`TransportError::BadFrameLen`] or the `sendmmsg` error.
     pub fn send(&mut self, socket: &Socket, kind: FrameKind, head: &[u8], tail: &[u8]) -> Result<u16> {
-        let mut reserved = self.reserved;
-        if reserved & flags::LEAP != 0 && kind == FrameKind::Control {
-            reserved |= ChunkKind::Control as u16;
-        }
         let len = head.len() + tail.len();
-        let chunker = Chunker::new(self.seq, reserved, head, tail).ok_or(TransportError::BadFrameLen(len))?;
+        let chunker =
+            Chunker::new(self.seq, self.reserved_for(kind), head, tail).ok_or(TransportError::BadFrameLen(len))?;
         let total = chunker.total();
+        self.transmit(socket, chunker)?;
+        self.seq = self.seq.wrapping_add(1);
+        Ok(total)
+    }
+
+    /// Sends chunks `ids` of an earlier frame `seq` again, flagged as
+    /// retransmissions; returns how many were sent.
+    ///
+    /// # Errors
+    ///
+    /// The `sendmmsg` error.
+    pub fn resend(
+        &mut self,
+        socket: &Socket,
+        seq: u16,
+        reserved: u16,
+        frame: &[u8],
+        ids: impl Iterator<Item = u16>,
+    ) -> Result<u16> {
+        let Some(chunker) = Chunker::new(seq, reserved | flags::RETRANSMIT, frame, &[]) else { return Ok(0) };
+        let mut chunks = [None; 64];
+        let mut sent = 0u16;
+        let mut ids = ids.filter(|&id| id < chunker.total()).peekable();
+        while ids.peek().is_some() {
+            let mut n = 0;
+            for id in ids.by_ref().take(chunks.len()) {
+                chunks[n] = chunker.chunk(id);
+                n += 1;
+            }
+            self.transmit(socket, chunks[..n].iter().flatten().copied())?;
+            sent += n as u16;
+        }
+        Ok(sent)
+    }
+
+    fn transmit<'a, I>(&mut self, socket: &Socket, chunks: I) -> Result<()>
+    where
+        I: Iterator<Item = ChunkRef<'a>> + Clone,
+    {
         self.headers.clear();
-        self.headers.extend(chunker.clone().map(|c| c.header.to_bytes()));
+        self.headers.extend(chunks.clone().map(|c| c.header.to_bytes()));
         let headers = &self.headers;
-        let datagrams = || chunker.clone().zip(headers.iter()).map(|(c, h)| [&h[..], c.pieces[0], c.pieces[1]]);
+        let datagrams = || chunks.clone().zip(headers.iter()).map(|(c, h)| [&h[..], c.pieces[0], c.pieces[1]]);
         let seg = self.gso.then_some(CHUNK_DATAGRAM_MAX as u16);
         match self.batch.send(socket.as_fd(), &self.next, datagrams(), seg) {
-            Ok(()) => {}
+            Ok(()) => Ok(()),
             Err(e) if seg.is_some() && matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL)) => {
                 log::warn!("UDP GSO failed on this path ({e}); sending one datagram per chunk from now on");
                 self.gso = false;
-                self.batch
-                    .send(socket.as_fd(), &self.next, datagrams(), None)
-                    .map_err(|e| TransportError::io("sendmmsg", e))?;
+                self.batch.send(socket.as_fd(), &self.next, datagrams(), None).map_err(|e| TransportError::io("sendmmsg", e))
             }
-            Err(e) => return Err(TransportError::io("sendmmsg", e)),
+            Err(e) => Err(TransportError::io("sendmmsg", e)),
         }
-        self.seq = self.seq.wrapping_add(1);
-        Ok(total)
     }
 }
 
@@ -170,15 +231,11 @@ impl UdpSender {
 /// next node and receiving from the previous one.
 #[derive(Debug)]
 pub struct UdpTransport {
-    socket: Socket,
-    cfg: UdpConfig,
-    sender: UdpSender,
-    reasm: Reassembler,
+    link: DatagramLink,
     rx: RxBatch,
-    /// Next datagram of `rx` not yet processed.
-    rx_next: usize,
     gro: bool,
-    stats: Stats,
+    /// The socket's current `SO_RCVTIMEO`, to set it only once.
+    rcvtimeo: Duration,
 }
 
 impl UdpTransport {
@@ -196,94 +253,24 @@ impl UdpTransport {
             )));
         }
         let socket = bind_socket(cfg.listen)?;
-        socket
-            .set_read_timeout(Some(
-                cfg.recv_timeout.map_or(WAKE_TICK, |t| t.min(WAKE_TICK)).max(Duration::from_millis(1)),
-            ))
-            .map_err(|source| UdpError::Socket { call: "setsockopt(SO_RCVTIMEO)", addr: cfg.listen, source })?;
         let gro = cfg.gro && enable_gro(socket.as_fd());
-        let reserved = if cfg.original_compat { 0 } else { flags::LEAP };
-        let sender = UdpSender::new(&socket, cfg.next, cfg.gso, reserved);
-        log::debug!("udp {}: GSO {}, GRO {}", cfg.listen, sender.gso(), gro);
         // With GRO one slot may hold a 64 KiB super-datagram.
         let rx = if gro { RxBatch::new(16, 65536) } else { RxBatch::new(64, CHUNK_DATAGRAM_MAX + 1) };
-        Ok(Self {
-            reasm: Reassembler::with_window(cfg.max_frame_len, cfg.window),
-            socket,
-            sender,
-            rx,
-            rx_next: 0,
-            gro,
-            stats: Stats::default(),
-            cfg,
-        })
+        let listen = cfg.listen;
+        let link = DatagramLink::new(socket, cfg, true);
+        log::debug!("udp {listen}: GSO {}, GRO {gro}", link.gso());
+        Ok(Self { link, rx, gro, rcvtimeo: Duration::ZERO })
     }
 
     /// The bound address (useful with port 0).
     pub fn local_addr(&self) -> Option<SocketAddr> {
-        self.socket.local_addr().ok().and_then(|a| a.as_socket())
-    }
-
-    /// Takes datagrams `rx_next..` of the current batch; returns a complete
-    /// frame as soon as one is. After completion, the rest of the batch is
-    /// stashed for the next call.
-    fn drain_batch(&mut self, out: &mut [u8]) -> Option<Received> {
-        let mut done = None;
-        while self.rx_next < self.rx.len() {
-            let (bytes, meta, src) = self.rx.get(self.rx_next);
-            self.rx_next += 1;
-            if let Some(prev) = self.cfg.prev
-                && src != Some(prev)
-            {
-                self.reasm.drops_mut().wrong_source += 1;
-                continue;
-            }
-            if meta.truncated {
-                self.reasm.drops_mut().oversize += 1;
-                continue;
-            }
-            let seg = if self.gro { meta.segment.map_or(bytes.len(), usize::from).max(1) } else { bytes.len().max(1) };
-            for d in bytes.chunks(seg) {
-                let (hdr, payload) = match ChunkHeader::parse_data(d) {
-                    Ok(x) => x,
-                    Err(e) => {
-                        self.reasm.drops_mut().count_parse(e);
-                        continue;
-                    }
-                };
-                if hdr.kind() == ChunkKind::Nack {
-                    // Retransmission is negotiated by the reliability layer;
-                    // a NACK reaching a best-effort node is only counted.
-                    self.stats.nacks_received += 1;
-                    continue;
-                }
-                let r =
-                    if done.is_some() { self.reasm.stash(&hdr, payload) } else { self.reasm.push(&hdr, payload, out) };
-                if r != Push::Dropped {
-                    self.stats.chunks_received += 1;
-                }
-                if let Push::Complete(got) = r {
-                    // The rest of this batch is stashed for later frames: it
-                    // must not stay behind in `rx`, which the next call refills.
-                    done = Some(got);
-                }
-            }
-        }
-        done
-    }
-
-    fn delivered(&mut self, got: Received) -> Result<Received> {
-        self.stats.frames_received += 1;
-        self.stats.bytes_received += got.len as u64;
-        Ok(got)
-    }
-
-    fn lost(&mut self) -> TransportError {
-        let lost = self.reasm.abandon();
-        self.stats.frames_lost += 1;
-        TransportError::FrameLost { seq: lost.seq, missing: lost.missing, total: lost.total }
+        self.link.socket().local_addr().ok().and_then(|a| a.as_socket())
     }
 }
+
+/// Waits at least this long block in `recvmmsg` with `SO_RCVTIMEO` (tick
+/// granularity is fine there); shorter ones use `ppoll`.
+const LONG_WAIT: Duration = Duration::from_millis(15);
 
 impl Transport for UdpTransport {
     fn name(&self) -> &'static str {
@@ -291,51 +278,51 @@ impl Transport for UdpTransport {
     }
 
     fn send_next_parts(&mut self, kind: FrameKind, header: &[u8], payload: &[u8]) -> Result<()> {
-        let chunks = self.sender.send(&self.socket, kind, header, payload)?;
-        self.stats.frames_sent += 1;
-        self.stats.chunks_sent += u64::from(chunks);
-        self.stats.bytes_sent += (header.len() + payload.len()) as u64;
-        Ok(())
+        self.link.send(kind, header, payload)
     }
 
     fn recv_prev(&mut self, out: &mut [u8]) -> Result<Received> {
-        if let Some(got) = self.reasm.begin(out) {
-            return self.delivered(got);
-        }
-        let start = Instant::now();
-        let deadline = self.cfg.recv_timeout.map(|t| start + t);
-        loop {
-            if let Some(got) = self.drain_batch(out) {
-                return self.delivered(got);
-            }
-            if self.reasm.is_overtaken() {
-                return Err(self.lost());
-            }
-            let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
-                self.stats.timeouts += 1;
-                if self.reasm.has_partial() {
-                    return Err(self.lost());
+        let Self { link, rx, gro, rcvtimeo } = self;
+        link.recv_with(out, "recvmmsg", |link, out, wait| {
+            let fd = link.socket().as_fd();
+            let block = match wait {
+                None => false,
+                // Short waits (loss-recovery timers) need ppoll's precision;
+                // then take what arrived without blocking.
+                Some(w) if w < LONG_WAIT => {
+                    wait_readable(fd, w)?;
+                    false
                 }
-                self.reasm.resync_if_lost();
-                self.reasm.suspend(out);
-                return Err(TransportError::Timeout(self.cfg.recv_timeout.unwrap_or_default()));
+                // Long waits block in recvmmsg itself: one system call.
+                Some(_) => {
+                    if *rcvtimeo != LONG_WAIT {
+                        link.socket().set_read_timeout(Some(LONG_WAIT))?;
+                        *rcvtimeo = LONG_WAIT;
+                    }
+                    true
+                }
+            };
+            rx.recv(link.socket().as_fd(), block)?;
+            for i in 0..rx.len() {
+                let (bytes, meta, src) = rx.get(i);
+                if meta.truncated {
+                    link.count_oversize();
+                    continue;
+                }
+                let seg = if *gro { meta.segment.map_or(bytes.len(), usize::from).max(1) } else { bytes.len().max(1) };
+                for d in bytes.chunks(seg) {
+                    link.datagram(src, d, out);
+                }
             }
-            let spin = now.duration_since(start) < self.cfg.spin;
-            self.rx_next = 0;
-            self.rx.recv(self.socket.as_fd(), !spin).map_err(|e| TransportError::io("recvmmsg", e))?;
-        }
+            Ok(())
+        })
     }
 
     fn set_recv_timeout(&mut self, timeout: Option<Duration>) {
-        self.cfg.recv_timeout = timeout;
-        let tick = timeout.map_or(WAKE_TICK, |t| t.min(WAKE_TICK)).max(Duration::from_millis(1));
-        let _ = self.socket.set_read_timeout(Some(tick));
+        self.link.set_recv_timeout(timeout);
     }
 
     fn stats(&self) -> Stats {
-        let mut s = self.stats;
-        s.drops = *self.reasm.drops();
-        s
+        self.link.stats()
     }
 }

@@ -104,6 +104,17 @@ pub enum XdpError {
         #[source]
         source: io::Error,
     },
+    /// Another AF_XDP socket owns the receive queue.
+    #[error(
+        "receive queue {queue} of {iface} is taken by another AF_XDP socket (another leap node on the same \
+         interface? each XDP node needs its own interface, e.g. `leap ring --netns`)"
+    )]
+    QueueBusy {
+        /// The interface.
+        iface: String,
+        /// The queue.
+        queue: u32,
+    },
     /// The configuration cannot work.
     #[error("{0}")]
     Config(String),

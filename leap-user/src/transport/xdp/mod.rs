@@ -30,7 +30,7 @@ use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
-use leap_common::chunk::{ChunkHeader, ChunkKind, flags};
+use leap_common::chunk::{CHUNK_DATAGRAM_MAX, ChunkHeader, ChunkKind, flags};
 use leap_common::xdp::{self as map, PeerRule, RingRecord, cfg};
 use socket2::Socket;
 
@@ -43,6 +43,7 @@ pub use self::xsk::{XskConfig, XskSocket, ZeroCopy};
 use super::udp::{UdpConfig, UdpSender, bind_socket};
 use super::{FrameKind, Received, Result, Stats, Transport, TransportError};
 use crate::frame::{Push, Reassembler};
+use crate::sys::udp::RxBatch;
 
 /// How chunks reach user space.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -99,6 +100,9 @@ pub struct XdpTransportConfig {
     pub drop_rejected: bool,
     /// aya-log debug events from the program.
     pub log: bool,
+    /// Pin the program and its maps under `/sys/fs/bpf/leap/<iface>/`
+    /// while the transport lives, for `leap xdp status|stats`.
+    pub pin: bool,
 }
 
 impl XdpTransportConfig {
@@ -116,8 +120,32 @@ impl XdpTransportConfig {
             wakeup_every: 32,
             drop_rejected: true,
             log: false,
+            pin: false,
         }
     }
+}
+
+/// Opens the XDP backend for a ring endpoint (`leap ring --transport
+/// xdp|xdp-ringbuf`): attaches to `ep.iface` and listens on `ep.listen`.
+///
+/// # Errors
+///
+/// [`XdpError::Config`] without an interface or with an unknown mode, else
+/// as [`XdpTransport::open`].
+pub fn open_endpoint(
+    delivery: Delivery,
+    ep: &super::open::Endpoint,
+    opts: &super::open::Options,
+) -> Result<XdpTransport> {
+    let iface = ep.iface.as_deref().ok_or_else(|| {
+        XdpError::Config(format!("--transport {} needs the interface frames arrive on", delivery.transport_name()))
+    })?;
+    let mode = <AttachMode as clap::ValueEnum>::from_str(&opts.xdp_mode, true)
+        .map_err(|_| XdpError::Config(format!("unknown XDP mode {:?}: auto, drv or skb", opts.xdp_mode)))?;
+    let mut cfg = XdpTransportConfig::new(iface, super::open::udp_config(ep, opts), delivery);
+    cfg.mode = mode;
+    cfg.object = ObjectSource::from_option(opts.xdp_object.clone());
+    XdpTransport::open(cfg)
 }
 
 enum Rx {
@@ -132,7 +160,9 @@ const WAKE_TICK: Duration = Duration::from_millis(20);
 
 /// The XDP transport: receive through the XDP program, send through UDP.
 pub struct XdpTransport {
-    // Sockets before the program: the XSKMAP entries go with the sockets.
+    // Pins first, then the sockets (their XSKMAP entries go with them),
+    // then the program.
+    _pins: Option<program::MapPins>,
     rx: Rx,
     program: XdpProgram,
     socket: Socket,
@@ -142,6 +172,13 @@ pub struct XdpTransport {
     mode: AttachedMode,
     stats: Stats,
     zero_copy: bool,
+    /// Datagrams that reached the UDP socket instead (a queue without an
+    /// AF_XDP socket, NACKs arriving on another interface, ...).
+    kernel_rx: RxBatch,
+    /// `poll` saw the UDP socket readable.
+    kernel_ready: bool,
+    /// Chunks taken from the UDP socket.
+    via_kernel: u64,
 }
 
 impl std::fmt::Debug for XdpTransport {
@@ -207,6 +244,7 @@ impl XdpTransport {
             _reserved: 0,
         })?;
         let mode = program.attach(&cfg.iface, cfg.mode)?;
+        let pins = if cfg.pin { Some(program.pin_running()?) } else { None };
         // A receiver in generic mode sees GSO super-packets whole and cannot
         // hand them to AF_XDP; every node of a ring runs the same mode, so
         // segment in software unless attached natively.
@@ -222,6 +260,7 @@ impl XdpTransport {
             sender.gso()
         );
         Ok(Self {
+            _pins: pins,
             rx,
             program,
             socket,
@@ -230,6 +269,9 @@ impl XdpTransport {
             mode,
             stats: Stats::default(),
             zero_copy,
+            kernel_rx: RxBatch::new(16, CHUNK_DATAGRAM_MAX + 1),
+            kernel_ready: false,
+            via_kernel: 0,
             cfg,
         })
     }
@@ -258,10 +300,22 @@ impl XdpTransport {
         self.socket.as_fd()
     }
 
+    /// The program, e.g. to change its peer rules while running.
+    pub fn program_mut(&mut self) -> &mut XdpProgram {
+        &mut self.program
+    }
+
+    /// Chunks that arrived through the kernel's UDP socket rather than
+    /// through XDP (the program passed them: no AF_XDP socket at their
+    /// queue, or they came in on another interface).
+    pub fn chunks_via_kernel(&self) -> u64 {
+        self.via_kernel
+    }
+
     /// Takes whatever the receive path holds; returns a complete frame as
     /// soon as one is (later chunks of the batch are stashed).
     fn drain(&mut self, out: &mut [u8]) -> Option<Received> {
-        let Self { rx, reasm, stats, cfg, .. } = self;
+        let Self { rx, reasm, stats, cfg, socket, kernel_rx, kernel_ready, via_kernel, .. } = self;
         let port = cfg.udp.listen.port();
         let prev = cfg.udp.prev;
         let nack_from = cfg.nack_from.unwrap_or(cfg.udp.next);
@@ -310,23 +364,49 @@ impl XdpTransport {
                 });
             }
         }
+        let mut truncated = 0u64;
+        if std::mem::take(kernel_ready) {
+            match kernel_rx.recv(socket.as_fd(), false) {
+                Ok(_) => {
+                    for i in 0..kernel_rx.len() {
+                        let (bytes, meta, src) = kernel_rx.get(i);
+                        match src {
+                            Some(src) if !meta.truncated => {
+                                *via_kernel += 1;
+                                take(src, bytes);
+                            }
+                            _ => truncated += 1,
+                        }
+                    }
+                }
+                Err(e) => log::warn!("recvmmsg on the UDP socket: {e}"),
+            }
+        }
         // Not for this node's port, or not UDP: cannot happen unless the
         // maps were changed behind our back.
         stats.drops.short += foreign;
+        reasm.drops_mut().oversize += truncated;
         done
     }
 
-    /// Sleeps until the receive path has data or `timeout` passes.
+    /// Sleeps until the receive path or the UDP socket has data, or
+    /// `timeout` passes.
     fn wait(&mut self, timeout: Duration) -> Result<()> {
-        let r = match &mut self.rx {
-            Rx::Xsk(socks) if socks.len() == 1 => socks[0].wait(timeout),
+        let udp = self.socket.as_fd();
+        let (mask, udp_bit) = match &mut self.rx {
             Rx::Xsk(socks) => {
-                let fds: Vec<BorrowedFd<'_>> = socks.iter().map(XskSocket::fd).collect();
-                sys::poll_readable(&fds, timeout)
+                if socks.iter().any(XskSocket::has_rx) {
+                    return Ok(());
+                }
+                socks.iter_mut().for_each(XskSocket::kick);
+                let n = socks.len();
+                (sys::poll_readable(socks.iter().map(XskSocket::fd).chain([udp]), timeout), n)
             }
-            Rx::Ring(ring) => ring.wait(timeout),
+            Rx::Ring(ring) => (sys::poll_readable([ring.fd(), udp], timeout), 1),
         };
-        r.map(drop).map_err(|e| TransportError::io("poll", e))
+        let mask = mask.map_err(|e| TransportError::io("poll", e))?;
+        self.kernel_ready = mask & (1 << udp_bit) != 0;
+        Ok(())
     }
 
     fn delivered(&mut self, got: Received) -> Result<Received> {
@@ -402,6 +482,10 @@ impl Transport for XdpTransport {
     }
 
     fn backend_counters(&self) -> Option<serde_json::Value> {
-        self.program.counters().ok().map(|c| c.to_json())
+        let mut j = self.program.counters().ok()?.to_json();
+        if let Some(o) = j.as_object_mut() {
+            o.insert("chunks_via_kernel".into(), self.via_kernel.into());
+        }
+        Some(j)
     }
 }

@@ -5,7 +5,7 @@
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
 
 use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, RingBuf, XskMap};
@@ -72,10 +72,20 @@ impl AttachedMode {
         }
     }
 
+    /// Pin name of the link of a persistent attachment (`leap xdp attach`).
     fn link_file(self) -> &'static str {
         match self {
             Self::Drv => "link-drv",
             Self::Skb => "link-skb",
+        }
+    }
+
+    /// Pin name of the program of a running leap process (which holds the
+    /// link itself, so that the program goes when the process does).
+    fn prog_file(self) -> &'static str {
+        match self {
+            Self::Drv => "prog-drv",
+            Self::Skb => "prog-skb",
         }
     }
 }
@@ -148,7 +158,9 @@ impl XdpProgram {
             match prog.attach(iface, xdp_mode) {
                 Ok(link) => {
                     if last.is_some() {
-                        log::warn!("{iface}: native XDP is not available; attached in generic (skb) mode, which is slower");
+                        log::warn!(
+                            "{iface}: native XDP is not available; attached in generic (skb) mode, which is slower"
+                        );
                     }
                     log::debug!("{iface}: XDP program attached in {attached} mode");
                     self.attachment = Some(Attachment { iface: iface.to_string(), mode: attached, link });
@@ -257,6 +269,18 @@ impl XdpProgram {
         xsks.set(queue, fd, 0).map_err(XdpError::map(MAP_XSKS))
     }
 
+    /// Removes the AF_XDP socket of `queue`: its chunks are passed to the
+    /// kernel again (counted as `no_socket`).
+    ///
+    /// # Errors
+    ///
+    /// [`XdpError::Map`] (e.g. nothing registered there).
+    pub fn unregister_xsk(&mut self, queue: u32) -> Result<(), XdpError> {
+        let map = self.ebpf.map_mut(MAP_XSKS).ok_or(XdpError::Missing(MAP_XSKS))?;
+        let mut xsks: XskMap<&mut MapData> = XskMap::try_from(map).map_err(XdpError::map(MAP_XSKS))?;
+        xsks.unset(queue).map_err(XdpError::map(MAP_XSKS))
+    }
+
     /// Takes the ring buffer out of the program, for a reader.
     ///
     /// # Errors
@@ -265,6 +289,21 @@ impl XdpProgram {
     pub fn take_ring_buf(&mut self) -> Result<RingBuf<MapData>, XdpError> {
         let map = self.ebpf.take_map(MAP_RING).ok_or(XdpError::Missing(MAP_RING))?;
         RingBuf::try_from(map).map_err(XdpError::map(MAP_RING))
+    }
+
+    /// Runs the loaded program once on `packet` (an Ethernet frame) in the
+    /// kernel without attaching it, as if it arrived on receive queue 0 of
+    /// loopback; returns the XDP action. Maps and counters are the real
+    /// ones, so this shows exactly what the program would do.
+    ///
+    /// # Errors
+    ///
+    /// [`XdpError::Syscall`] (`bpf(BPF_PROG_TEST_RUN)`).
+    pub fn test_run(&self, packet: &[u8]) -> Result<u32, XdpError> {
+        let prog = self.ebpf.program(PROGRAM_NAME).ok_or(XdpError::Missing("program leap_xdp"))?;
+        let fd = prog.fd().map_err(XdpError::Program)?;
+        sys::prog_test_run(fd.as_fd(), packet)
+            .map_err(|source| XdpError::Syscall { call: "bpf(BPF_PROG_TEST_RUN)", source })
     }
 
     /// The decision counters so far, summed over CPUs.
@@ -297,7 +336,10 @@ impl XdpProgram {
         };
         sys::ensure_bpffs(Path::new("/sys/fs/bpf")).map_err(pin_err(Path::new("/sys/fs/bpf")))?;
         if dir.exists() {
-            return Err(XdpError::Busy { iface: a.iface, hint: " by leap already (run `leap xdp detach --iface` first)" });
+            return Err(XdpError::Busy {
+                iface: a.iface,
+                hint: " by leap already (run `leap xdp detach --iface` first)",
+            });
         }
         std::fs::create_dir_all(&dir).map_err(pin_err(&dir))?;
         let result = (|| {
@@ -307,7 +349,8 @@ impl XdpProgram {
                 map.pin(&path).map_err(|e| XdpError::Pin { path: path.clone(), source: std::io::Error::other(e) })?;
             }
             let link = program_mut(&mut self.ebpf)?.take_link(a.link).map_err(XdpError::Program)?;
-            let fd_link = FdLink::try_from(link).map_err(|e| XdpError::Config(format!("XDP link cannot be pinned: {e}")))?;
+            let fd_link =
+                FdLink::try_from(link).map_err(|e| XdpError::Config(format!("XDP link cannot be pinned: {e}")))?;
             let path = dir.join(a.mode.link_file());
             fd_link.pin(&path).map_err(|e| XdpError::Pin { path, source: std::io::Error::other(e) })?;
             Ok(())
@@ -316,6 +359,71 @@ impl XdpProgram {
             let _ = remove_pins(&dir);
         }
         result.map(|()| dir)
+    }
+}
+
+impl XdpProgram {
+    /// Pins the program and its maps (not the link) under
+    /// `/sys/fs/bpf/leap/<iface>/` while the returned guard lives, so that
+    /// `leap xdp status|stats` can see a running node. The program still
+    /// goes away with the process; stale pins of a process that died are
+    /// replaced.
+    ///
+    /// # Errors
+    ///
+    /// [`XdpError::Config`] when not attached, [`XdpError::Busy`] when a
+    /// persistent attachment is pinned there, [`XdpError::Pin`].
+    pub fn pin_running(&mut self) -> Result<MapPins, XdpError> {
+        let Some(a) = &self.attachment else {
+            return Err(XdpError::Config("pin: the XDP program is not attached".into()));
+        };
+        let (iface, mode) = (a.iface.clone(), a.mode);
+        let dir = pin_dir(&iface);
+        let pin_err = |path: &Path| {
+            let path = path.to_path_buf();
+            move |e: std::io::Error| XdpError::Pin { path, source: e }
+        };
+        sys::ensure_bpffs(Path::new("/sys/fs/bpf")).map_err(pin_err(Path::new("/sys/fs/bpf")))?;
+        if dir.exists() {
+            if [AttachedMode::Drv, AttachedMode::Skb].iter().any(|m| dir.join(m.link_file()).exists()) {
+                return Err(XdpError::Busy {
+                    iface,
+                    hint: " by `leap xdp attach` (run `leap xdp detach --iface` first)",
+                });
+            }
+            // We hold the interface's only XDP attachment, so whatever is
+            // pinned here belongs to a process that is gone.
+            remove_pins(&dir).map_err(pin_err(&dir))?;
+        }
+        std::fs::create_dir_all(&dir).map_err(pin_err(&dir))?;
+        let guard = MapPins { dir: dir.clone() };
+        for name in PINNED_MAPS {
+            // The ring buffer is absent once a reader took it.
+            if let Some(map) = self.ebpf.map(name) {
+                let path = dir.join(name);
+                map.pin(&path).map_err(|e| XdpError::Pin { path, source: std::io::Error::other(e) })?;
+            }
+        }
+        let path = dir.join(mode.prog_file());
+        program_mut(&mut self.ebpf)?
+            .pin(&path)
+            .map_err(|e| XdpError::Pin { path, source: std::io::Error::other(e) })?;
+        Ok(guard)
+    }
+}
+
+/// Pins of a running node's program and maps; removed on drop.
+#[derive(Debug)]
+pub struct MapPins {
+    dir: PathBuf,
+}
+
+impl Drop for MapPins {
+    fn drop(&mut self) {
+        if let Err(e) = remove_pins(&self.dir) {
+            log::warn!("cannot remove the pins in {}: {e}", self.dir.display());
+        }
+        let _ = std::fs::remove_dir(PIN_ROOT);
     }
 }
 
@@ -357,8 +465,9 @@ pub struct PinnedProgram {
     iface: String,
     dir: PathBuf,
     mode: AttachedMode,
-    /// Holds the link while this value lives; the pin keeps it afterwards.
-    link: FdLink,
+    /// The link of a persistent attachment (held while this value lives;
+    /// the pin keeps it afterwards); `None` for a running leap process.
+    link: Option<FdLink>,
 }
 
 impl PinnedProgram {
@@ -374,15 +483,16 @@ impl PinnedProgram {
         if !sys::is_bpffs(Path::new("/sys/fs/bpf")) || !dir.is_dir() {
             return Err(not_attached());
         }
-        let mode = [AttachedMode::Drv, AttachedMode::Skb]
-            .into_iter()
-            .find(|m| dir.join(m.link_file()).exists())
-            .ok_or_else(not_attached)?;
-        let path = dir.join(mode.link_file());
-        let link: FdLink = PinnedLink::from_pin(&path)
-            .map_err(|e| XdpError::Pin { path: path.clone(), source: std::io::Error::other(e) })?
-            .into();
-        Ok(Self { iface: iface.to_string(), dir, mode, link })
+        let modes = [AttachedMode::Drv, AttachedMode::Skb];
+        if let Some(mode) = modes.into_iter().find(|m| dir.join(m.link_file()).exists()) {
+            let path = dir.join(mode.link_file());
+            let link: FdLink = PinnedLink::from_pin(&path)
+                .map_err(|e| XdpError::Pin { path: path.clone(), source: std::io::Error::other(e) })?
+                .into();
+            return Ok(Self { iface: iface.to_string(), dir, mode, link: Some(link) });
+        }
+        let mode = modes.into_iter().find(|m| dir.join(m.prog_file()).exists()).ok_or_else(not_attached)?;
+        Ok(Self { iface: iface.to_string(), dir, mode, link: None })
     }
 
     /// Every interface with a pinned leap program.
@@ -411,14 +521,42 @@ impl PinnedProgram {
         self.mode
     }
 
-    /// Kernel ids of the link and of the program.
+    /// Whether `leap xdp attach` made this attachment (as opposed to a
+    /// running leap node, whose program goes away with it).
+    pub fn is_persistent(&self) -> bool {
+        self.link.is_some()
+    }
+
+    /// Whether the program is attached through some link (false for the
+    /// stale pins of a node that died).
     ///
     /// # Errors
     ///
-    /// [`XdpError::Config`] when the kernel cannot describe the link.
-    pub fn ids(&self) -> Result<(u32, u32), XdpError> {
-        let info = self.link.info().map_err(|e| XdpError::Config(format!("link info: {e}")))?;
-        Ok((info.id(), info.program_id()))
+    /// As [`Self::ids`].
+    pub fn is_live(&self) -> Result<bool, XdpError> {
+        let (link, prog) = self.ids()?;
+        if link.is_some() {
+            return Ok(true);
+        }
+        Ok(aya::programs::loaded_links()
+            .filter_map(Result::ok)
+            .any(|l| l.program_id() == prog && matches!(l.link_type(), Ok(aya::programs::links::LinkType::Xdp))))
+    }
+
+    /// Kernel ids of the link (persistent attachments only) and of the
+    /// program.
+    ///
+    /// # Errors
+    ///
+    /// [`XdpError::Config`] when the kernel cannot describe them.
+    pub fn ids(&self) -> Result<(Option<u32>, u32), XdpError> {
+        if let Some(link) = &self.link {
+            let info = link.info().map_err(|e| XdpError::Config(format!("link info: {e}")))?;
+            return Ok((Some(info.id()), info.program_id()));
+        }
+        let info = aya::programs::ProgramInfo::from_pin(self.dir.join(self.mode.prog_file()))
+            .map_err(|e| XdpError::Config(format!("program info: {e}")))?;
+        Ok((None, info.id()))
     }
 
     fn map(&self, name: &'static str) -> Result<Map, XdpError> {
@@ -443,8 +581,7 @@ impl PinnedProgram {
     ///
     /// [`XdpError::Map`].
     pub fn ports(&self) -> Result<Vec<u16>, XdpError> {
-        let map: HashMap<MapData, u16, PortRule> =
-            self.map(MAP_PORTS)?.try_into().map_err(XdpError::map(MAP_PORTS))?;
+        let map: HashMap<MapData, u16, PortRule> = self.map(MAP_PORTS)?.try_into().map_err(XdpError::map(MAP_PORTS))?;
         let mut ports: Vec<u16> = map.keys().filter_map(Result::ok).collect();
         ports.sort_unstable();
         Ok(ports)
@@ -456,20 +593,27 @@ impl PinnedProgram {
     ///
     /// [`XdpError::Map`].
     pub fn counters(&self) -> Result<XdpCounters, XdpError> {
-        let arr: PerCpuArray<MapData, u64> =
-            self.map(MAP_COUNTERS)?.try_into().map_err(XdpError::map(MAP_COUNTERS))?;
+        let arr: PerCpuArray<MapData, u64> = self.map(MAP_COUNTERS)?.try_into().map_err(XdpError::map(MAP_COUNTERS))?;
         XdpCounters::read(&arr)
     }
 
     /// Removes the pins: the program is detached once nothing else holds
-    /// the link.
+    /// the link. A running leap node's pins are left alone: stop the node.
     ///
     /// # Errors
     ///
-    /// [`XdpError::Pin`].
+    /// [`XdpError::Busy`] for a running node's attachment, [`XdpError::Pin`].
     pub fn unpin(self) -> Result<(), XdpError> {
+        if self.link.is_none() && self.is_live()? {
+            return Err(XdpError::Busy {
+                iface: self.iface,
+                hint: " by a running leap node; it detaches when that node stops",
+            });
+        }
         let Self { dir, link, .. } = self;
         let result = remove_pins(&dir).map_err(|source| XdpError::Pin { path: dir.clone(), source });
+        // The root goes too once nothing else is pinned there.
+        let _ = std::fs::remove_dir(PIN_ROOT);
         // The last reference to the link: closing it detaches the program.
         drop(link);
         result

@@ -52,12 +52,17 @@ impl RingReader {
         n
     }
 
+    /// The ring's descriptor (readable when records wait).
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.ring.as_fd()
+    }
+
     /// Waits until the ring has data or `timeout` passes.
     ///
     /// # Errors
     ///
     /// The `poll` error.
     pub fn wait(&self, timeout: Duration) -> io::Result<bool> {
-        sys::poll_readable(&[self.ring.as_fd()], timeout)
+        sys::poll_readable([self.ring.as_fd()], timeout).map(|m| m != 0)
     }
 }

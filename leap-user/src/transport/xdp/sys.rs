@@ -123,28 +123,93 @@ impl Drop for UmemArea {
     }
 }
 
-/// Waits until one of `fds` is readable or `timeout` passes; returns
-/// whether one is. `EINTR` counts as "not yet".
+/// Waits until one of `fds` (at most 16) is readable or `timeout` passes;
+/// returns a bit mask of the readable ones (bit `i` for the `i`-th). `EINTR`
+/// counts as "none yet".
 ///
 /// # Errors
 ///
-/// The `poll` error.
-pub fn poll_readable(fds: &[std::os::fd::BorrowedFd<'_>], timeout: std::time::Duration) -> io::Result<bool> {
+/// The `poll` error, or more than 16 descriptors.
+pub fn poll_readable<'a>(
+    fds: impl IntoIterator<Item = std::os::fd::BorrowedFd<'a>>,
+    timeout: std::time::Duration,
+) -> io::Result<u16> {
     use std::os::fd::AsRawFd;
-    let mut pfds = [libc::pollfd { fd: -1, events: 0, revents: 0 }; 8];
-    if fds.len() > pfds.len() {
-        return Err(io::Error::other("poll: more than 8 descriptors"));
-    }
-    for (p, fd) in pfds.iter_mut().zip(fds) {
-        *p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    let mut pfds = [libc::pollfd { fd: -1, events: 0, revents: 0 }; 16];
+    let mut n = 0;
+    for fd in fds {
+        let slot = pfds.get_mut(n).ok_or_else(|| io::Error::other("poll: more than 16 descriptors"))?;
+        *slot = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        n += 1;
     }
     let ms = libc::c_int::try_from(timeout.as_millis().max(u128::from(!timeout.is_zero()))).unwrap_or(libc::c_int::MAX);
-    // SAFETY: `pfds[..fds.len()]` is valid writable memory of pollfd; the
+    // SAFETY: `pfds[..n]` is valid writable memory of pollfd; the
     // descriptors are borrowed for the duration of the call.
-    let rc = unsafe { libc::poll(pfds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    let rc = unsafe { libc::poll(pfds.as_mut_ptr(), n as libc::nfds_t, ms) };
     if rc < 0 {
         let e = io::Error::last_os_error();
-        return if e.kind() == io::ErrorKind::Interrupted { Ok(false) } else { Err(e) };
+        return if e.kind() == io::ErrorKind::Interrupted { Ok(0) } else { Err(e) };
     }
-    Ok(rc > 0)
+    let mut mask = 0u16;
+    for (i, p) in pfds[..n].iter().enumerate() {
+        if p.revents != 0 {
+            mask |= 1 << i;
+        }
+    }
+    Ok(mask)
+}
+
+/// `BPF_PROG_TEST_RUN` from `linux/bpf.h`.
+const BPF_PROG_TEST_RUN: libc::c_long = 10;
+
+/// The `test` member of `union bpf_attr` (kernel 5.10+ layout).
+#[repr(C)]
+#[derive(Default)]
+struct TestRunAttr {
+    prog_fd: u32,
+    retval: u32,
+    data_size_in: u32,
+    data_size_out: u32,
+    data_in: u64,
+    data_out: u64,
+    repeat: u32,
+    duration: u32,
+    ctx_size_in: u32,
+    ctx_size_out: u32,
+    ctx_in: u64,
+    ctx_out: u64,
+    flags: u32,
+    cpu: u32,
+    batch_size: u32,
+    _pad: u32,
+}
+
+/// Runs the XDP program `prog` once on `packet` without attaching it
+/// (`BPF_PROG_TEST_RUN`); returns the action it chose.
+///
+/// # Errors
+///
+/// The `bpf` error (`EINVAL` for a packet shorter than Ethernet).
+pub fn prog_test_run(prog: std::os::fd::BorrowedFd<'_>, packet: &[u8]) -> io::Result<u32> {
+    use std::os::fd::AsRawFd;
+    let mut out = vec![0u8; packet.len() + 512];
+    let mut attr = TestRunAttr {
+        prog_fd: u32::try_from(prog.as_raw_fd()).map_err(io::Error::other)?,
+        data_size_in: u32::try_from(packet.len()).map_err(io::Error::other)?,
+        data_size_out: u32::try_from(out.len()).map_err(io::Error::other)?,
+        data_in: packet.as_ptr() as u64,
+        data_out: out.as_mut_ptr() as u64,
+        repeat: 1,
+        ..TestRunAttr::default()
+    };
+    // SAFETY: `attr` is a valid `bpf_attr.test` that outlives the call; its
+    // pointers name `packet` (read) and `out` (written up to its size),
+    // both alive for the call.
+    let rc = unsafe {
+        libc::syscall(libc::SYS_bpf, BPF_PROG_TEST_RUN, &raw mut attr, size_of::<TestRunAttr>() as libc::c_uint)
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(attr.retval)
 }

@@ -116,7 +116,14 @@ impl XskSocket {
                     }
                     return Ok(s);
                 }
-                Err(e) => last = Some(e),
+                Err(e @ XdpError::QueueBusy { .. }) => return Err(e),
+                Err(e) => {
+                    log::debug!(
+                        "{iface} queue {queue}: AF_XDP {} bind failed: {e}",
+                        if zc { "zero-copy" } else { "copy" }
+                    );
+                    last = Some(e);
+                }
             }
         }
         Err(last.expect("at least one attempt"))
@@ -186,6 +193,9 @@ impl XskSocket {
                 Err(e) if e.get_raw().abs() == libc::EBUSY && attempt < BIND_RETRIES => {
                     attempt += 1;
                     std::thread::sleep(BIND_RETRY_WAIT);
+                }
+                Err(e) if e.get_raw().abs() == libc::EBUSY => {
+                    return Err(XdpError::QueueBusy { iface: iface.to_string(), queue });
                 }
                 Err(e) => return Err(err("bind")(errno(e))),
             }
@@ -263,9 +273,7 @@ impl XskSocket {
                 break;
             }
         }
-        if self.fq.needs_wakeup() {
-            self.fq.wake();
-        }
+        self.kick();
     }
 
     /// Frames currently owned by user space (not on the fill ring).
@@ -283,6 +291,13 @@ impl XskSocket {
         self.rx.available() > 0
     }
 
+    /// Wakes the kernel if it waits for fill-ring entries (need-wakeup).
+    pub fn kick(&mut self) {
+        if self.fq.needs_wakeup() {
+            self.fq.wake();
+        }
+    }
+
     /// Waits until the RX ring is readable or `timeout` passes; returns
     /// whether it is readable.
     ///
@@ -293,10 +308,8 @@ impl XskSocket {
         if self.has_rx() {
             return Ok(true);
         }
-        if self.fq.needs_wakeup() {
-            self.fq.wake();
-        }
-        sys::poll_readable(&[self.fd()], timeout)
+        self.kick();
+        sys::poll_readable([self.fd()], timeout).map(|m| m != 0)
     }
 
     /// The kernel's counters of this socket: `(rx_dropped,

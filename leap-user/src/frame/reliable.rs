@@ -1,0 +1,292 @@
+//! Loss recovery between leap nodes, as pure logic: the NACK wire format,
+//! the sender's buffer of recent frames that answers NACKs, and the timers
+//! that decide when a receiver asks and when a sender probes.
+//!
+//! A leap sender in reliable mode sets [`flags::RELIABLE`] on its chunks and
+//! keeps its last frames. Its receiver notices missing chunks (a frame idle
+//! with holes, or chunks of later frames arriving first) and sends a NACK
+//! back: a chunk header of kind [`ChunkKind::Nack`] for the frame's seq whose
+//! payload lists the missing chunk ids as ranges. Original peers never set
+//! the flag, so with them the receiver stays best-effort.
+
+use std::time::{Duration, Instant};
+
+use leap_common::chunk::{CHUNK_HEADER_LEN, CHUNK_PAYLOAD_MAX, ChunkHeader, ChunkKind, flags};
+
+/// Most ranges one NACK carries (4 bytes each).
+pub const NACK_MAX_RANGES: usize = CHUNK_PAYLOAD_MAX / 4;
+/// A range meaning "every chunk of the frame" (the receiver saw none).
+pub const NACK_ALL: (u16, u16) = (0, u16::MAX);
+
+/// Writes a NACK for `seq` asking for `missing` (ascending chunk ids) into
+/// `out`; returns the datagram length, or 0 if nothing is missing.
+pub fn encode_nack(seq: u16, missing: impl IntoIterator<Item = (u16, u16)>, out: &mut [u8; CHUNK_HEADER_LEN + CHUNK_PAYLOAD_MAX]) -> usize {
+    let mut n = 0usize;
+    for (first, count) in missing.into_iter().take(NACK_MAX_RANGES) {
+        let at = CHUNK_HEADER_LEN + n * 4;
+        out[at..at + 2].copy_from_slice(&first.to_be_bytes());
+        out[at + 2..at + 4].copy_from_slice(&count.to_be_bytes());
+        n += 1;
+    }
+    if n == 0 {
+        return 0;
+    }
+    let hdr = ChunkHeader {
+        seq,
+        chunk_id: 0,
+        total_chunks: n as u16,
+        reserved: flags::LEAP | ChunkKind::Nack as u16,
+    };
+    hdr.write(&mut out[..]);
+    CHUNK_HEADER_LEN + n * 4
+}
+
+/// The ranges `(first, count)` of a NACK's payload; `None` if malformed.
+pub fn decode_nack<'a>(hdr: &ChunkHeader, payload: &'a [u8]) -> Option<impl Iterator<Item = (u16, u16)> + 'a> {
+    if payload.len() != usize::from(hdr.total_chunks) * 4 || payload.is_empty() {
+        return None;
+    }
+    Some(payload.chunks_exact(4).map(|r| (u16::from_be_bytes([r[0], r[1]]), u16::from_be_bytes([r[2], r[3]]))))
+}
+
+/// Groups ascending ids into `(first, count)` ranges.
+pub fn ranges(ids: impl IntoIterator<Item = u16>) -> impl Iterator<Item = (u16, u16)> {
+    let mut ids = ids.into_iter().peekable();
+    std::iter::from_fn(move || {
+        let first = ids.next()?;
+        let mut count = 1u16;
+        while ids.peek() == Some(&first.wrapping_add(count)) && count < u16::MAX - 1 {
+            ids.next();
+            count += 1;
+        }
+        Some((first, count))
+    })
+}
+
+/// One stored frame.
+#[derive(Debug, Default)]
+struct Stored {
+    seq: u16,
+    reserved: u16,
+    len: usize,
+    valid: bool,
+    data: Vec<u8>,
+}
+
+/// The sender's last frames, to answer NACKs. Buffers are reused: no
+/// allocation once every slot has held a frame of the largest size.
+#[derive(Debug)]
+pub struct RetransmitBuffer {
+    slots: Vec<Stored>,
+}
+
+impl RetransmitBuffer {
+    /// Keeps the last `frames` frames (rounded up to a power of two).
+    pub fn new(frames: usize) -> Self {
+        let n = frames.clamp(1, 1024).next_power_of_two();
+        Self { slots: (0..n).map(|_| Stored::default()).collect() }
+    }
+
+    fn slot(&self, seq: u16) -> usize {
+        usize::from(seq) % self.slots.len()
+    }
+
+    /// Keeps a copy of frame `seq` (`head ++ tail`), sent with `reserved`.
+    pub fn store(&mut self, seq: u16, reserved: u16, head: &[u8], tail: &[u8]) {
+        let i = self.slot(seq);
+        let s = &mut self.slots[i];
+        let len = head.len() + tail.len();
+        if s.data.len() < len {
+            s.data.resize(len, 0);
+        }
+        s.data[..head.len()].copy_from_slice(head);
+        s.data[head.len()..len].copy_from_slice(tail);
+        *s = Stored { seq, reserved, len, valid: true, data: std::mem::take(&mut s.data) };
+    }
+
+    /// Frame `seq` and the `reserved` it was sent with, if still kept.
+    pub fn get(&self, seq: u16) -> Option<(&[u8], u16)> {
+        let s = &self.slots[self.slot(seq)];
+        (s.valid && s.seq == seq).then(|| (&s.data[..s.len], s.reserved))
+    }
+}
+
+/// Timer settings of loss recovery.
+#[derive(Clone, Copy, Debug)]
+pub struct Timers {
+    /// A frame with holes and no new chunk for this long is NACKed.
+    pub nack_delay: Duration,
+    /// Longest wait between NACKs of the same frame (doubling from `nack_delay`).
+    pub nack_max_interval: Duration,
+    /// Give a frame up after NACKing it for this long (the sender lost it too).
+    pub give_up: Duration,
+    /// The sender re-sends the last chunk of its last frame after this long,
+    /// in case the frame's tail (or all of it) was lost.
+    pub probe_delay: Duration,
+    /// Probes per frame, each after twice the previous wait.
+    pub probes: u32,
+    /// Best effort: a frame with holes and no new chunk for this long is
+    /// given up (chunks of one frame arrive back to back).
+    pub best_effort_idle: Duration,
+}
+
+impl Default for Timers {
+    fn default() -> Self {
+        Self {
+            nack_delay: Duration::from_micros(250),
+            nack_max_interval: Duration::from_millis(50),
+            give_up: Duration::from_secs(2),
+            probe_delay: Duration::from_millis(25),
+            probes: 6,
+            best_effort_idle: Duration::from_millis(5),
+        }
+    }
+}
+
+/// Receiver side: when to NACK the expected frame.
+#[derive(Debug, Default)]
+pub struct NackTimer {
+    seq: Option<u16>,
+    progress: (u16, u16),
+    last_progress: Option<Instant>,
+    first_nack: Option<Instant>,
+    next_due: Option<Instant>,
+    attempts: u32,
+}
+
+/// What the receiver should do about the expected frame now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NackDecision {
+    /// Nothing yet; look again at the given time (if any).
+    Wait(Option<Instant>),
+    /// Send a NACK now.
+    Send,
+    /// NACKs did not help for too long: give the frame up.
+    GiveUp,
+}
+
+impl NackTimer {
+    /// Notes the expected frame's progress; returns how long it has made none.
+    pub fn track(&mut self, now: Instant, seq: u16, progress: (u16, u16)) -> Duration {
+        if self.seq != Some(seq) {
+            *self = Self { seq: Some(seq), progress, last_progress: Some(now), ..Self::default() };
+        } else if progress != self.progress {
+            self.progress = progress;
+            self.last_progress = Some(now);
+        }
+        now.saturating_duration_since(self.last_progress.unwrap_or(now))
+    }
+
+    /// Decides, given the expected frame's seq, its `(received, total)`
+    /// progress and whether chunks of later frames arrived (the sender has
+    /// moved on, so the missing ones are lost, not late).
+    pub fn poll(&mut self, now: Instant, t: &Timers, seq: u16, progress: (u16, u16), ahead: bool) -> NackDecision {
+        self.track(now, seq, progress);
+        let (received, total) = progress;
+        let incomplete = total != 0 && received < total;
+        if !(incomplete || (total == 0 && ahead)) {
+            return NackDecision::Wait(None);
+        }
+        let due = self.next_due.unwrap_or_else(|| {
+            let last = self.last_progress.unwrap_or(now);
+            if ahead { now } else { last + t.nack_delay }
+        });
+        if now < due {
+            return NackDecision::Wait(Some(due));
+        }
+        if self.first_nack.is_some_and(|f| now.duration_since(f) >= t.give_up) {
+            return NackDecision::GiveUp;
+        }
+        self.first_nack.get_or_insert(now);
+        self.attempts += 1;
+        let backoff = t.nack_delay.saturating_mul(1 << self.attempts.min(16)).min(t.nack_max_interval);
+        self.next_due = Some(now + backoff);
+        NackDecision::Send
+    }
+}
+
+/// Sender side: when to probe the last frame.
+#[derive(Debug, Default)]
+pub struct ProbeTimer {
+    seq: Option<u16>,
+    due: Option<Instant>,
+    sent: u32,
+}
+
+impl ProbeTimer {
+    /// A frame was sent: probe it later unless another frame follows.
+    pub fn sent(&mut self, now: Instant, t: &Timers, seq: u16) {
+        *self = Self { seq: Some(seq), due: Some(now + t.probe_delay), sent: 0 };
+    }
+
+    /// The seq to probe now, if a probe is due; and when to look again.
+    pub fn poll(&mut self, now: Instant, t: &Timers) -> (Option<u16>, Option<Instant>) {
+        let Some(due) = self.due else { return (None, None) };
+        if now < due {
+            return (None, Some(due));
+        }
+        self.sent += 1;
+        self.due = (self.sent < t.probes).then(|| now + t.probe_delay.saturating_mul(1 << self.sent.min(16)));
+        (self.seq, self.due)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nack_round_trips() {
+        let mut buf = [0u8; CHUNK_HEADER_LEN + CHUNK_PAYLOAD_MAX];
+        let n = encode_nack(77, ranges([1, 2, 3, 7, 9, 10]), &mut buf);
+        let (hdr, payload) = ChunkHeader::parse(&buf[..n]).unwrap();
+        assert_eq!(hdr.kind(), ChunkKind::Nack);
+        assert_eq!(hdr.seq, 77);
+        let got: Vec<_> = decode_nack(&hdr, payload).unwrap().collect();
+        assert_eq!(got, vec![(1, 3), (7, 1), (9, 2)]);
+        assert_eq!(encode_nack(1, std::iter::empty(), &mut buf), 0);
+    }
+
+    #[test]
+    fn retransmit_buffer_keeps_the_last_frames() {
+        let mut b = RetransmitBuffer::new(4);
+        for seq in 0..6u16 {
+            b.store(seq, 1, &[seq as u8], &[9, 9]);
+        }
+        assert!(b.get(1).is_none());
+        assert_eq!(b.get(5), Some((&[5u8, 9, 9][..], 1)));
+    }
+
+    #[test]
+    fn nack_waits_for_idle_then_backs_off_then_gives_up() {
+        let t = Timers::default();
+        let mut n = NackTimer::default();
+        let t0 = Instant::now();
+        assert!(matches!(n.poll(t0, &t, 5, (3, 12), false), NackDecision::Wait(Some(_))));
+        assert_eq!(n.poll(t0 + t.nack_delay, &t, 5, (3, 12), false), NackDecision::Send);
+        assert!(matches!(n.poll(t0 + t.nack_delay, &t, 5, (3, 12), false), NackDecision::Wait(Some(_))));
+        // Chunks of a later frame: NACK at once.
+        let mut m = NackTimer::default();
+        assert_eq!(m.poll(t0, &t, 6, (0, 0), true), NackDecision::Send);
+        assert_eq!(n.poll(t0 + t.give_up * 2, &t, 5, (3, 12), false), NackDecision::GiveUp);
+        // A complete or untouched frame needs nothing.
+        assert_eq!(NackTimer::default().poll(t0, &t, 1, (0, 0), false), NackDecision::Wait(None));
+    }
+
+    #[test]
+    fn probes_are_bounded() {
+        let t = Timers::default();
+        let mut p = ProbeTimer::default();
+        let t0 = Instant::now();
+        p.sent(t0, &t, 9);
+        let mut now = t0;
+        let mut probes = 0;
+        for _ in 0..100 {
+            now += Duration::from_secs(1);
+            if p.poll(now, &t).0 == Some(9) {
+                probes += 1;
+            }
+        }
+        assert_eq!(probes, t.probes);
+    }
+}

@@ -1,0 +1,349 @@
+//! The `leap_kmod` kernel module (`/dev/leap_tensor`) as a [`Transport`]:
+//! the module reassembles chunks straight into a mapped bank and sends the
+//! mapped TX area as chunks, so a frame costs one ioctl each way plus the
+//! copy between the caller's buffer and the mapping that the ABI requires.
+//!
+//! ```no_run
+//! use leap::transport::Transport;
+//! use leap::transport::kmod::{KmodConfig, KmodTransport};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let cfg = KmodConfig::new(9999, "10.0.0.2:9999".parse()?);
+//! let mut t = KmodTransport::open(cfg)?;
+//! t.send_next(&[0u8; 16392])?;
+//! # Ok(()) }
+//! ```
+
+use std::io;
+use std::net::{SocketAddr, SocketAddrV4};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use leap_common::chunk::{ChunkKind, flags};
+use leap_common::control::ControlMessage;
+use leap_common::kmod::{
+    ABI_VERSION, Counters, DEVICE_PATH, HALF_LEN, INFO_SCOPE_FILE, Info, WAIT_STATUS_LOST, features,
+};
+
+use super::{Drops, FrameKind, Received, Result, Stats, Transport, TransportError};
+use crate::sys::kmod::Device;
+
+/// Features this backend needs from the loaded module.
+const NEEDED: u64 = features::PER_OPEN | features::RELEASE_BANK | features::WAIT_FRAME | features::SEND_FRAME;
+
+/// Settings of a [`KmodTransport`].
+#[derive(Debug, Clone)]
+pub struct KmodConfig {
+    /// The device node.
+    pub device: PathBuf,
+    /// UDP port to listen on and send from (all local IPv4 addresses of the
+    /// opener's network namespace).
+    pub port: u16,
+    /// The next node.
+    pub next: SocketAddrV4,
+    /// Accept chunks only from this sender (the previous node).
+    pub prev: Option<SocketAddrV4>,
+    /// Receive deadline (`None`: wait forever).
+    pub recv_timeout: Option<Duration>,
+    /// Time after which the module reports an incomplete frame as lost.
+    pub frame_timeout: Duration,
+    /// Send chunks with `reserved = 0`, exactly like the original.
+    pub original_compat: bool,
+}
+
+impl KmodConfig {
+    /// Defaults: the standard device, 1 s receive deadline, frames reported
+    /// lost after 100 ms, leap chunk flags.
+    pub fn new(port: u16, next: SocketAddrV4) -> Self {
+        Self {
+            device: PathBuf::from(DEVICE_PATH),
+            port,
+            next,
+            prev: None,
+            recv_timeout: Some(Duration::from_secs(1)),
+            frame_timeout: Duration::from_millis(100),
+            original_compat: false,
+        }
+    }
+}
+
+/// Errors of the kernel-module backend.
+#[derive(Debug, thiserror::Error)]
+pub enum KmodError {
+    /// The device node does not exist: the module is not loaded.
+    #[error("{path}: the leap_kmod module is not loaded (load it with `insmod leap_kmod.ko`)")]
+    NotLoaded {
+        /// The device path tried.
+        path: PathBuf,
+    },
+    /// A call on the device failed.
+    #[error("{call} on {path}: {source}")]
+    Syscall {
+        /// The call or ioctl, e.g. `"LEAP_IOCTL_SET_PORT"`.
+        call: &'static str,
+        /// The device.
+        path: PathBuf,
+        /// What the kernel said.
+        #[source]
+        source: io::Error,
+    },
+    /// The loaded module is the original or another version.
+    #[error(
+        "{path}: module ABI {found} lacks what leap needs (ABI {ABI_VERSION}, features {NEEDED:#x}); found features {features:#x}"
+    )]
+    Incompatible {
+        /// The device.
+        path: PathBuf,
+        /// ABI version it reported (0: the original, which cannot say).
+        found: u32,
+        /// Its feature bits.
+        features: u64,
+    },
+    /// The module speaks IPv4 only.
+    #[error("{0}: the kernel module speaks IPv4 only")]
+    Ipv6(SocketAddr),
+}
+
+impl From<KmodError> for TransportError {
+    fn from(e: KmodError) -> Self {
+        TransportError::Backend(Box::new(e))
+    }
+}
+
+/// The IPv4 form of an address, or [`KmodError::Ipv6`].
+///
+/// # Errors
+///
+/// For an IPv6 address.
+pub fn ipv4(addr: SocketAddr) -> Result<SocketAddrV4, KmodError> {
+    match addr {
+        SocketAddr::V4(a) => Ok(a),
+        SocketAddr::V6(_) => Err(KmodError::Ipv6(addr)),
+    }
+}
+
+/// Opens the device at `path` and returns what the module says about
+/// itself (for `leap kmod status`), counters summed over `scope`.
+///
+/// # Errors
+///
+/// [`KmodError::NotLoaded`], or the failed call.
+pub fn status(path: &Path, scope: u32) -> Result<Info, KmodError> {
+    let dev = open_device(path)?;
+    dev.info(scope).map_err(|source| syscall("LEAP_IOCTL_GET_INFO", path, source))
+}
+
+fn syscall(call: &'static str, path: &Path, source: io::Error) -> KmodError {
+    KmodError::Syscall { call, path: path.to_path_buf(), source }
+}
+
+fn open_device(path: &Path) -> Result<Device, KmodError> {
+    Device::open(path).map_err(|source| match source.kind() {
+        io::ErrorKind::NotFound => KmodError::NotLoaded { path: path.to_path_buf() },
+        _ => syscall("open+mmap", path, source),
+    })
+}
+
+/// One ring node on `/dev/leap_tensor`.
+#[derive(Debug)]
+pub struct KmodTransport {
+    dev: Device,
+    cfg: KmodConfig,
+    stats: Stats,
+}
+
+impl KmodTransport {
+    /// Opens the device, checks the module's ABI, binds the port and sets
+    /// the destination (once) and the peer filter.
+    ///
+    /// # Errors
+    ///
+    /// [`KmodError`] naming what failed: module missing or incompatible,
+    /// port taken (EADDRINUSE), ...
+    pub fn open(cfg: KmodConfig) -> Result<Self, KmodError> {
+        let path = cfg.device.clone();
+        let dev = open_device(&path)?;
+        let info = dev.info(INFO_SCOPE_FILE).map_err(|e| match e.raw_os_error() {
+            Some(libc::ENOTTY) => KmodError::Incompatible { path: path.clone(), found: 0, features: 0 },
+            _ => syscall("LEAP_IOCTL_GET_INFO", &path, e),
+        })?;
+        if info.abi_version != ABI_VERSION || info.features & NEEDED != NEEDED {
+            return Err(KmodError::Incompatible { path, found: info.abi_version, features: info.features });
+        }
+        dev.set_frame_timeout(cfg.frame_timeout).map_err(|e| syscall("LEAP_IOCTL_SET_FRAME_TIMEOUT", &path, e))?;
+        dev.set_peer(cfg.prev.map(|p| *p.ip()), cfg.prev.map(|p| p.port()))
+            .map_err(|e| syscall("LEAP_IOCTL_SET_PEER", &path, e))?;
+        dev.set_port(cfg.port).map_err(|e| syscall("LEAP_IOCTL_SET_PORT", &path, e))?;
+        dev.set_dest(*cfg.next.ip(), cfg.next.port()).map_err(|e| syscall("LEAP_IOCTL_SET_DEST", &path, e))?;
+        log::info!(
+            "kmod: {} ABI {} (features {:#x}), port {}, next {}",
+            path.display(),
+            info.abi_version,
+            info.features,
+            cfg.port,
+            cfg.next
+        );
+        Ok(Self { dev, cfg, stats: Stats::default() })
+    }
+
+    /// The module's counters for this node.
+    ///
+    /// # Errors
+    ///
+    /// The failed ioctl.
+    pub fn counters(&self) -> Result<Counters, KmodError> {
+        self.dev
+            .info(INFO_SCOPE_FILE)
+            .map(|i| i.counters)
+            .map_err(|e| syscall("LEAP_IOCTL_GET_INFO", &self.cfg.device, e))
+    }
+
+    fn syscall(&self, call: &'static str, source: io::Error) -> TransportError {
+        syscall(call, &self.cfg.device, source).into()
+    }
+}
+
+impl Transport for KmodTransport {
+    fn name(&self) -> &'static str {
+        "kmod"
+    }
+
+    fn send_next_parts(&mut self, kind: FrameKind, header: &[u8], payload: &[u8]) -> Result<()> {
+        let len = header.len() + payload.len();
+        if len == 0 || len > HALF_LEN {
+            return Err(TransportError::BadFrameLen(len));
+        }
+        let reserved = match (self.cfg.original_compat, kind) {
+            (true, _) => 0,
+            (false, FrameKind::Data) => flags::LEAP,
+            (false, FrameKind::Control) => flags::LEAP | ChunkKind::Control as u16,
+        };
+        self.dev.write_tx(&[header, payload]);
+        self.dev.send_frame(len as u32, reserved).map_err(|e| self.syscall("LEAP_IOCTL_SEND_FRAME", e))?;
+        self.stats.frames_sent += 1;
+        self.stats.chunks_sent += len.div_ceil(leap_common::chunk::CHUNK_PAYLOAD_MAX) as u64;
+        self.stats.bytes_sent += len as u64;
+        Ok(())
+    }
+
+    fn recv_prev(&mut self, out: &mut [u8]) -> Result<Received> {
+        let deadline = self.cfg.recv_timeout.map(|t| Instant::now() + t);
+        // A signal may interrupt the wait: retry until the deadline, at most
+        // a bounded number of times.
+        for _ in 0..1000 {
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            let w = match self.dev.wait_frame(left) {
+                Ok(Some(w)) => w,
+                Ok(None) => {
+                    self.stats.timeouts += 1;
+                    return Err(TransportError::Timeout(self.cfg.recv_timeout.unwrap_or_default()));
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(self.syscall("LEAP_IOCTL_WAIT_FRAME", e)),
+            };
+            if w.status == WAIT_STATUS_LOST {
+                self.stats.frames_lost += 1;
+                return Err(TransportError::FrameLost {
+                    seq: w.seq,
+                    missing: w.total_chunks.saturating_sub(w.chunks as u16),
+                    total: w.total_chunks,
+                });
+            }
+            let len = w.len as usize;
+            let bank = w.bank as u32;
+            if len > out.len() {
+                self.dev.release_bank(bank).map_err(|e| self.syscall("LEAP_IOCTL_RELEASE_BANK", e))?;
+                return Err(TransportError::FrameTooLarge { len, capacity: out.len() });
+            }
+            self.dev.read_bank(w.bank as usize, 0, &mut out[..len]);
+            self.dev.release_bank(bank).map_err(|e| self.syscall("LEAP_IOCTL_RELEASE_BANK", e))?;
+            let kind = if w.flags & flags::LEAP != 0 {
+                match w.flags & flags::KIND_MASK {
+                    k if k == ChunkKind::Control as u16 => FrameKind::Control,
+                    _ => FrameKind::Data,
+                }
+            } else if ControlMessage::decode_frame(&out[..len]).is_ok() {
+                FrameKind::Control
+            } else {
+                FrameKind::Data
+            };
+            self.stats.frames_received += 1;
+            self.stats.chunks_received += u64::from(w.chunks);
+            self.stats.bytes_received += len as u64;
+            return Ok(Received { len, kind });
+        }
+        Err(self.syscall("LEAP_IOCTL_WAIT_FRAME", io::Error::from(io::ErrorKind::Interrupted)))
+    }
+
+    fn set_recv_timeout(&mut self, timeout: Option<Duration>) {
+        self.cfg.recv_timeout = timeout;
+    }
+
+    fn stats(&self) -> Stats {
+        let mut s = self.stats;
+        if let Ok(c) = self.counters() {
+            s.drops = drops(&c);
+        }
+        s
+    }
+
+    fn backend_counters(&self) -> Option<serde_json::Value> {
+        let c = self.counters().ok()?;
+        Some(serde_json::json!({
+            "rx_chunks": c.rx_chunks,
+            "rx_duplicates": c.rx_duplicates,
+            "rx_frames_completed": c.rx_frames_completed,
+            "rx_frames_delivered": c.rx_frames_delivered,
+            "rx_frames_timed_out": c.rx_frames_timed_out,
+            "rx_lost_overflow": c.rx_lost_overflow,
+            "rx_passthrough": c.rx_passthrough,
+            "rx_not_leap": c.rx_not_leap,
+            "drop_short": c.drop_short,
+            "drop_bad_chunk_id": c.drop_bad_chunk_id,
+            "drop_oversize": c.drop_oversize,
+            "drop_bad_length": c.drop_bad_length,
+            "drop_total_mismatch": c.drop_total_mismatch,
+            "drop_too_big": c.drop_too_big,
+            "drop_peer": c.drop_peer,
+            "drop_bad_checksum": c.drop_bad_checksum,
+            "drop_bank_busy": c.drop_bank_busy,
+            "drop_stale": c.drop_stale,
+            "drop_source_mismatch": c.drop_source_mismatch,
+            "tx_frames": c.tx_frames,
+            "tx_chunks": c.tx_chunks,
+            "tx_errors": c.tx_errors,
+        }))
+    }
+}
+
+/// The module's drop counters in the shape every backend reports.
+pub fn drops(c: &Counters) -> Drops {
+    Drops {
+        short: c.drop_short,
+        bad_magic: c.rx_not_leap,
+        bad_chunk_id: c.drop_bad_chunk_id,
+        oversize: c.drop_oversize,
+        bad_length: c.drop_bad_length,
+        total_mismatch: c.drop_total_mismatch,
+        wrong_source: c.drop_peer + c.drop_source_mismatch,
+        duplicate: c.rx_duplicates,
+        stale: c.drop_stale,
+        out_of_window: c.drop_bank_busy,
+        too_large: c.drop_too_big,
+    }
+}
+
+/// Opens a kmod node for a ring endpoint (what `open(TransportKind::Kmod, ..)`
+/// does): listens on `ep.listen`'s port, sends to `ep.next`, filters on
+/// `ep.prev`.
+///
+/// # Errors
+///
+/// [`KmodError`] (IPv6 addresses included).
+pub fn open_endpoint(ep: &super::open::Endpoint, opts: &super::open::Options) -> Result<KmodTransport, KmodError> {
+    let mut cfg = KmodConfig::new(ep.listen.port(), ipv4(ep.next)?);
+    cfg.prev = ep.prev.map(ipv4).transpose()?;
+    cfg.recv_timeout = opts.recv_timeout;
+    cfg.original_compat = opts.original_compat;
+    KmodTransport::open(cfg)
+}
