@@ -127,7 +127,9 @@ fn run(fault: Fault, reliability: Reliability, frames: u32) -> (u32, u32, leap::
             match b.recv_prev(&mut out) {
                 Ok(got) => {
                     assert_eq!(&out[..got.len], &f[..], "frame {i} corrupt");
-                    if std::env::var("LEAP_TRACE").is_ok() { eprintln!("frame {i}: {:?} {:?}", t0.elapsed(), b.stats().nacks_sent); }
+                    if std::env::var("LEAP_TRACE").is_ok() {
+                        eprintln!("frame {i}: {:?} {:?}", t0.elapsed(), b.stats().nacks_sent);
+                    }
                     good += 1;
                     break;
                 }

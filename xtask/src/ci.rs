@@ -11,7 +11,7 @@ use anyhow::{Context, Result, bail};
 use crate::util::{self, apt_install, in_ci, is_root, run};
 
 /// The stages, in the order they run.
-pub const STAGES: &[&str] = &["deps", "fmt", "clippy", "test", "smoke", "privileged", "ebpf", "vm"];
+pub const STAGES: &[&str] = &["deps", "fmt", "clippy", "test", "fuzz", "smoke", "privileged", "ebpf", "vm"];
 
 /// Arguments of `cargo xtask ci`.
 #[derive(clap::Args, Debug)]
@@ -120,6 +120,12 @@ pub fn run_ci(args: Args) -> Result<()> {
         run(cargo().args(["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"]))
     })?;
     stage("test", &mut || run(cargo().args(["test", "--workspace", "--locked"])))?;
+    stage("fuzz", &mut || {
+        // Bounded: 20 s per target (chunk parser, reassembly, control decoder).
+        run(cargo()
+            .args(["test", "--release", "--locked", "-p", "leap", "--test", "fuzz", "--", "--nocapture"])
+            .env("LEAP_FUZZ_SECS", "20"))
+    })?;
     stage("smoke", &mut || {
         run(cargo().args(["build", "--release", "--locked", "-p", "leap", "--bin", "leap"]))?;
         let leap = root.join("target/release/leap");

@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 
 use super::{TransportArg, TransportArgs};
-use crate::ring::{HeadConfig, Percentiles, run_head, run_worker};
+use crate::ring::{HeadConfig, NeighbourPolicy, Percentiles, run_head, run_worker};
 use crate::transport::open::{Endpoint, TransportKind, open};
 
 /// The member's role.
@@ -19,6 +19,15 @@ pub enum Role {
     Head,
     /// Receives, computes, forwards.
     Worker,
+}
+
+/// `--on-neighbour-loss` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum NeighbourArg {
+    /// Wait for it to come back.
+    Wait,
+    /// Exit non-zero.
+    Exit,
 }
 
 /// Arguments of `leap node`.
@@ -57,6 +66,10 @@ pub struct NodeArgs {
     /// Worker: simulated compute per frame, microseconds.
     #[arg(long, default_value_t = 0)]
     pub compute_us: u64,
+    /// When a neighbour goes silent (no frame within --timeout-ms) or its
+    /// connection closes: keep waiting for it, or exit non-zero.
+    #[arg(long, value_enum, default_value = "wait")]
+    pub on_neighbour_loss: NeighbourArg,
     /// Head: print the result as one JSON line.
     #[arg(long)]
     pub json: bool,
@@ -85,7 +98,12 @@ pub fn main(args: &NodeArgs) -> Result<()> {
     }
     match args.role {
         Role::Worker => {
-            let layers = run_worker(&mut *t, args.frame_size, Duration::from_micros(args.compute_us), &stop)?;
+            let policy = match args.on_neighbour_loss {
+                NeighbourArg::Wait => NeighbourPolicy::Wait,
+                NeighbourArg::Exit => NeighbourPolicy::Exit,
+            };
+            let layers = run_worker(&mut *t, args.frame_size, Duration::from_micros(args.compute_us), &stop, policy)
+                .context("worker stopped")?;
             log::info!("worker stopped; layers {:?}", layers.range);
         }
         Role::Head => {
@@ -94,10 +112,8 @@ pub fn main(args: &NodeArgs) -> Result<()> {
                 frames: args.frames,
                 inflight: args.inflight.max(1),
                 stall_timeout: Duration::from_secs(10),
-                lost_after: kind.is_datagram().then(|| match opts.reliability {
-                    crate::transport::datagram::Reliability::BestEffort => Duration::ZERO,
-                    crate::transport::datagram::Reliability::Reliable => Duration::from_secs(4),
-                }),
+                lost_after: Some(crate::ring::loss_policy(kind, opts.reliability).0),
+                retry: crate::ring::loss_policy(kind, opts.reliability).1,
                 control_workers: (args.workers > 0).then_some(args.workers),
                 progress: None,
             };
@@ -110,6 +126,8 @@ pub fn main(args: &NodeArgs) -> Result<()> {
                 "frames_delivered": rep.delivered,
                 "frames_corrupt": rep.corrupt,
                 "frames_lost": rep.lost,
+                "frames_resent": rep.resent,
+                "frames_duplicate": rep.duplicates,
                 "rtt_us": rtt,
                 "control_ack": rep.control_ack,
                 "stats": t.stats(),

@@ -20,7 +20,11 @@ pub const NACK_ALL: (u16, u16) = (0, u16::MAX);
 
 /// Writes a NACK for `seq` asking for `missing` (ascending chunk ids) into
 /// `out`; returns the datagram length, or 0 if nothing is missing.
-pub fn encode_nack(seq: u16, missing: impl IntoIterator<Item = (u16, u16)>, out: &mut [u8; CHUNK_HEADER_LEN + CHUNK_PAYLOAD_MAX]) -> usize {
+pub fn encode_nack(
+    seq: u16,
+    missing: impl IntoIterator<Item = (u16, u16)>,
+    out: &mut [u8; CHUNK_HEADER_LEN + CHUNK_PAYLOAD_MAX],
+) -> usize {
     let mut n = 0usize;
     for (first, count) in missing.into_iter().take(NACK_MAX_RANGES) {
         let at = CHUNK_HEADER_LEN + n * 4;
@@ -31,12 +35,7 @@ pub fn encode_nack(seq: u16, missing: impl IntoIterator<Item = (u16, u16)>, out:
     if n == 0 {
         return 0;
     }
-    let hdr = ChunkHeader {
-        seq,
-        chunk_id: 0,
-        total_chunks: n as u16,
-        reserved: flags::LEAP | ChunkKind::Nack as u16,
-    };
+    let hdr = ChunkHeader { seq, chunk_id: 0, total_chunks: n as u16, reserved: flags::LEAP | ChunkKind::Nack as u16 };
     hdr.write(&mut out[..]);
     CHUNK_HEADER_LEN + n * 4
 }

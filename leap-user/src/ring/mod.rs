@@ -18,7 +18,7 @@ use crate::netns::Topology;
 use crate::transport::Stats;
 use crate::transport::open::{Endpoint, Options, TransportKind};
 
-pub use node::{HeadConfig, HeadReport, run_head, run_worker};
+pub use node::{HeadConfig, HeadReport, NeighbourPolicy, run_head, run_worker};
 
 /// Where the nodes of a local ring live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -128,18 +128,16 @@ impl RingConfig {
     }
 }
 
-/// How long the head waits for a frame before counting it lost: at once
-/// after a receive deadline when nothing recovers losses, longer when the
-/// hops retransmit (the give-up time of NACKs plus a margin).
-pub fn lost_after(cfg: &RingConfig) -> Option<Duration> {
+/// How long the head waits for a frame before counting it lost (or, with
+/// retries, sending it again), and whether it retries: at once and never
+/// over best-effort datagrams; after the NACK give-up time plus a margin,
+/// with retries, when the hops recover losses (reliable datagrams, TCP).
+pub fn loss_policy(transport: TransportKind, reliability: crate::transport::datagram::Reliability) -> (Duration, bool) {
     use crate::transport::datagram::Reliability;
-    if !cfg.transport.is_datagram() {
-        return None;
+    match (transport.is_datagram(), reliability) {
+        (true, Reliability::BestEffort) => (Duration::ZERO, false),
+        _ => (crate::frame::reliable::Timers::default().give_up * 2, true),
     }
-    Some(match cfg.options.reliability {
-        Reliability::BestEffort => Duration::ZERO,
-        Reliability::Reliable => crate::frame::reliable::Timers::default().give_up * 2,
-    })
 }
 
 /// Largest frame `leap ring` drives.
@@ -194,6 +192,10 @@ pub struct RingReport {
     pub frames_corrupt: u64,
     /// Frames that never came back.
     pub frames_lost: u64,
+    /// Frames the head sent again after a node lost them.
+    pub frames_resent: u64,
+    /// Late copies of re-sent frames (not errors).
+    pub frames_duplicate: u64,
     /// Round-trip times.
     pub rtt_us: Percentiles,
     /// Completed round trips per second.
@@ -359,7 +361,7 @@ pub fn run(cfg: &RingConfig) -> Result<RingReport, RingError> {
                     let failure = opened.as_ref().err().cloned();
                     gate.arrive(failure, start_timeout)?;
                     let mut t = opened?;
-                    let res = run_worker(&mut *t, cfg.frame_size, cfg.compute, &stop);
+                    let res = run_worker(&mut *t, cfg.frame_size, cfg.compute, &stop, NeighbourPolicy::Wait);
                     let cpu = crate::sys::thread_cpu_time();
                     res.map_err(|e| e.to_string())?;
                     Ok::<_, String>((t.stats(), t.backend_counters(), cpu.0 + cpu.1))
@@ -387,7 +389,8 @@ pub fn run(cfg: &RingConfig) -> Result<RingReport, RingError> {
                     frames: cfg2.frames,
                     inflight: cfg2.inflight,
                     stall_timeout: cfg2.stall_timeout,
-                    lost_after: lost_after(&cfg2),
+                    lost_after: Some(loss_policy(cfg2.transport, cfg2.options.reliability).0),
+                    retry: loss_policy(cfg2.transport, cfg2.options.reliability).1,
                     control_workers: if cfg2.control { Some(cfg2.nodes - 1) } else { None },
                     progress: cfg2.progress.clone(),
                 };
@@ -441,6 +444,8 @@ pub fn run(cfg: &RingConfig) -> Result<RingReport, RingError> {
         frames_delivered: delivered,
         frames_corrupt: head.corrupt,
         frames_lost: head.lost,
+        frames_resent: head.resent,
+        frames_duplicate: head.duplicates,
         rtt_us: Percentiles::of(&mut rtts),
         round_trips_per_s: delivered as f64 / elapsed,
         gbit_per_s: delivered as f64 * cfg.frame_size as f64 * 8.0 / elapsed / 1e9,

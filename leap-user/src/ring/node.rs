@@ -23,8 +23,11 @@ pub struct HeadConfig {
     /// Give up when nothing comes back for this long.
     pub stall_timeout: Duration,
     /// Count the oldest frame in flight as lost when it has been out this
-    /// long and a receive deadline passes (`None`: never, e.g. over TCP).
+    /// long and a receive deadline passes (`None`: never).
     pub lost_after: Option<Duration>,
+    /// Send a frame again (up to 4 times) instead of counting it lost: a node
+    /// that died holding it, restarted, gets it anew. Reliable mode.
+    pub retry: bool,
     /// Send a RESIZE_CHAIN for this many workers first and wait for the ACK.
     pub control_workers: Option<usize>,
     /// Progress callback.
@@ -42,6 +45,10 @@ pub struct HeadReport {
     pub corrupt: u64,
     /// Frames that never came back.
     pub lost: u64,
+    /// Frames sent again after `lost_after` (retry).
+    pub resent: u64,
+    /// Copies of frames that came back after a re-sent copy (harmless).
+    pub duplicates: u64,
     /// Round-trip time of each delivered frame, nanoseconds.
     pub rtts_ns: Vec<u64>,
     /// Wall time of the data phase.
@@ -99,16 +106,21 @@ pub fn run_head(t: &mut dyn Transport, cfg: &HeadConfig) -> Result<HeadReport, T
     }
     let payload_len = cfg.frame_size - FrameHeader::LEN;
     let patterns = Patterns::new((cfg.inflight * 2 + 2).min(16), payload_len);
-    let mut in_flight: VecDeque<(i32, Instant)> = VecDeque::with_capacity(cfg.inflight);
+    let mut in_flight: VecDeque<InFlight> = VecDeque::with_capacity(cfg.inflight);
+    let mut done_pos = vec![false; cfg.frames as usize];
     let mut next_pos: i64 = 0;
     let start = Instant::now();
     let mut last_progress = Instant::now();
+    let send = |t: &mut dyn Transport, pos: i32| {
+        let hdr = FrameHeader { pos, flags: FrameHeader::REPLY }.to_bytes();
+        t.send_multipart_next(&hdr, patterns.payload(pos))
+    };
     while rep.delivered + rep.corrupt + rep.lost < cfg.frames {
         while (next_pos as u64) < cfg.frames && in_flight.len() < cfg.inflight {
             let pos = next_pos as i32;
-            let hdr = FrameHeader { pos, flags: FrameHeader::REPLY }.to_bytes();
-            t.send_multipart_next(&hdr, patterns.payload(pos))?;
-            in_flight.push_back((pos, Instant::now()));
+            send(t, pos)?;
+            let now = Instant::now();
+            in_flight.push_back(InFlight { pos, sent: now, attempts: 1 });
             rep.sent += 1;
             next_pos += 1;
         }
@@ -124,45 +136,57 @@ pub fn run_head(t: &mut dyn Transport, cfg: &HeadConfig) -> Result<HeadReport, T
                     rep.corrupt += 1;
                     continue;
                 };
-                // Frames older than this one were lost on the way.
-                while in_flight.front().is_some_and(|&(p, _)| p < hdr.pos) {
-                    in_flight.pop_front();
-                    rep.lost += 1;
-                }
-                match in_flight.front() {
-                    Some(&(p, sent_at)) if p == hdr.pos => {
+                let intact = |p: i32| {
+                    got.len == cfg.frame_size
+                        && hdr.flags == FrameHeader::REPLY
+                        && buf[FrameHeader::LEN..got.len] == *patterns.payload(p)
+                };
+                if !cfg.retry {
+                    // Without retries frames come back in order: older
+                    // ones still in flight were lost on the way.
+                    while in_flight.front().is_some_and(|f| f.pos < hdr.pos) {
                         in_flight.pop_front();
-                        let ok = got.len == cfg.frame_size
-                            && hdr.flags == FrameHeader::REPLY
-                            && buf[FrameHeader::LEN..got.len] == *patterns.payload(p);
-                        if ok {
-                            rep.delivered += 1;
-                            rep.rtts_ns.push(now.duration_since(sent_at).as_nanos() as u64);
-                        } else {
-                            rep.corrupt += 1;
-                        }
+                        rep.lost += 1;
                     }
-                    // A frame that is not in flight: a duplicate or garbage.
-                    _ => rep.corrupt += 1,
+                }
+                if let Some(i) = in_flight.iter().position(|f| f.pos == hdr.pos) {
+                    let f = in_flight.remove(i).expect("index from position");
+                    if intact(f.pos) {
+                        rep.delivered += 1;
+                        done_pos[f.pos as usize] = true;
+                        rep.rtts_ns.push(now.duration_since(f.sent).as_nanos() as u64);
+                    } else {
+                        rep.corrupt += 1;
+                    }
+                } else if done_pos.get(hdr.pos as usize).copied().unwrap_or(false) && intact(hdr.pos) {
+                    // A frame re-sent by us whose first copy also made it.
+                    rep.duplicates += 1;
+                } else {
+                    // Never sent, or not what we sent.
+                    rep.corrupt += 1;
                 }
             }
-            Err(TransportError::FrameLost { .. }) => {
-                // The tail's frame to us was given up; the next one that
-                // arrives tells which positions are missing.
-                last_progress = Instant::now();
-            }
-            Err(e @ TransportError::Timeout(_)) => {
+            Err(TransportError::FrameLost { .. }) => last_progress = Instant::now(),
+            Err(e @ (TransportError::Timeout(_) | TransportError::PeerClosed(_))) => {
                 if last_progress.elapsed() >= cfg.stall_timeout {
                     return Err(TransportError::Backend(
                         format!("no frame came back for {:?} ({e})", cfg.stall_timeout).into(),
                     ));
                 }
-                if let (Some(after), Some(&(_, sent_at))) = (cfg.lost_after, in_flight.front())
-                    && sent_at.elapsed() >= after
+                if let (Some(after), Some(f)) = (cfg.lost_after, in_flight.front())
+                    && f.sent.elapsed() >= after
                 {
-                    // The oldest frame died on some hop.
-                    in_flight.pop_front();
-                    rep.lost += 1;
+                    let mut f = in_flight.pop_front().expect("front exists");
+                    if cfg.retry && f.attempts < HEAD_ATTEMPTS {
+                        // A node died with the frame: send it again.
+                        send(t, f.pos)?;
+                        f.sent = Instant::now();
+                        f.attempts += 1;
+                        rep.resent += 1;
+                        in_flight.push_back(f);
+                    } else {
+                        rep.lost += 1;
+                    }
                 }
             }
             Err(e) => return Err(e),
@@ -176,6 +200,16 @@ pub fn run_head(t: &mut dyn Transport, cfg: &HeadConfig) -> Result<HeadReport, T
     }
     rep.elapsed = start.elapsed();
     Ok(rep)
+}
+
+/// How often the head sends a frame before counting it lost (with retry).
+const HEAD_ATTEMPTS: u32 = 4;
+
+#[derive(Debug)]
+struct InFlight {
+    pos: i32,
+    sent: Instant,
+    attempts: u32,
 }
 
 /// Sends a RESIZE_CHAIN and waits for the tail's ACK (three tries).
@@ -206,28 +240,56 @@ fn control_round(
     Ok(false)
 }
 
+/// What a worker does when a neighbour goes silent or away.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum NeighbourPolicy {
+    /// Keep waiting for it to come back (TCP reconnects, datagram backends
+    /// resynchronise with a restarted sender).
+    #[default]
+    Wait,
+    /// Return the error: the receive deadline (default 1 s) without a frame,
+    /// or a closed connection, ends the worker.
+    Exit,
+}
+
 /// A worker: receives, computes for `compute`, forwards, until `stop`.
 /// Control messages are applied and forwarded as the protocol says.
 ///
 /// # Errors
 ///
-/// A transport error other than a timeout or a lost frame, unless `stop` is
-/// already set (the head finished and closed its connections).
+/// A transport error other than a lost frame; with
+/// [`NeighbourPolicy::Wait`] also not a deadline or a closed connection.
+/// Nothing once `stop` is set (the head finished and closed its connections).
 pub fn run_worker(
     t: &mut dyn Transport,
     frame_size: usize,
     compute: Duration,
     stop: &AtomicBool,
+    policy: NeighbourPolicy,
 ) -> Result<Layers, TransportError> {
     let mut buf = vec![0u8; frame_size];
     let mut layers = Layers::default();
+    let mut silent_since: Option<Instant> = None;
     while !stop.load(Ordering::Relaxed) {
         let got = match t.recv_prev(&mut buf) {
             Ok(got) => got,
-            Err(TransportError::Timeout(_) | TransportError::FrameLost { .. }) => continue,
+            Err(TransportError::FrameLost { .. }) => continue,
             Err(_) if stop.load(Ordering::Relaxed) => break,
+            Err(e @ (TransportError::Timeout(_) | TransportError::PeerClosed(_))) => {
+                if policy == NeighbourPolicy::Exit {
+                    return Err(e);
+                }
+                if silent_since.is_none() {
+                    log::warn!("previous node: {e}; waiting for it");
+                    silent_since = Some(Instant::now());
+                }
+                continue;
+            }
             Err(e) => return Err(e),
         };
+        if let Some(since) = silent_since.take() {
+            log::info!("previous node back after {:.1} s", since.elapsed().as_secs_f64());
+        }
         if got.kind == FrameKind::Control {
             if let Ok(msg) = ControlMessage::decode(&buf[..got.len])
                 && let ControlAction::Forward(out) = apply(&mut layers, &msg)

@@ -1,8 +1,8 @@
 //! The [`Transport`] trait every backend implements, its error type and its
 //! counters.
 
-pub mod kmod;
 pub mod datagram;
+pub mod kmod;
 pub mod open;
 pub mod tcp;
 pub mod udp;

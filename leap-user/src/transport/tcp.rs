@@ -71,13 +71,32 @@ struct Inbound {
     prefix: [u8; PREFIX_LEN],
 }
 
-/// The TCP transport.
+/// The TCP transport. A neighbour that restarts is taken back: the
+/// connection from the previous node is accepted anew, the one to the next
+/// node re-established with backoff (and the frame being sent sent again).
 #[derive(Debug)]
 pub struct TcpTransport {
     cfg: TcpConfig,
-    from_prev: Inbound,
-    to_next: Inbound,
+    listener: TcpListener,
+    from_prev: Option<Inbound>,
+    to_next: Option<Inbound>,
     stats: Stats,
+}
+
+/// Whether an error means the connection is gone (as opposed to a deadline).
+fn is_broken(e: &TransportError) -> bool {
+    match e {
+        TransportError::PeerClosed(_) => true,
+        TransportError::Syscall { source, .. } => matches!(
+            source.kind(),
+            io::ErrorKind::BrokenPipe
+                | io::ErrorKind::ConnectionReset
+                | io::ErrorKind::ConnectionAborted
+                | io::ErrorKind::NotConnected
+                | io::ErrorKind::UnexpectedEof
+        ),
+        _ => false,
+    }
 }
 
 fn tune(s: &TcpStream) {
@@ -163,6 +182,12 @@ pub fn accept_from(l: &TcpListener, prev: Option<IpAddr>, timeout: Duration) -> 
     }
 }
 
+impl Inbound {
+    fn new(stream: TcpStream) -> Self {
+        Self { stream, partial: Vec::new(), prefix: [0; PREFIX_LEN] }
+    }
+}
+
 impl TcpTransport {
     /// Listens on `cfg.listen` and connects to `cfg.next` at the same time;
     /// returns when both connections stand.
@@ -183,8 +208,9 @@ impl TcpTransport {
         let to_next = connector.join().map_err(|_| TransportError::Unsupported("connect thread panicked"))??;
         let from_prev = accepted?;
         let mut t = Self {
-            from_prev: Inbound { stream: from_prev, partial: Vec::new(), prefix: [0; PREFIX_LEN] },
-            to_next: Inbound { stream: to_next, partial: Vec::new(), prefix: [0; PREFIX_LEN] },
+            from_prev: Some(Inbound::new(from_prev)),
+            to_next: Some(Inbound::new(to_next)),
+            listener,
             stats: Stats::default(),
             cfg,
         };
@@ -284,20 +310,75 @@ impl TcpTransport {
     }
 }
 
+impl TcpTransport {
+    fn set_timeouts(&self) {
+        let t = self.cfg.recv_timeout.map(|t| t.max(Duration::from_millis(1)));
+        for inb in [&self.from_prev, &self.to_next].into_iter().flatten() {
+            let _ = inb.stream.set_read_timeout(t);
+        }
+    }
+
+    /// The connection from the previous node, accepting it (again) if needed,
+    /// waiting at most the receive deadline.
+    fn from_prev(&mut self) -> Result<()> {
+        if self.from_prev.is_none() {
+            let wait = self.cfg.recv_timeout.unwrap_or(self.cfg.setup_timeout);
+            let s = accept_from(&self.listener, self.cfg.prev, wait)?;
+            log::info!("previous node connected again from {:?}", s.peer_addr().ok());
+            self.from_prev = Some(Inbound::new(s));
+            self.set_timeouts();
+        }
+        Ok(())
+    }
+
+    /// Sends on the connection to the next node; if it broke (the next node
+    /// restarted), reconnects with backoff and sends the frame again.
+    fn send_to_next(&mut self, kind: FrameKind, header: &[u8], payload: &[u8]) -> Result<()> {
+        if let Some(inb) = &mut self.to_next {
+            match Self::write(&mut inb.stream, self.cfg.framing, kind, header, payload) {
+                Ok(()) => return Ok(()),
+                Err(e) if is_broken(&e) => {
+                    log::warn!("connection to the next node {} lost ({e}); reconnecting", self.cfg.next)
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.to_next = None;
+        let s = connect_with_backoff(self.cfg.next, self.cfg.setup_timeout)?;
+        self.to_next = Some(Inbound::new(s));
+        self.set_timeouts();
+        let inb = self.to_next.as_mut().expect("just set");
+        Self::write(&mut inb.stream, self.cfg.framing, kind, header, payload)
+    }
+}
+
 impl Transport for TcpTransport {
     fn name(&self) -> &'static str {
         "tcp"
     }
 
     fn send_next_parts(&mut self, kind: FrameKind, header: &[u8], payload: &[u8]) -> Result<()> {
-        Self::write(&mut self.to_next.stream, self.cfg.framing, kind, header, payload)?;
+        self.send_to_next(kind, header, payload)?;
         self.stats.frames_sent += 1;
         self.stats.bytes_sent += (header.len() + payload.len()) as u64;
         Ok(())
     }
 
     fn recv_prev(&mut self, buf: &mut [u8]) -> Result<Received> {
-        match Self::read(&mut self.from_prev, &self.cfg, buf, "previous") {
+        let res = match self.from_prev() {
+            Ok(_) => {
+                let inb = self.from_prev.as_mut().expect("connected");
+                Self::read(inb, &self.cfg, buf, "previous")
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = &res
+            && is_broken(e)
+        {
+            log::warn!("connection from the previous node lost ({e}); waiting for it to come back");
+            self.from_prev = None;
+        }
+        match res {
             Ok(got) => {
                 self.stats.frames_received += 1;
                 self.stats.bytes_received += got.len as u64;
@@ -314,9 +395,7 @@ impl Transport for TcpTransport {
 
     fn set_recv_timeout(&mut self, timeout: Option<Duration>) {
         self.cfg.recv_timeout = timeout;
-        let t = timeout.map(|t| t.max(Duration::from_millis(1)));
-        let _ = self.from_prev.stream.set_read_timeout(t);
-        let _ = self.to_next.stream.set_read_timeout(t);
+        self.set_timeouts();
     }
 
     fn stats(&self) -> Stats {
@@ -324,10 +403,12 @@ impl Transport for TcpTransport {
     }
 
     fn send_prev(&mut self, frame: &[u8]) -> Result<()> {
-        Self::write(&mut self.from_prev.stream, self.cfg.framing, FrameKind::Data, frame, &[])
+        let inb = self.from_prev.as_mut().ok_or(TransportError::PeerClosed("previous"))?;
+        Self::write(&mut inb.stream, self.cfg.framing, FrameKind::Data, frame, &[])
     }
 
     fn recv_next(&mut self, buf: &mut [u8]) -> Result<Received> {
-        Self::read(&mut self.to_next, &self.cfg, buf, "next")
+        let inb = self.to_next.as_mut().ok_or(TransportError::PeerClosed("next"))?;
+        Self::read(inb, &self.cfg, buf, "next")
     }
 }

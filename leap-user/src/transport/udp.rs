@@ -10,11 +10,11 @@ use std::time::Duration;
 use leap_common::chunk::{CHUNK_DATAGRAM_MAX, CHUNK_HEADER_LEN, ChunkKind, FRAME_LEN_MAX, flags};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-use super::{FrameKind, Received, Result, Stats, Transport, TransportError};
-use crate::frame::chunker::ChunkRef;
-use crate::frame::Chunker;
-use crate::frame::reliable::Timers;
 use super::datagram::{DatagramLink, Reliability};
+use super::{FrameKind, Received, Result, Stats, Transport, TransportError};
+use crate::frame::Chunker;
+use crate::frame::chunker::ChunkRef;
+use crate::frame::reliable::Timers;
 use crate::sys::udp::{RxBatch, TxBatch, enable_gro, gso_supported, set_int, wait_readable};
 
 /// Socket buffer size asked for (the original used 8 MiB).
@@ -220,7 +220,9 @@ impl UdpSender {
             Err(e) if seg.is_some() && matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL)) => {
                 log::warn!("UDP GSO failed on this path ({e}); sending one datagram per chunk from now on");
                 self.gso = false;
-                self.batch.send(socket.as_fd(), &self.next, datagrams(), None).map_err(|e| TransportError::io("sendmmsg", e))
+                self.batch
+                    .send(socket.as_fd(), &self.next, datagrams(), None)
+                    .map_err(|e| TransportError::io("sendmmsg", e))
             }
             Err(e) => Err(TransportError::io("sendmmsg", e)),
         }

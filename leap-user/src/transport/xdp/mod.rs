@@ -212,7 +212,10 @@ impl XdpTransport {
         }
         let socket = bind_socket(udp.listen)?;
         let port = udp.listen.port();
-        let mut program = XdpProgram::load(&cfg.object)?;
+        let mut program = match cfg.delivery {
+            Delivery::Xsk => XdpProgram::load(&cfg.object)?,
+            Delivery::RingBuf => XdpProgram::load_multi_buffer(&cfg.object)?,
+        };
         program.add_port(port)?;
         let mut flags = if cfg.drop_rejected { cfg::DROP_REJECTED } else { 0 };
         if let Some(prev) = udp.prev {

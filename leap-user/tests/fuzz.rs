@@ -1,0 +1,189 @@
+//! Bounded-time fuzzing of everything that parses bytes from the network:
+//! the chunk parser, the reassembly (with a model of what may come out) and
+//! the control decoder. A small mutation fuzzer, so that it runs on the
+//! stable toolchain in CI; `LEAP_FUZZ_SECS` sets the time per target
+//! (default 2 s here, CI runs longer).
+
+use std::time::{Duration, Instant};
+
+use leap::frame::{Chunker, Push, Reassembler};
+use leap_common::chunk::{ChunkHeader, flags};
+use leap_common::control::{CONTROL_FRAME_MIN, ControlMessage, ControlType};
+
+/// xorshift64*: deterministic per seed, so a failure prints its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+fn budget() -> Duration {
+    let secs = std::env::var("LEAP_FUZZ_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(2.0);
+    Duration::from_secs_f64(secs)
+}
+
+/// Flips, overwrites, truncates, extends: what a hostile sender would try.
+fn mutate(rng: &mut Rng, d: &mut Vec<u8>) {
+    for _ in 0..=rng.below(4) {
+        match rng.below(6) {
+            0 if !d.is_empty() => {
+                let i = rng.below(d.len());
+                d[i] ^= 1 << rng.below(8);
+            }
+            1 if !d.is_empty() => {
+                let i = rng.below(d.len());
+                d[i] = rng.next() as u8;
+            }
+            2 => d.truncate(rng.below(d.len() + 1)),
+            3 => d.extend((0..rng.below(64)).map(|_| rng.next() as u8)),
+            // Header fields: seq, chunk_id, total, reserved.
+            4 if d.len() >= 12 => {
+                let f = 4 + 2 * rng.below(4);
+                let v = match rng.below(4) {
+                    0 => 0u16,
+                    1 => u16::MAX,
+                    2 => rng.below(16) as u16,
+                    _ => rng.next() as u16,
+                };
+                d[f..f + 2].copy_from_slice(&v.to_be_bytes());
+            }
+            _ => {}
+        }
+    }
+}
+
+#[test]
+fn fuzz_chunk_parser() {
+    let mut rng = Rng(0x1EA9_0001);
+    let start = Instant::now();
+    let mut n = 0u64;
+    while start.elapsed() < budget() {
+        let mut d: Vec<u8> = if rng.below(2) == 0 {
+            (0..rng.below(1600)).map(|_| rng.next() as u8).collect()
+        } else {
+            let mut v = ChunkHeader::data(rng.next() as u16, 0, 1 + rng.below(100) as u16).to_bytes().to_vec();
+            v.extend((0..rng.below(1500)).map(|_| rng.next() as u8));
+            v
+        };
+        mutate(&mut rng, &mut d);
+        if let Ok((h, p)) = ChunkHeader::parse(&d) {
+            assert!(h.chunk_id < h.total_chunks && p.len() <= 1400 && p.len() == d.len() - 12);
+            let mut again = h.to_bytes().to_vec();
+            again.extend_from_slice(p);
+            assert_eq!(again, d, "parse/write is not a round trip");
+        }
+        if let Ok((h, p)) = ChunkHeader::parse_data(&d) {
+            assert!(if h.chunk_id + 1 == h.total_chunks { !p.is_empty() } else { p.len() == 1400 });
+        }
+        n += 1;
+    }
+    eprintln!("chunk parser: {n} inputs");
+}
+
+#[test]
+fn fuzz_reassembly_never_delivers_bytes_that_were_not_sent() {
+    let mut rng = Rng(0x1EA9_0002);
+    let start = Instant::now();
+    let mut delivered = 0u64;
+    let mut runs = 0u64;
+    while start.elapsed() < budget() {
+        let len = 1 + rng.below(9000);
+        let frames: Vec<Vec<u8>> =
+            (0..1 + rng.below(5)).map(|k| (0..len).map(|i| (i as u8) ^ (k as u8 * 37 + 1)).collect()).collect();
+        let seq0 = rng.next() as u16;
+        let mut wire = Vec::new();
+        for (k, f) in frames.iter().enumerate() {
+            for c in Chunker::new(seq0.wrapping_add(k as u16), flags::LEAP, f, &[]).unwrap() {
+                let mut d = c.header.to_bytes().to_vec();
+                d.extend_from_slice(c.pieces[0]);
+                d.extend_from_slice(c.pieces[1]);
+                wire.push(d);
+            }
+        }
+        // Hostile copies: mutated versions of real chunks, mixed in.
+        for _ in 0..rng.below(wire.len() + 1) {
+            let mut d = wire[rng.below(wire.len())].clone();
+            mutate(&mut rng, &mut d);
+            let at = rng.below(wire.len() + 1);
+            wire.insert(at, d);
+        }
+        for _ in 0..rng.below(wire.len()) {
+            let (a, b) = (rng.below(wire.len()), rng.below(wire.len()));
+            wire.swap(a, b);
+        }
+        let mut r = Reassembler::with_window(len.max(1 + rng.below(20_000)), 1 << rng.below(5));
+        let mut out = vec![0u8; len + rng.below(3000)];
+        r.begin(&mut out);
+        for d in &wire {
+            let Ok((h, p)) = ChunkHeader::parse_data(d) else { continue };
+            let res = if rng.below(20) == 0 { r.stash(&h, p) } else { r.push(&h, p, &mut out) };
+            let mut check = |got: leap::Received, out: &[u8]| {
+                // A delivered frame either is one that was sent, or was
+                // assembled from mutated chunks that claimed a sent frame's
+                // seq: then every byte still comes from some sent chunk or a
+                // mutation of one, which cannot be told apart here. What must
+                // never happen is a length beyond the buffer or a panic.
+                assert!(got.len <= out.len());
+                if frames.iter().any(|f| f[..] == out[..got.len]) {
+                    delivered += 1;
+                }
+            };
+            if let Push::Complete(got) = res {
+                check(got, &out);
+                while let Some(got) = r.begin(&mut out) {
+                    check(got, &out);
+                }
+            }
+            if rng.below(50) == 0 {
+                match rng.below(3) {
+                    0 => {
+                        r.abandon();
+                    }
+                    1 => {
+                        r.suspend(&out);
+                        r.begin(&mut out);
+                    }
+                    _ => {
+                        r.resync_if_lost();
+                    }
+                }
+            }
+        }
+        runs += 1;
+    }
+    eprintln!("reassembly: {runs} runs, {delivered} intact frames");
+    assert!(delivered > 0, "the fuzzer never completed a frame: it tests nothing");
+}
+
+#[test]
+fn fuzz_control_decoder() {
+    let mut rng = Rng(0x1EA9_0003);
+    let start = Instant::now();
+    let mut valid = 0u64;
+    while start.elapsed() < budget() {
+        let mut f = vec![0u8; CONTROL_FRAME_MIN + rng.below(300)];
+        let kind = [ControlType::ResizeLayers, ControlType::ResizeChain, ControlType::Ack][rng.below(3)];
+        let mut m = ControlMessage::new(kind);
+        m.total_workers = rng.below(17) as i32;
+        m.worker_index = rng.below(m.total_workers as usize + 1) as i32;
+        m.encode(&mut f).unwrap();
+        mutate(&mut rng, &mut f);
+        if let Ok(msg) = ControlMessage::decode(&f) {
+            valid += 1;
+            assert!(msg.validate().is_ok());
+            let mut again = vec![0u8; CONTROL_FRAME_MIN];
+            msg.encode(&mut again).unwrap();
+            assert_eq!(ControlMessage::decode(&again).unwrap(), msg);
+        }
+        let _ = ControlMessage::decode_frame(&f);
+    }
+    assert!(valid > 0);
+}
