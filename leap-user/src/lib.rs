@@ -21,6 +21,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod bench;
 pub mod cli;
 pub mod frame;
 pub mod netns;

@@ -28,6 +28,7 @@ fn main() -> ExitCode {
     let res = match &cli.cmd {
         Command::Ring(a) => leap::cli::ring::main(a),
         Command::Node(a) => leap::cli::node::main(a),
+        Command::Bench(a) => leap::cli::bench::main(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

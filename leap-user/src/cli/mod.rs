@@ -1,6 +1,7 @@
 //! The `leap` command line: argument definitions and one module per
 //! subcommand.
 
+pub mod bench;
 pub mod node;
 pub mod ring;
 pub mod xdp;
@@ -31,6 +32,8 @@ pub enum Command {
     Ring(ring::RingArgs),
     /// Run one ring member (for a ring across machines).
     Node(node::NodeArgs),
+    /// Measure every transport and write report.json, report.md, report.svg.
+    Bench(bench::BenchArgs),
 }
 
 /// `--transport` values.

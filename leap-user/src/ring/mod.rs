@@ -144,7 +144,7 @@ pub fn loss_policy(transport: TransportKind, reliability: crate::transport::data
 pub const MAX_FRAME: usize = 64 << 20;
 
 /// Round-trip time percentiles, microseconds.
-#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, Serialize, serde::Deserialize, PartialEq)]
 pub struct Percentiles {
     /// Median.
     pub p50: f64,

@@ -118,8 +118,9 @@ pub fn run_head(t: &mut dyn Transport, cfg: &HeadConfig) -> Result<HeadReport, T
     while rep.delivered + rep.corrupt + rep.lost < cfg.frames {
         while (next_pos as u64) < cfg.frames && in_flight.len() < cfg.inflight {
             let pos = next_pos as i32;
-            send(t, pos)?;
+            // The round trip includes our own send.
             let now = Instant::now();
+            send(t, pos)?;
             in_flight.push_back(InFlight { pos, sent: now, attempts: 1 });
             rep.sent += 1;
             next_pos += 1;
@@ -179,8 +180,8 @@ pub fn run_head(t: &mut dyn Transport, cfg: &HeadConfig) -> Result<HeadReport, T
                     let mut f = in_flight.pop_front().expect("front exists");
                     if cfg.retry && f.attempts < HEAD_ATTEMPTS {
                         // A node died with the frame: send it again.
-                        send(t, f.pos)?;
                         f.sent = Instant::now();
+                        send(t, f.pos)?;
                         f.attempts += 1;
                         rep.resent += 1;
                         in_flight.push_back(f);

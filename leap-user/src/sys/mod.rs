@@ -18,3 +18,9 @@ pub fn thread_cpu_time() -> (std::time::Duration, std::time::Duration) {
     let tv = |t: libc::timeval| std::time::Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
     (tv(ru.ru_utime), tv(ru.ru_stime))
 }
+
+/// Whether the process runs as root (effective uid 0).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}

@@ -375,7 +375,7 @@ impl Transport for TcpTransport {
         if let Err(e) = &res
             && is_broken(e)
         {
-            log::warn!("connection from the previous node lost ({e}); waiting for it to come back");
+            log::info!("connection from the previous node lost ({e}); accepting it again when it comes back");
             self.from_prev = None;
         }
         match res {

@@ -1,0 +1,304 @@
+//! The benchmark report as Markdown tables and an SVG chart.
+
+use std::fmt::Write as _;
+
+use super::{BenchReport, BenchRow};
+
+const FAST_PATHS: [&str; 3] = ["xdp", "xdp-ringbuf", "kmod"];
+
+fn series(r: &BenchReport) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = Vec::new();
+    for row in &r.rows {
+        let k = (row.transport.clone(), row.site.clone());
+        if !v.contains(&k) {
+            v.push(k);
+        }
+    }
+    v
+}
+
+fn sizes(r: &BenchReport) -> Vec<usize> {
+    let mut v: Vec<usize> = r.rows.iter().map(|x| x.frame_size).collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+fn find<'a>(r: &'a BenchReport, t: &str, site: &str, size: usize, mode: &str) -> Option<&'a BenchRow> {
+    r.rows.iter().find(|x| x.transport == t && x.site == site && x.frame_size == size && x.mode == mode)
+}
+
+fn ratio(x: Option<f64>) -> String {
+    x.map_or("-".into(), |v| format!("{v:.2}x"))
+}
+
+/// Report as Markdown.
+pub fn markdown(r: &BenchReport) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "# leap bench\n");
+    let kernels: Vec<String> = r.kernels.iter().map(|(site, k)| format!("{site}: Linux {k}")).collect();
+    let _ = writeln!(
+        s,
+        "{}-node ring ({}), leap {}; {}. Figures are medians over the repeats of each run; \
+         ratios compare rows measured in the same run at the same site.\n",
+        r.nodes,
+        if r.placement == "netns" { "veth pairs between network namespaces" } else { "loopback" },
+        r.leap_version,
+        kernels.join(", ")
+    );
+    for f in &r.floors {
+        let _ = writeln!(
+            s,
+            "**Floor ({})**: one 64-byte datagram per hop, {} hops: round trip p50 {:.1} us, p99 {:.1} us ({:.1} us per hop).\n",
+            f.site,
+            f.hops,
+            f.rtt_us.p50,
+            f.rtt_us.p99,
+            f.rtt_us.p50 / f.hops.max(1) as f64
+        );
+    }
+    let sz = sizes(r);
+    let header = |s: &mut String, title: &str| {
+        let _ = writeln!(s, "## {title}\n");
+        let _ = write!(s, "| transport | site |");
+        for z in &sz {
+            let _ = write!(s, " {z} B |");
+        }
+        let _ = write!(s, "\n|---|---|");
+        for _ in &sz {
+            let _ = write!(s, "---|");
+        }
+        s.push('\n');
+    };
+    let table = |s: &mut String, title: &str, mode: &str, cell: &dyn Fn(&BenchRow) -> String| {
+        header(s, title);
+        for (t, site) in series(r) {
+            let _ = write!(s, "| {t} | {site} |");
+            for &z in &sz {
+                let c = find(r, &t, &site, z, mode).map_or("-".into(), cell);
+                let _ = write!(s, " {c} |");
+            }
+            s.push('\n');
+        }
+        s.push('\n');
+    };
+    table(&mut s, "Latency: one frame in flight, round trip p50 / p99 (us), p50 vs TCP, vs floor", "latency", &|x| {
+        format!("{:.1} / {:.1} ({} tcp, {} floor)", x.rtt_us.p50, x.rtt_us.p99, ratio(x.p50_vs_tcp), ratio(x.p50_vs_floor))
+    });
+    table(&mut s, "Throughput: 8 frames in flight, Gbit/s (vs TCP)", "throughput", &|x| {
+        format!("{:.2} ({})", x.gbit_per_s, ratio(x.gbit_vs_tcp))
+    });
+    table(&mut s, "CPU time per frame, all nodes, user + system (us), latency / throughput", "latency", &|x| {
+        let thr = find(r, &x.transport, &x.site, x.frame_size, "throughput").map_or("-".into(), |t| format!("{:.1}", t.cpu_us_per_frame));
+        format!("{:.1} / {thr}", x.cpu_us_per_frame)
+    });
+    table(&mut s, "Losses: frames lost / chunks retransmitted (latency + throughput runs)", "latency", &|x| {
+        let thr = find(r, &x.transport, &x.site, x.frame_size, "throughput");
+        let lost = x.frames_lost + thr.map_or(0, |t| t.frames_lost);
+        let retx = x.retransmits + thr.map_or(0, |t| t.retransmits);
+        let corrupt = x.frames_corrupt + thr.map_or(0, |t| t.frames_corrupt);
+        if corrupt > 0 { format!("{lost} / {retx} / **{corrupt} corrupt**") } else { format!("{lost} / {retx}") }
+    });
+    let _ = writeln!(s, "## Targets\n");
+    for site in r.floors.iter().map(|f| f.site.clone()) {
+        targets(&mut s, r, &site);
+    }
+    if !r.skipped.is_empty() {
+        let _ = writeln!(s, "## Not measured\n");
+        for k in &r.skipped {
+            let _ = writeln!(s, "- {} ({}): {}", k.transport, k.site, k.reason);
+        }
+        s.push('\n');
+    }
+    if !r.notes.is_empty() {
+        let _ = writeln!(s, "## Notes\n");
+        for n in &r.notes {
+            let _ = writeln!(s, "- {n}");
+        }
+    }
+    s
+}
+
+fn targets(s: &mut String, r: &BenchReport, site: &str) {
+    let best = |size: usize, mode: &str, key: &dyn Fn(&BenchRow) -> f64, lower: bool| {
+        r.rows
+            .iter()
+            .filter(|x| x.site == site && x.frame_size == size && x.mode == mode && FAST_PATHS.contains(&x.transport.as_str()))
+            .min_by(|a, b| if lower { key(a).total_cmp(&key(b)) } else { key(b).total_cmp(&key(a)) })
+    };
+    let verdict = |ok: bool| if ok { "met" } else { "**not met**" };
+    let _ = writeln!(s, "At site `{site}`:\n");
+    match best(16_392, "latency", &|x| x.rtt_us.p50, true) {
+        Some(b) => {
+            let vs_tcp = b.p50_vs_tcp.unwrap_or(f64::NAN);
+            let vs_floor = b.p50_vs_floor.unwrap_or(f64::NAN);
+            let _ = writeln!(
+                s,
+                "- 16 392 B, one in flight: best fast path `{}` p50 {:.1} us = {vs_tcp:.2}x TCP (target <= 0.7: {}), \
+                 {vs_floor:.2}x the floor (target <= 2: {}).",
+                b.transport,
+                b.rtt_us.p50,
+                verdict(vs_tcp <= 0.7),
+                verdict(vs_floor <= 2.0)
+            );
+        }
+        None => {
+            let _ = writeln!(s, "- 16 392 B latency: no fast path measured here.");
+        }
+    }
+    match best(262_152, "throughput", &|x| x.gbit_per_s, false) {
+        Some(b) => {
+            let v = b.gbit_vs_tcp.unwrap_or(f64::NAN);
+            let _ = writeln!(
+                s,
+                "- 262 152 B, 8 in flight: best fast path `{}` {:.2} Gbit/s = {v:.2}x TCP (target >= 1: {}).",
+                b.transport,
+                b.gbit_per_s,
+                verdict(v >= 1.0)
+            );
+        }
+        None => {
+            let _ = writeln!(s, "- 262 152 B throughput: no fast path measured here.");
+        }
+    }
+    for t in FAST_PATHS {
+        let mut worse = Vec::new();
+        let mut compared = 0;
+        for x in r.rows.iter().filter(|x| x.site == site && x.transport == t) {
+            if let Some(tcp) = find(r, "tcp", site, x.frame_size, &x.mode) {
+                compared += 1;
+                if x.cpu_us_per_frame > tcp.cpu_us_per_frame {
+                    worse.push(format!("{} B {}: {:.1} vs {:.1} us", x.frame_size, x.mode, x.cpu_us_per_frame, tcp.cpu_us_per_frame));
+                }
+            }
+        }
+        if compared > 0 {
+            let _ = writeln!(
+                s,
+                "- CPU per frame of `{t}` no higher than TCP's: {}{}",
+                verdict(worse.is_empty()),
+                if worse.is_empty() { String::new() } else { format!(" ({})", worse.join("; ")) }
+            );
+        }
+    }
+    s.push('\n');
+}
+
+/// Two bar charts side by side: latency p50 (log scale) and throughput, per
+/// frame size, one colour per transport and site.
+pub fn svg(r: &BenchReport) -> String {
+    const COLORS: [&str; 8] = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#9c755f"];
+    let ser = series(r);
+    let sz = sizes(r);
+    let (w, h, pad) = (1100.0f64, 520.0f64, 60.0f64);
+    let panel_w = (w - 3.0 * pad) / 2.0;
+    let plot_h = h - 2.0 * pad - 60.0;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="{}" y="24" font-size="16" text-anchor="middle">leap bench: {}-node ring, {}</text>"#,
+        w / 2.0,
+        r.nodes,
+        if r.placement == "netns" { "veth between namespaces" } else { "loopback" }
+    );
+    let panels: [(&str, &str, bool, &dyn Fn(&BenchRow) -> f64); 2] = [
+        ("Round-trip p50, one in flight (us, log scale; dashed: floor)", "latency", true, &|x| x.rtt_us.p50),
+        ("Throughput, 8 in flight (Gbit/s)", "throughput", false, &|x| x.gbit_per_s),
+    ];
+    for (pi, (title, mode, log, val)) in panels.into_iter().enumerate() {
+        let x0 = pad + pi as f64 * (panel_w + pad);
+        let y0 = pad + 20.0;
+        let vals: Vec<f64> = r.rows.iter().filter(|x| x.mode == mode).map(val).filter(|v| *v > 0.0).collect();
+        let mut vmax = vals.iter().copied().fold(0.0, f64::max).max(1e-9);
+        let mut vmin = vals.iter().copied().fold(f64::INFINITY, f64::min).min(vmax);
+        if log {
+            for f in &r.floors {
+                vmin = vmin.min(f.rtt_us.p50);
+                vmax = vmax.max(f.rtt_us.p50);
+            }
+            vmin = 10f64.powf(vmin.max(1e-3).log10().floor());
+            vmax = 10f64.powf(vmax.log10().ceil());
+        } else {
+            vmax *= 1.1;
+        }
+        let scale = |v: f64| -> f64 {
+            let frac = if log { (v.max(vmin).log10() - vmin.log10()) / (vmax.log10() - vmin.log10()) } else { v / vmax };
+            plot_h * frac.clamp(0.0, 1.0)
+        };
+        let _ = writeln!(s, r#"<text x="{}" y="{}" text-anchor="middle" font-size="13">{title}</text>"#, x0 + panel_w / 2.0, y0 - 8.0);
+        let _ = writeln!(s, r##"<line x1="{x0}" y1="{}" x2="{}" y2="{}" stroke="#333"/>"##, y0 + plot_h, x0 + panel_w, y0 + plot_h);
+        let _ = writeln!(s, r##"<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{}" stroke="#333"/>"##, y0 + plot_h);
+        // Axis ticks.
+        let ticks: Vec<f64> = if log {
+            let (a, b) = (vmin.log10() as i32, vmax.log10() as i32);
+            (a..=b).map(|e| 10f64.powi(e)).collect()
+        } else {
+            (0..=4).map(|i| vmax * f64::from(i) / 4.0).collect()
+        };
+        for t in ticks {
+            let y = y0 + plot_h - scale(t);
+            let _ = writeln!(s, r##"<line x1="{}" y1="{y}" x2="{}" y2="{y}" stroke="#ddd"/>"##, x0, x0 + panel_w);
+            let _ = writeln!(s, r#"<text x="{}" y="{}" text-anchor="end">{}</text>"#, x0 - 4.0, y + 4.0, fmt_num(t));
+        }
+        if log {
+            for f in &r.floors {
+                let y = y0 + plot_h - scale(f.rtt_us.p50);
+                let _ = writeln!(
+                    s,
+                    r##"<line x1="{x0}" y1="{y}" x2="{}" y2="{y}" stroke="#555" stroke-dasharray="6,4"><title>floor ({}) {:.1} us</title></line>"##,
+                    x0 + panel_w,
+                    f.site,
+                    f.rtt_us.p50
+                );
+            }
+        }
+        let group_w = panel_w / sz.len().max(1) as f64;
+        let bar_w = (group_w * 0.8 / ser.len().max(1) as f64).max(1.0);
+        for (gi, &z) in sz.iter().enumerate() {
+            let gx = x0 + gi as f64 * group_w + group_w * 0.1;
+            let _ = writeln!(s, r#"<text x="{}" y="{}" text-anchor="middle">{} B</text>"#, gx + group_w * 0.4, y0 + plot_h + 16.0, z);
+            for (si, (t, site)) in ser.iter().enumerate() {
+                if let Some(row) = find(r, t, site, z, mode) {
+                    let v = val(row);
+                    let bh = scale(v);
+                    let _ = writeln!(
+                        s,
+                        r#"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{}"><title>{t} ({site}) {z} B: {}</title></rect>"#,
+                        gx + si as f64 * bar_w,
+                        y0 + plot_h - bh,
+                        bar_w * 0.92,
+                        bh,
+                        COLORS[si % COLORS.len()],
+                        fmt_num(v)
+                    );
+                }
+            }
+        }
+    }
+    // Legend.
+    let ly = h - 40.0;
+    let mut lx = pad;
+    for (si, (t, site)) in ser.iter().enumerate() {
+        let _ = writeln!(s, r#"<rect x="{lx}" y="{}" width="12" height="12" fill="{}"/>"#, ly - 10.0, COLORS[si % COLORS.len()]);
+        let label = format!("{t} ({site})");
+        let _ = writeln!(s, r#"<text x="{}" y="{ly}">{label}</text>"#, lx + 16.0);
+        lx += 24.0 + 7.0 * label.len() as f64;
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+fn fmt_num(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else if v >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}

@@ -1,0 +1,146 @@
+//! `leap bench`: the measurement users come for.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+
+use super::TransportArgs;
+use crate::bench::{BenchConfig, BenchReport, DEFAULT_SIZES, run};
+use crate::ring::Placement;
+use crate::transport::open::TransportKind;
+
+/// Arguments of `leap bench`.
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// Short runs, one repeat, two sizes: about a minute.
+    #[arg(long)]
+    pub quick: bool,
+    /// Directory for report.json, report.md and report.svg.
+    #[arg(long, default_value = "leap-bench")]
+    pub out: PathBuf,
+    /// Transports to measure (comma-separated; default: all this host can run).
+    #[arg(long, value_delimiter = ',')]
+    pub transports: Vec<TransportKind>,
+    /// Frame sizes in bytes (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub sizes: Vec<usize>,
+    /// Nodes in the ring.
+    #[arg(long, default_value_t = 3)]
+    pub nodes: usize,
+    /// Repetitions of every run (default 3, or 1 with --quick).
+    #[arg(long)]
+    pub repeat: Option<usize>,
+    /// Measure on loopback even as root (default: namespaces as root).
+    #[arg(long)]
+    pub loopback: bool,
+    /// Label of this machine in the report.
+    #[arg(long, default_value = "host")]
+    pub site: String,
+    /// Do not measure: merge these report.json files into one report.
+    #[arg(long, value_name = "JSON")]
+    pub merge: Vec<PathBuf>,
+    /// Add this remark to the report.
+    #[arg(long)]
+    pub note: Vec<String>,
+    /// Backend options.
+    #[command(flatten)]
+    pub transport_args: TransportArgs,
+}
+
+impl clap::builder::ValueParserFactory for TransportKind {
+    type Parser = clap::builder::ValueParser;
+    fn value_parser() -> Self::Parser {
+        clap::builder::ValueParser::new(|s: &str| s.parse::<TransportKind>())
+    }
+}
+
+/// Runs `leap bench`.
+///
+/// # Errors
+///
+/// Bad arguments, a failed floor measurement, or unwritable output.
+pub fn main(args: &BenchArgs) -> Result<()> {
+    if !args.merge.is_empty() {
+        let mut merged: Option<BenchReport> = None;
+        for p in &args.merge {
+            let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            let r: BenchReport = serde_json::from_str(&text).with_context(|| format!("parsing {}", p.display()))?;
+            match &mut merged {
+                Some(m) => m.merge(r),
+                None => merged = Some(r),
+            }
+        }
+        let mut m = merged.expect("at least one file");
+        m.notes.extend(args.note.iter().cloned());
+        for f in m.write(&args.out)? {
+            println!("{}", f.display());
+        }
+        return Ok(());
+    }
+    if !(2..=16).contains(&args.nodes) {
+        bail!("--nodes {}: the benchmark ring has 2..=16 nodes", args.nodes);
+    }
+    let sizes = if !args.sizes.is_empty() {
+        args.sizes.clone()
+    } else if args.quick {
+        vec![16_392, 262_152]
+    } else {
+        DEFAULT_SIZES.to_vec()
+    };
+    let min = leap_common::control::CONTROL_FRAME_MIN;
+    if let Some(bad) = sizes.iter().find(|&&s| s < min || s > crate::ring::MAX_FRAME) {
+        bail!("--sizes: {bad} is outside {min}..={} bytes", crate::ring::MAX_FRAME);
+    }
+    let transports = if args.transports.is_empty() { TransportKind::ALL.to_vec() } else { args.transports.clone() };
+    let root = crate::sys::is_root();
+    let placement = if root && !args.loopback { Placement::Netns } else { Placement::Loopback };
+    let mut notes = args.note.clone();
+    if !root {
+        notes.push("not root: measured on loopback, without namespaces, XDP or the kernel module".into());
+        eprintln!("leap bench: not root, so measuring on loopback (TCP and UDP only); run as root for the full comparison");
+    }
+    let cfg = BenchConfig {
+        transports,
+        sizes,
+        nodes: args.nodes,
+        repeat: args.repeat.unwrap_or(if args.quick { 1 } else { 3 }).max(1),
+        quick: args.quick,
+        placement,
+        options: args.transport_args.options(16_392),
+        site: args.site.clone(),
+    };
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let b = indicatif::ProgressBar::new(1);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b
+    });
+    let progress = |done: usize, total: usize, label: &str| match &bar {
+        Some(b) => {
+            b.set_length(total as u64);
+            b.set_position(done as u64);
+            b.set_message(label.to_string());
+        }
+        None => log::info!("bench {done}/{total}: {label}"),
+    };
+    let mut report = run(&cfg, &progress).map_err(anyhow::Error::msg)?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    report.notes.extend(notes);
+    for s in &report.skipped {
+        eprintln!("leap bench: skipped {} ({}): {}", s.transport, s.site, s.reason);
+    }
+    let corrupt: u64 = report.rows.iter().map(|r| r.frames_corrupt).sum();
+    for f in report.write(&args.out)? {
+        println!("{}", f.display());
+    }
+    if corrupt > 0 {
+        bail!("{corrupt} corrupt frames during the benchmark");
+    }
+    Ok(())
+}
