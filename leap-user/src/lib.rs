@@ -27,6 +27,7 @@ pub mod frame;
 pub mod netns;
 pub mod ring;
 pub mod sys;
+pub mod telemetry;
 pub mod transport;
 
 pub use transport::{FrameKind, Received, Stats, Transport, TransportError};

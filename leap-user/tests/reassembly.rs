@@ -270,11 +270,11 @@ proptest! {
             wire.insert(g.len() % (wire.len() + 1), (None, g.clone()));
         }
         // Recount drops: a removed chunk may have a duplicate left.
-        for i in 0..nframes {
+        for (i, lost) in dropped.iter_mut().enumerate() {
             let total = pool.iter().filter(|(j, _)| *j == i).count();
             let mut seen = std::collections::HashSet::new();
             for (j, d) in &wire { if *j == Some(i) { seen.insert(d[6..8].to_vec()); } }
-            dropped[i] = seen.len() < total;
+            *lost = seen.len() < total;
         }
         let mut r = Reassembler::new(len);
         let mut out = vec![0u8; len];

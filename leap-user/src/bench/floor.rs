@@ -81,11 +81,9 @@ pub fn measure(topo: Option<&Topology>, n: usize, rounds: usize) -> Result<Perce
         }
         Ok(rtts)
     });
-    for r in ready_rx.iter().take(n - 1) {
-        if let Some(e) = r {
-            stop.store(true, Ordering::Relaxed);
-            return Err(e);
-        }
+    if let Some(e) = ready_rx.iter().take(n - 1).flatten().next() {
+        stop.store(true, Ordering::Relaxed);
+        return Err(e);
     }
     let res = head.join().map_err(|_| "floor head panicked".to_string());
     stop.store(true, Ordering::Relaxed);

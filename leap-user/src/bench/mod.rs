@@ -188,7 +188,9 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(usize, usize, &str)) -> Result<B
     let mut done = 0;
     progress(done, total, "floor");
     let topo = match cfg.placement {
-        Placement::Netns => Some(Topology::ring(&format!("lf{}", std::process::id() % 100_000), cfg.nodes).map_err(|e| e.to_string())?),
+        Placement::Netns => {
+            Some(Topology::ring(&format!("lf{}", std::process::id() % 100_000), cfg.nodes).map_err(|e| e.to_string())?)
+        }
         Placement::Loopback => None,
     };
     let floor = floor::measure(topo.as_ref(), cfg.nodes, if cfg.quick { 2000 } else { 10_000 })?;
@@ -261,9 +263,9 @@ impl BenchReport {
     pub fn compute_ratios(&mut self) {
         let rows = self.rows.clone();
         for r in &mut self.rows {
-            let tcp = rows.iter().find(|t| {
-                t.transport == "tcp" && t.site == r.site && t.frame_size == r.frame_size && t.mode == r.mode
-            });
+            let tcp = rows
+                .iter()
+                .find(|t| t.transport == "tcp" && t.site == r.site && t.frame_size == r.frame_size && t.mode == r.mode);
             r.p50_vs_tcp = tcp.filter(|t| t.rtt_us.p50 > 0.0).map(|t| r.rtt_us.p50 / t.rtt_us.p50);
             r.gbit_vs_tcp = tcp.filter(|t| t.gbit_per_s > 0.0).map(|t| r.gbit_per_s / t.gbit_per_s);
             let floor = self.floors.iter().find(|f| f.site == r.site);

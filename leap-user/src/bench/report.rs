@@ -83,13 +83,20 @@ pub fn markdown(r: &BenchReport) -> String {
         s.push('\n');
     };
     table(&mut s, "Latency: one frame in flight, round trip p50 / p99 (us), p50 vs TCP, vs floor", "latency", &|x| {
-        format!("{:.1} / {:.1} ({} tcp, {} floor)", x.rtt_us.p50, x.rtt_us.p99, ratio(x.p50_vs_tcp), ratio(x.p50_vs_floor))
+        format!(
+            "{:.1} / {:.1} ({} tcp, {} floor)",
+            x.rtt_us.p50,
+            x.rtt_us.p99,
+            ratio(x.p50_vs_tcp),
+            ratio(x.p50_vs_floor)
+        )
     });
     table(&mut s, "Throughput: 8 frames in flight, Gbit/s (vs TCP)", "throughput", &|x| {
         format!("{:.2} ({})", x.gbit_per_s, ratio(x.gbit_vs_tcp))
     });
     table(&mut s, "CPU time per frame, all nodes, user + system (us), latency / throughput", "latency", &|x| {
-        let thr = find(r, &x.transport, &x.site, x.frame_size, "throughput").map_or("-".into(), |t| format!("{:.1}", t.cpu_us_per_frame));
+        let thr = find(r, &x.transport, &x.site, x.frame_size, "throughput")
+            .map_or("-".into(), |t| format!("{:.1}", t.cpu_us_per_frame));
         format!("{:.1} / {thr}", x.cpu_us_per_frame)
     });
     table(&mut s, "Losses: frames lost / chunks retransmitted (latency + throughput runs)", "latency", &|x| {
@@ -123,7 +130,9 @@ fn targets(s: &mut String, r: &BenchReport, site: &str) {
     let best = |size: usize, mode: &str, key: &dyn Fn(&BenchRow) -> f64, lower: bool| {
         r.rows
             .iter()
-            .filter(|x| x.site == site && x.frame_size == size && x.mode == mode && FAST_PATHS.contains(&x.transport.as_str()))
+            .filter(|x| {
+                x.site == site && x.frame_size == size && x.mode == mode && FAST_PATHS.contains(&x.transport.as_str())
+            })
             .min_by(|a, b| if lower { key(a).total_cmp(&key(b)) } else { key(b).total_cmp(&key(a)) })
     };
     let verdict = |ok: bool| if ok { "met" } else { "**not met**" };
@@ -168,7 +177,10 @@ fn targets(s: &mut String, r: &BenchReport, site: &str) {
             if let Some(tcp) = find(r, "tcp", site, x.frame_size, &x.mode) {
                 compared += 1;
                 if x.cpu_us_per_frame > tcp.cpu_us_per_frame {
-                    worse.push(format!("{} B {}: {:.1} vs {:.1} us", x.frame_size, x.mode, x.cpu_us_per_frame, tcp.cpu_us_per_frame));
+                    worse.push(format!(
+                        "{} B {}: {:.1} vs {:.1} us",
+                        x.frame_size, x.mode, x.cpu_us_per_frame, tcp.cpu_us_per_frame
+                    ));
                 }
             }
         }
@@ -206,7 +218,8 @@ pub fn svg(r: &BenchReport) -> String {
         r.nodes,
         if r.placement == "netns" { "veth between namespaces" } else { "loopback" }
     );
-    let panels: [(&str, &str, bool, &dyn Fn(&BenchRow) -> f64); 2] = [
+    type Metric<'a> = &'a dyn Fn(&BenchRow) -> f64;
+    let panels: [(&str, &str, bool, Metric<'_>); 2] = [
         ("Round-trip p50, one in flight (us, log scale; dashed: floor)", "latency", true, &|x| x.rtt_us.p50),
         ("Throughput, 8 in flight (Gbit/s)", "throughput", false, &|x| x.gbit_per_s),
     ];
@@ -227,11 +240,23 @@ pub fn svg(r: &BenchReport) -> String {
             vmax *= 1.1;
         }
         let scale = |v: f64| -> f64 {
-            let frac = if log { (v.max(vmin).log10() - vmin.log10()) / (vmax.log10() - vmin.log10()) } else { v / vmax };
+            let frac =
+                if log { (v.max(vmin).log10() - vmin.log10()) / (vmax.log10() - vmin.log10()) } else { v / vmax };
             plot_h * frac.clamp(0.0, 1.0)
         };
-        let _ = writeln!(s, r#"<text x="{}" y="{}" text-anchor="middle" font-size="13">{title}</text>"#, x0 + panel_w / 2.0, y0 - 8.0);
-        let _ = writeln!(s, r##"<line x1="{x0}" y1="{}" x2="{}" y2="{}" stroke="#333"/>"##, y0 + plot_h, x0 + panel_w, y0 + plot_h);
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{}" text-anchor="middle" font-size="13">{title}</text>"#,
+            x0 + panel_w / 2.0,
+            y0 - 8.0
+        );
+        let _ = writeln!(
+            s,
+            r##"<line x1="{x0}" y1="{}" x2="{}" y2="{}" stroke="#333"/>"##,
+            y0 + plot_h,
+            x0 + panel_w,
+            y0 + plot_h
+        );
         let _ = writeln!(s, r##"<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{}" stroke="#333"/>"##, y0 + plot_h);
         // Axis ticks.
         let ticks: Vec<f64> = if log {
@@ -261,7 +286,13 @@ pub fn svg(r: &BenchReport) -> String {
         let bar_w = (group_w * 0.8 / ser.len().max(1) as f64).max(1.0);
         for (gi, &z) in sz.iter().enumerate() {
             let gx = x0 + gi as f64 * group_w + group_w * 0.1;
-            let _ = writeln!(s, r#"<text x="{}" y="{}" text-anchor="middle">{} B</text>"#, gx + group_w * 0.4, y0 + plot_h + 16.0, z);
+            let _ = writeln!(
+                s,
+                r#"<text x="{}" y="{}" text-anchor="middle">{} B</text>"#,
+                gx + group_w * 0.4,
+                y0 + plot_h + 16.0,
+                z
+            );
             for (si, (t, site)) in ser.iter().enumerate() {
                 if let Some(row) = find(r, t, site, z, mode) {
                     let v = val(row);
@@ -284,7 +315,12 @@ pub fn svg(r: &BenchReport) -> String {
     let ly = h - 40.0;
     let mut lx = pad;
     for (si, (t, site)) in ser.iter().enumerate() {
-        let _ = writeln!(s, r#"<rect x="{lx}" y="{}" width="12" height="12" fill="{}"/>"#, ly - 10.0, COLORS[si % COLORS.len()]);
+        let _ = writeln!(
+            s,
+            r#"<rect x="{lx}" y="{}" width="12" height="12" fill="{}"/>"#,
+            ly - 10.0,
+            COLORS[si % COLORS.len()]
+        );
         let label = format!("{t} ({site})");
         let _ = writeln!(s, r#"<text x="{}" y="{ly}">{label}</text>"#, lx + 16.0);
         lx += 24.0 + 7.0 * label.len() as f64;

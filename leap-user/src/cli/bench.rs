@@ -99,7 +99,9 @@ pub fn main(args: &BenchArgs) -> Result<()> {
     let mut notes = args.note.clone();
     if !root {
         notes.push("not root: measured on loopback, without namespaces, XDP or the kernel module".into());
-        eprintln!("leap bench: not root, so measuring on loopback (TCP and UDP only); run as root for the full comparison");
+        eprintln!(
+            "leap bench: not root, so measuring on loopback (TCP and UDP only); run as root for the full comparison"
+        );
     }
     let cfg = BenchConfig {
         transports,

@@ -2,8 +2,10 @@
 //! subcommand.
 
 pub mod bench;
+pub mod config;
 pub mod node;
 pub mod ring;
+pub mod stats;
 pub mod xdp;
 
 use std::time::Duration;
@@ -34,6 +36,8 @@ pub enum Command {
     Node(node::NodeArgs),
     /// Measure every transport and write report.json, report.md, report.svg.
     Bench(bench::BenchArgs),
+    /// Show a running node's counters.
+    Stats(stats::StatsArgs),
 }
 
 /// `--transport` values.

@@ -18,7 +18,7 @@ use crate::netns::Topology;
 use crate::transport::Stats;
 use crate::transport::open::{Endpoint, Options, TransportKind};
 
-pub use node::{HeadConfig, HeadReport, NeighbourPolicy, run_head, run_worker};
+pub use node::{HeadConfig, HeadReport, NeighbourPolicy, WorkerConfig, run_head, run_worker};
 
 /// Where the nodes of a local ring live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -361,7 +361,9 @@ pub fn run(cfg: &RingConfig) -> Result<RingReport, RingError> {
                     let failure = opened.as_ref().err().cloned();
                     gate.arrive(failure, start_timeout)?;
                     let mut t = opened?;
-                    let res = run_worker(&mut *t, cfg.frame_size, cfg.compute, &stop, NeighbourPolicy::Wait);
+                    let wc =
+                        WorkerConfig { frame_size: cfg.frame_size, compute: cfg.compute, ..WorkerConfig::default() };
+                    let res = run_worker(&mut *t, &wc, &stop);
                     let cpu = crate::sys::thread_cpu_time();
                     res.map_err(|e| e.to_string())?;
                     Ok::<_, String>((t.stats(), t.backend_counters(), cpu.0 + cpu.1))
@@ -393,6 +395,8 @@ pub fn run(cfg: &RingConfig) -> Result<RingReport, RingError> {
                     retry: loss_policy(cfg2.transport, cfg2.options.reliability).1,
                     control_workers: if cfg2.control { Some(cfg2.nodes - 1) } else { None },
                     progress: cfg2.progress.clone(),
+                    telemetry: None,
+                    stop: None,
                 };
                 let cpu0 = crate::sys::thread_cpu_time();
                 let res = run_head(&mut *t, &hc).map_err(|e| e.to_string());

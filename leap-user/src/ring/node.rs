@@ -1,6 +1,7 @@
 //! The head and worker loops of one ring member, over any [`Transport`].
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -9,6 +10,7 @@ use leap_common::frame::FrameHeader;
 
 use super::Progress;
 use super::control::{ControlAction, Layers, apply, chain};
+use crate::telemetry::Telemetry;
 use crate::transport::{FrameKind, Transport, TransportError};
 
 /// What the head does.
@@ -32,6 +34,10 @@ pub struct HeadConfig {
     pub control_workers: Option<usize>,
     /// Progress callback.
     pub progress: Option<Progress>,
+    /// Where to publish counters and round trips (a `leap node`).
+    pub telemetry: Option<Arc<Telemetry>>,
+    /// Stop early when set (SIGTERM); the report covers what was done.
+    pub stop: Option<Arc<AtomicBool>>,
 }
 
 /// What the head measured.
@@ -99,7 +105,8 @@ impl Patterns {
 /// A transport error other than a timeout or a lost frame, or a stall longer
 /// than `stall_timeout`.
 pub fn run_head(t: &mut dyn Transport, cfg: &HeadConfig) -> Result<HeadReport, TransportError> {
-    let mut rep = HeadReport { rtts_ns: Vec::with_capacity(cfg.frames as usize), ..Default::default() };
+    let mut rep =
+        HeadReport { rtts_ns: Vec::with_capacity(cfg.frames.min(MAX_SAMPLES) as usize), ..Default::default() };
     let mut buf = vec![0u8; cfg.frame_size];
     if let Some(workers) = cfg.control_workers {
         rep.control_ack = Some(control_round(t, workers, cfg.frame_size, &mut buf)?);
@@ -107,7 +114,9 @@ pub fn run_head(t: &mut dyn Transport, cfg: &HeadConfig) -> Result<HeadReport, T
     let payload_len = cfg.frame_size - FrameHeader::LEN;
     let patterns = Patterns::new((cfg.inflight * 2 + 2).min(16), payload_len);
     let mut in_flight: VecDeque<InFlight> = VecDeque::with_capacity(cfg.inflight);
-    let mut done_pos = vec![false; cfg.frames as usize];
+    // Recently delivered positions, to tell a late copy of a re-sent frame
+    // from garbage; bounded so that endless runs stay small.
+    let mut recent: std::collections::VecDeque<i32> = std::collections::VecDeque::with_capacity(RECENT);
     let mut next_pos: i64 = 0;
     let start = Instant::now();
     let mut last_progress = Instant::now();
@@ -116,6 +125,13 @@ pub fn run_head(t: &mut dyn Transport, cfg: &HeadConfig) -> Result<HeadReport, T
         t.send_multipart_next(&hdr, patterns.payload(pos))
     };
     while rep.delivered + rep.corrupt + rep.lost < cfg.frames {
+        if cfg.stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed)) {
+            log::info!("head stopped after {} frames", rep.delivered);
+            break;
+        }
+        if let Some(tel) = &cfg.telemetry {
+            tel.publish(&*t, rep.delivered, false);
+        }
         while (next_pos as u64) < cfg.frames && in_flight.len() < cfg.inflight {
             let pos = next_pos as i32;
             // The round trip includes our own send.
@@ -154,12 +170,25 @@ pub fn run_head(t: &mut dyn Transport, cfg: &HeadConfig) -> Result<HeadReport, T
                     let f = in_flight.remove(i).expect("index from position");
                     if intact(f.pos) {
                         rep.delivered += 1;
-                        done_pos[f.pos as usize] = true;
-                        rep.rtts_ns.push(now.duration_since(f.sent).as_nanos() as u64);
+                        if recent.len() == RECENT {
+                            recent.pop_front();
+                        }
+                        recent.push_back(f.pos);
+                        let rtt = now.duration_since(f.sent);
+                        if (rep.rtts_ns.len() as u64) < MAX_SAMPLES {
+                            rep.rtts_ns.push(rtt.as_nanos() as u64);
+                        } else {
+                            // Endless runs keep a sliding window of samples.
+                            let i = (rep.delivered % MAX_SAMPLES) as usize;
+                            rep.rtts_ns[i] = rtt.as_nanos() as u64;
+                        }
+                        if let Some(tel) = &cfg.telemetry {
+                            tel.latency.record(rtt);
+                        }
                     } else {
                         rep.corrupt += 1;
                     }
-                } else if done_pos.get(hdr.pos as usize).copied().unwrap_or(false) && intact(hdr.pos) {
+                } else if recent.contains(&hdr.pos) && intact(hdr.pos) {
                     // A frame re-sent by us whose first copy also made it.
                     rep.duplicates += 1;
                 } else {
@@ -200,8 +229,16 @@ pub fn run_head(t: &mut dyn Transport, cfg: &HeadConfig) -> Result<HeadReport, T
         }
     }
     rep.elapsed = start.elapsed();
+    if let Some(tel) = &cfg.telemetry {
+        tel.publish(&*t, rep.delivered, true);
+    }
     Ok(rep)
 }
+
+/// Round-trip samples kept (a sliding window beyond).
+const MAX_SAMPLES: u64 = 1 << 20;
+/// Delivered positions remembered to recognise late duplicates.
+const RECENT: usize = 4096;
 
 /// How often the head sends a frame before counting it lost (with retry).
 const HEAD_ATTEMPTS: u32 = 4;
@@ -253,25 +290,37 @@ pub enum NeighbourPolicy {
     Exit,
 }
 
-/// A worker: receives, computes for `compute`, forwards, until `stop`.
-/// Control messages are applied and forwarded as the protocol says.
+/// What a worker does.
+#[derive(Clone, Debug, Default)]
+pub struct WorkerConfig {
+    /// Bytes per frame (the receive buffer).
+    pub frame_size: usize,
+    /// Simulated compute per frame.
+    pub compute: Duration,
+    /// Silent or departed neighbours.
+    pub policy: NeighbourPolicy,
+    /// Where to publish counters and forward times (a `leap node`).
+    pub telemetry: Option<Arc<Telemetry>>,
+}
+
+/// A worker: receives, computes, forwards, until `stop`. Control messages
+/// are applied and forwarded as the protocol says.
 ///
 /// # Errors
 ///
 /// A transport error other than a lost frame; with
 /// [`NeighbourPolicy::Wait`] also not a deadline or a closed connection.
 /// Nothing once `stop` is set (the head finished and closed its connections).
-pub fn run_worker(
-    t: &mut dyn Transport,
-    frame_size: usize,
-    compute: Duration,
-    stop: &AtomicBool,
-    policy: NeighbourPolicy,
-) -> Result<Layers, TransportError> {
+pub fn run_worker(t: &mut dyn Transport, cfg: &WorkerConfig, stop: &AtomicBool) -> Result<Layers, TransportError> {
+    let (frame_size, compute, policy) = (cfg.frame_size, cfg.compute, cfg.policy);
+    let mut frames = 0u64;
     let mut buf = vec![0u8; frame_size];
     let mut layers = Layers::default();
     let mut silent_since: Option<Instant> = None;
     while !stop.load(Ordering::Relaxed) {
+        if let Some(tel) = &cfg.telemetry {
+            tel.publish(&*t, frames, false);
+        }
         let got = match t.recv_prev(&mut buf) {
             Ok(got) => got,
             Err(TransportError::FrameLost { .. }) => continue,
@@ -288,6 +337,7 @@ pub fn run_worker(
             }
             Err(e) => return Err(e),
         };
+        let received_at = Instant::now();
         if let Some(since) = silent_since.take() {
             log::info!("previous node back after {:.1} s", since.elapsed().as_secs_f64());
         }
@@ -310,6 +360,14 @@ pub fn run_worker(
             Err(_) if stop.load(Ordering::Relaxed) => break,
             Err(e) => return Err(e),
         }
+        frames += 1;
+        if let Some(tel) = &cfg.telemetry {
+            tel.latency.record(received_at.elapsed());
+            tel.publish(&*t, frames, false);
+        }
+    }
+    if let Some(tel) = &cfg.telemetry {
+        tel.publish(&*t, frames, true);
     }
     Ok(layers)
 }

@@ -335,7 +335,10 @@ pub fn set_int(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int, value:
 /// The `ppoll` error, except `EINTR` (false).
 pub fn wait_readable(fd: BorrowedFd<'_>, timeout: std::time::Duration) -> io::Result<bool> {
     let mut pfd = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-    let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as _ };
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+    };
     // SAFETY: one valid pollfd, a valid timespec, no signal mask.
     let r = unsafe { libc::ppoll(&mut pfd, 1, &ts, ptr::null()) };
     if r < 0 {

@@ -320,7 +320,7 @@ impl TcpTransport {
 
     /// The connection from the previous node, accepting it (again) if needed,
     /// waiting at most the receive deadline.
-    fn from_prev(&mut self) -> Result<()> {
+    fn ensure_from_prev(&mut self) -> Result<()> {
         if self.from_prev.is_none() {
             let wait = self.cfg.recv_timeout.unwrap_or(self.cfg.setup_timeout);
             let s = accept_from(&self.listener, self.cfg.prev, wait)?;
@@ -365,7 +365,7 @@ impl Transport for TcpTransport {
     }
 
     fn recv_prev(&mut self, buf: &mut [u8]) -> Result<Received> {
-        let res = match self.from_prev() {
+        let res = match self.ensure_from_prev() {
             Ok(_) => {
                 let inb = self.from_prev.as_mut().expect("connected");
                 Self::read(inb, &self.cfg, buf, "previous")

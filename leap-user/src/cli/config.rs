@@ -1,0 +1,417 @@
+//! `leap node --config FILE`: the TOML file operators write, validated with
+//! messages that name the field and the fix.
+//!
+//! ```toml
+//! [ring]
+//! me = "b"                      # which member this host is
+//! frame_size = 16392
+//! members = [
+//!   { name = "a", addr = "10.0.0.1:9999" },   # the first member is the head
+//!   { name = "b", addr = "10.0.0.2:9999" },
+//!   { name = "c", addr = "10.0.0.3:9999" },
+//! ]
+//!
+//! [transport]
+//! order = ["xdp", "kmod", "udp"]  # first that works here
+//! interface = "eth0"              # where frames arrive
+//! xdp_mode = "auto"               # auto | drv | skb
+//! reliability = "reliable"        # reliable | best-effort
+//! peer_filter = true              # accept only the previous member
+//! recv_timeout_ms = 1000          # silent-neighbour deadline
+//!
+//! [node]
+//! log = "info"
+//! on_neighbour_loss = "wait"      # wait | exit
+//! metrics = "127.0.0.1:9464"      # Prometheus text at /metrics
+//! stats_socket = "/run/leap/b.sock"
+//! ```
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::transport::datagram::Reliability;
+use crate::transport::open::TransportKind;
+
+/// The whole file.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct NodeFile {
+    /// The ring.
+    pub ring: RingSection,
+    /// The transport.
+    #[serde(default)]
+    pub transport: TransportSection,
+    /// The process.
+    #[serde(default)]
+    pub node: NodeSection,
+}
+
+/// `[ring]`.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RingSection {
+    /// Members in ring order; the first is the head.
+    pub members: Vec<Member>,
+    /// Name of the member this host is.
+    pub me: String,
+    /// Bytes per frame.
+    #[serde(default = "default_frame_size")]
+    pub frame_size: usize,
+    /// Head: frames to drive (0: until stopped).
+    #[serde(default)]
+    pub frames: u64,
+    /// Head: frames in flight.
+    #[serde(default = "one")]
+    pub inflight: usize,
+    /// Worker: simulated compute per frame, microseconds.
+    #[serde(default)]
+    pub compute_us: u64,
+}
+
+/// One member.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Member {
+    /// Its name.
+    pub name: String,
+    /// `ADDR:PORT` it listens on and sends from.
+    pub addr: String,
+}
+
+/// `[transport]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TransportSection {
+    /// Backends to try, in order.
+    #[serde(default = "default_order")]
+    pub order: Vec<String>,
+    /// Interface where frames arrive (XDP attaches there).
+    pub interface: Option<String>,
+    /// XDP attach mode.
+    #[serde(default = "default_mode")]
+    pub xdp_mode: String,
+    /// XDP object instead of the embedded one.
+    pub xdp_object: Option<PathBuf>,
+    /// AF_XDP receive queues: "all" or a list.
+    pub queues: Option<toml::Value>,
+    /// Loss recovery.
+    #[serde(default)]
+    pub reliability: Reliability,
+    /// Accept frames only from the previous member.
+    #[serde(default = "yes")]
+    pub peer_filter: bool,
+    /// Receive deadline: a neighbour silent this long is reported.
+    #[serde(default = "default_timeout")]
+    pub recv_timeout_ms: u64,
+    /// Seconds allowed to connect (TCP).
+    #[serde(default = "default_setup")]
+    pub setup_timeout_s: u64,
+}
+
+impl Default for TransportSection {
+    fn default() -> Self {
+        Self {
+            order: default_order(),
+            interface: None,
+            xdp_mode: default_mode(),
+            xdp_object: None,
+            queues: None,
+            reliability: Reliability::Reliable,
+            peer_filter: true,
+            recv_timeout_ms: default_timeout(),
+            setup_timeout_s: default_setup(),
+        }
+    }
+}
+
+/// `[node]`.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct NodeSection {
+    /// Log level.
+    pub log: Option<String>,
+    /// `wait` or `exit`.
+    pub on_neighbour_loss: Option<String>,
+    /// Prometheus endpoint address.
+    pub metrics: Option<String>,
+    /// Unix socket for `leap stats`.
+    pub stats_socket: Option<PathBuf>,
+}
+
+fn default_frame_size() -> usize {
+    16_392
+}
+fn one() -> usize {
+    1
+}
+fn yes() -> bool {
+    true
+}
+fn default_order() -> Vec<String> {
+    vec!["xdp".into(), "kmod".into(), "udp".into()]
+}
+fn default_mode() -> String {
+    "auto".into()
+}
+fn default_timeout() -> u64 {
+    1000
+}
+fn default_setup() -> u64 {
+    30
+}
+
+/// A configuration problem: the field and what to do.
+#[derive(Debug, thiserror::Error)]
+#[error("{field}: {problem}")]
+pub struct ConfigError {
+    /// Dotted path of the field, e.g. `ring.members[2].addr`.
+    pub field: String,
+    /// What is wrong and how to fix it.
+    pub problem: String,
+}
+
+fn err(field: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+    ConfigError { field: field.into(), problem: problem.into() }
+}
+
+/// What the file means for this host, after validation.
+#[derive(Debug, Clone)]
+pub struct NodePlan {
+    /// This member's name.
+    pub name: String,
+    /// Head (index 0) or worker.
+    pub is_head: bool,
+    /// Member count.
+    pub members: usize,
+    /// Our address.
+    pub listen: SocketAddr,
+    /// The next member's.
+    pub next: SocketAddr,
+    /// The previous member's (peer filter), if filtering.
+    pub prev: Option<SocketAddr>,
+    /// Backends in order.
+    pub order: Vec<TransportKind>,
+    /// The validated file.
+    pub file: NodeFile,
+}
+
+/// Reads and validates a node file.
+///
+/// # Errors
+///
+/// [`ConfigError`] naming the field: unreadable file, TOML syntax, unknown
+/// field, unknown transport, malformed address, `me` not among the members,
+/// a missing interface, bad sizes.
+pub fn load(path: &Path) -> Result<NodePlan, ConfigError> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| err(path.display().to_string(), format!("cannot read: {e}")))?;
+    let file: NodeFile = toml::from_str(&text).map_err(|e| {
+        let msg = e.message().to_string();
+        err(path.display().to_string(), format!("{msg} (see `leap node --help` for the format)"))
+    })?;
+    validate(file)
+}
+
+/// Validates a parsed node file.
+///
+/// # Errors
+///
+/// As [`load`].
+pub fn validate(file: NodeFile) -> Result<NodePlan, ConfigError> {
+    let r = &file.ring;
+    if r.members.len() < 2 {
+        return Err(err("ring.members", "a ring needs at least 2 members (the first is the head)"));
+    }
+    let mut addrs = Vec::new();
+    for (i, m) in r.members.iter().enumerate() {
+        if m.name.is_empty() {
+            return Err(err(format!("ring.members[{i}].name"), "empty name"));
+        }
+        if r.members[..i].iter().any(|o| o.name == m.name) {
+            return Err(err(
+                format!("ring.members[{i}].name"),
+                format!("`{}` appears twice; names must be unique", m.name),
+            ));
+        }
+        let a: SocketAddr = m.addr.parse().map_err(|_| {
+            err(
+                format!("ring.members[{i}].addr"),
+                format!("`{}` is not ADDR:PORT (e.g. 10.0.0.2:9999 or [fd00::2]:9999)", m.addr),
+            )
+        })?;
+        if a.port() == 0 {
+            return Err(err(format!("ring.members[{i}].addr"), "port 0: give the port the member listens on"));
+        }
+        addrs.push(a);
+    }
+    let Some(me) = r.members.iter().position(|m| m.name == r.me) else {
+        let names: Vec<&str> = r.members.iter().map(|m| m.name.as_str()).collect();
+        return Err(err(
+            "ring.me",
+            format!("`{}` is not a member; this host must be one of: {}", r.me, names.join(", ")),
+        ));
+    };
+    let min = leap_common::control::CONTROL_FRAME_MIN;
+    if r.frame_size < min || r.frame_size > crate::ring::MAX_FRAME {
+        return Err(err("ring.frame_size", format!("{} is outside {min}..={}", r.frame_size, crate::ring::MAX_FRAME)));
+    }
+    if !(1..=64).contains(&r.inflight) {
+        return Err(err("ring.inflight", format!("{} is outside 1..=64", r.inflight)));
+    }
+    let t = &file.transport;
+    if t.order.is_empty() {
+        return Err(err("transport.order", "empty: list at least one of tcp, udp, xdp, xdp-ringbuf, kmod"));
+    }
+    let mut order = Vec::new();
+    for (i, name) in t.order.iter().enumerate() {
+        let k: TransportKind = name.parse().map_err(|e: String| err(format!("transport.order[{i}]"), e))?;
+        order.push(k);
+    }
+    if !["auto", "drv", "skb"].contains(&t.xdp_mode.as_str()) {
+        return Err(err("transport.xdp_mode", format!("`{}`: choose auto, drv or skb", t.xdp_mode)));
+    }
+    let needs_iface = order.iter().any(|k| matches!(k, TransportKind::Xdp | TransportKind::XdpRingbuf));
+    match &t.interface {
+        Some(i) if !Path::new("/sys/class/net").join(i).exists() => {
+            return Err(err("transport.interface", format!("no interface `{i}` on this host (see `ip link`)")));
+        }
+        None if needs_iface => {
+            return Err(err("transport.interface", "the XDP transports need the interface where frames arrive"));
+        }
+        _ => {}
+    }
+    if let Some(q) = &t.queues {
+        let ok = q.as_str() == Some("all")
+            || q.as_array().is_some_and(|a| {
+                !a.is_empty() && a.iter().all(|v| v.as_integer().is_some_and(|n| (0..1024).contains(&n)))
+            });
+        if !ok {
+            return Err(err("transport.queues", "`all` or a non-empty list of queue numbers, e.g. [0, 1]"));
+        }
+    }
+    if let Some(p) = &t.xdp_object
+        && !p.is_file()
+    {
+        return Err(err("transport.xdp_object", format!("{} is not a file", p.display())));
+    }
+    let n = &file.node;
+    if let Some(p) = &n.on_neighbour_loss
+        && p != "wait"
+        && p != "exit"
+    {
+        return Err(err("node.on_neighbour_loss", format!("`{p}`: choose wait or exit")));
+    }
+    if let Some(m) = &n.metrics
+        && m.parse::<SocketAddr>().is_err()
+    {
+        return Err(err("node.metrics", format!("`{m}` is not ADDR:PORT, e.g. 127.0.0.1:9464")));
+    }
+    if let Some(l) = &n.log
+        && l.parse::<log::LevelFilter>().is_err()
+    {
+        return Err(err("node.log", format!("`{l}`: choose error, warn, info, debug or trace")));
+    }
+    let len = r.members.len();
+    Ok(NodePlan {
+        name: r.me.clone(),
+        is_head: me == 0,
+        members: len,
+        listen: addrs[me],
+        next: addrs[(me + 1) % len],
+        prev: t.peer_filter.then_some(addrs[(me + len - 1) % len]),
+        order,
+        file,
+    })
+}
+
+/// Effective capabilities of this process (bit n = capability n).
+fn effective_caps() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("CapEff:").map(|v| v.trim().to_string())))
+        .and_then(|v| u64::from_str_radix(&v, 16).ok())
+        .unwrap_or(0)
+}
+
+/// What `kind` needs that this process lacks, named as capabilities.
+pub fn missing_privileges(kind: TransportKind) -> Option<String> {
+    const NET_ADMIN: u32 = 12;
+    const NET_RAW: u32 = 13;
+    const SYS_ADMIN: u32 = 21;
+    const BPF: u32 = 39;
+    let caps = effective_caps();
+    let has = |c: u32| caps & (1 << c) != 0;
+    match kind {
+        TransportKind::Xdp | TransportKind::XdpRingbuf => {
+            let mut miss = Vec::new();
+            if !has(BPF) && !has(SYS_ADMIN) {
+                miss.push("CAP_BPF");
+            }
+            if !has(NET_ADMIN) {
+                miss.push("CAP_NET_ADMIN");
+            }
+            if kind == TransportKind::Xdp && !has(NET_RAW) {
+                miss.push("CAP_NET_RAW");
+            }
+            (!miss.is_empty()).then(|| {
+                format!(
+                    "{kind} needs {} (run as root, or grant them: see packaging/leap-node@.service)",
+                    miss.join(", ")
+                )
+            })
+        }
+        TransportKind::Kmod => {
+            let dev = leap_common::kmod::DEVICE_PATH;
+            if !Path::new(dev).exists() {
+                Some(format!("{dev} is missing: load the module (modprobe leap_kmod, or DKMS: see kmod/dkms.conf)"))
+            } else if std::fs::OpenOptions::new().read(true).write(true).open(dev).is_err() {
+                Some(format!("cannot open {dev}: run as root or give the service user access to the device"))
+            } else {
+                None
+            }
+        }
+        TransportKind::Tcp | TransportKind::Udp => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<NodePlan, ConfigError> {
+        validate(toml::from_str(s).map_err(|e| err("toml", e.to_string()))?)
+    }
+
+    const GOOD: &str = r#"
+[ring]
+me = "b"
+members = [{ name = "a", addr = "127.0.0.1:9000" }, { name = "b", addr = "127.0.0.1:9001" }, { name = "c", addr = "127.0.0.1:9002" }]
+[transport]
+order = ["udp"]
+"#;
+
+    #[test]
+    fn a_good_file_resolves_neighbours() {
+        let p = parse(GOOD).unwrap();
+        assert!(!p.is_head);
+        assert_eq!(p.next.port(), 9002);
+        assert_eq!(p.prev.unwrap().port(), 9000);
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let cases = [
+            (GOOD.replace("[\"udp\"]", "[\"udp\", \"pigeon\"]"), "transport.order[1]"),
+            (GOOD.replace("127.0.0.1:9002", "127.0.0.300:9002"), "ring.members[2].addr"),
+            (GOOD.replace("me = \"b\"", "me = \"z\""), "ring.me"),
+            (GOOD.replace("order = [\"udp\"]", "order = [\"udp\"]\ninterface = \"nope0\""), "transport.interface"),
+            (GOOD.replace("order = [\"udp\"]", "order = [\"xdp\"]"), "transport.interface"),
+        ];
+        for (text, field) in cases {
+            let e = parse(&text).unwrap_err();
+            assert_eq!(e.field, field, "{e}");
+        }
+    }
+}

@@ -1,0 +1,56 @@
+//! `leap stats`: a running node's counters, from its stats socket.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+/// Arguments of `leap stats`.
+#[derive(Debug, Clone, Args)]
+pub struct StatsArgs {
+    /// The node's stats socket (`--stats-socket` / `node.stats_socket`).
+    #[arg(long, value_name = "PATH", default_value = "/run/leap/leap.sock")]
+    pub socket: PathBuf,
+    /// Print JSON instead of a summary.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `leap stats`.
+///
+/// # Errors
+///
+/// The node is not running or the socket is not a leap node's.
+pub fn main(args: &StatsArgs) -> Result<()> {
+    let v = crate::telemetry::query_stats(&args.socket).with_context(|| {
+        format!("no leap node answers on {} (is it running with that --stats-socket?)", args.socket.display())
+    })?;
+    if args.json {
+        println!("{v}");
+        return Ok(());
+    }
+    println!(
+        "node {} ({}, {}), up {:.0} s, {} frames",
+        v["node"],
+        v["role"],
+        v["transport"],
+        v["uptime_s"].as_f64().unwrap_or(0.0),
+        v["frames"]
+    );
+    if let Some(s) = v["stats"].as_object() {
+        for (k, val) in s {
+            if k != "drops" {
+                println!("  {k:<16} {val}");
+            }
+        }
+        if let Some(d) = s.get("drops").and_then(|d| d.as_object()) {
+            let nz: Vec<String> =
+                d.iter().filter(|(_, v)| v.as_u64() != Some(0)).map(|(k, v)| format!("{k}={v}")).collect();
+            println!("  drops            {}", if nz.is_empty() { "none".into() } else { nz.join(" ") });
+        }
+    }
+    if !v["backend"].is_null() {
+        println!("  backend          {}", v["backend"]);
+    }
+    Ok(())
+}
