@@ -131,6 +131,8 @@ pub fn run_ci(args: Args) -> Result<()> {
         let leap = root.join("target/release/leap");
         for t in ["tcp", "udp"] {
             ring_smoke(&leap, t, "--loopback", 2000)?;
+            // The embedding example: a toy 3-stage pipeline through the trait.
+            run(cargo().args(["run", "--release", "--locked", "-p", "leap", "--example", "pipeline", "--", t]))?;
         }
         if require_root("smoke (namespaces)")? {
             for t in ["tcp", "udp"] {

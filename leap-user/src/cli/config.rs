@@ -357,7 +357,7 @@ pub fn missing_privileges(kind: TransportKind) -> Option<String> {
             }
             (!miss.is_empty()).then(|| {
                 format!(
-                    "{kind} needs {} (run as root, or grant them: see packaging/leap-node@.service)",
+                    "{kind} needs {} (run as root, or grant them: see leap-user/packaging/leap-node@.service)",
                     miss.join(", ")
                 )
             })
