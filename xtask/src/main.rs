@@ -1,6 +1,7 @@
 //! `cargo xtask`: builds what plain cargo cannot (the BPF object, the kernel
 //! module, the VM image) and runs the checks and the benchmark.
 
+mod bench;
 mod ci;
 mod ebpf;
 mod kmod;
@@ -42,6 +43,8 @@ enum Cmd {
         #[arg(long)]
         kernel_dir: Option<std::path::PathBuf>,
     },
+    /// The main job: build everything, benchmark every transport (host and VM), write one report.
+    Bench(bench::Args),
     /// Boot Debian's kernel in qemu with the module and run the kmod suite (or `-- CMD...`).
     Vm(vm::Args),
 }
@@ -49,6 +52,7 @@ enum Cmd {
 fn main() -> Result<()> {
     match Cli::parse().cmd {
         Cmd::Ci(args) => ci::run_ci(args),
+        Cmd::Bench(args) => bench::run_bench(args),
         Cmd::BuildEbpf { install } => ebpf::build_ebpf(install).map(drop),
         Cmd::Build { install, release } => ebpf::build(install, release),
         Cmd::BuildKmod { kernel_dir } => kmod::build(kernel_dir.as_deref()).map(drop),
