@@ -37,6 +37,7 @@ fn main() -> ExitCode {
         Command::Node(a) => leap::cli::node::main(a),
         Command::Bench(a) => leap::cli::bench::main(a),
         Command::Stats(a) => leap::cli::stats::main(a),
+        Command::Xdp(a) => leap::cli::xdp::main(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

@@ -38,6 +38,8 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// Show a running node's counters.
     Stats(stats::StatsArgs),
+    /// Attach, detach and inspect the XDP program on an interface.
+    Xdp(xdp::XdpArgs),
 }
 
 /// `--transport` values.
