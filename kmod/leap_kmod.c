@@ -65,6 +65,9 @@
 /* encap_type of our kernel sockets: any value no other encap user claims. */
 #define LEAP_UDP_ENCAP		0x4c
 #define LEAP_LOST_QUEUE		64
+/* Chunks per GSO send: 44 * 1412 bytes stay below the 64 KiB IP limit. */
+#define LEAP_GSO_CHUNKS		44
+#define LEAP_CHUNK_WIRE_MAX	(LEAP_CHUNK_HDR_LEN + LEAP_CHUNK_PAYLOAD_MAX)
 
 static unsigned int busy_wait_limit = 5000;
 module_param(busy_wait_limit, uint, 0644);
@@ -73,6 +76,20 @@ MODULE_PARM_DESC(busy_wait_limit, "Spins on an empty queue before sleeping (defa
 static unsigned int frame_timeout_ms = 200;
 module_param(frame_timeout_ms, uint, 0644);
 MODULE_PARM_DESC(frame_timeout_ms, "Default time after which an incomplete frame is reported lost (ms)");
+
+/*
+ * Off by default: on loopback and veth the receiver then takes every chunk
+ * through the UDP stack (segmentation, socket lookup) instead of the hook,
+ * and no gain was measured there; for NICs that segment in hardware.
+ */
+static bool tx_gso;
+module_param(tx_gso, bool, 0644);
+MODULE_PARM_DESC(tx_gso, "Send up to 44 chunks per UDP GSO datagram where the route allows (default off)");
+
+/* The original's parameter: the layout is ABI now, so only its value is taken. */
+static unsigned long leap_buffer_size = LEAP_HALF_SIZE;
+module_param(leap_buffer_size, ulong, 0444);
+MODULE_PARM_DESC(leap_buffer_size, "Bytes per half of the buffer; must be 8388608 (the ABI)");
 
 static unsigned int max_opens = 16;
 module_param(max_opens, uint, 0444);
@@ -124,6 +141,9 @@ struct leap_file {
 	__be32 dest_addr;
 	__be16 dest_port;		/* 0: same as the listening port */
 	u16 tx_seq;
+	bool gso;			/* socket's gso_size set, not yet refused */
+	u8 tx_hdr[LEAP_GSO_CHUNKS][LEAP_CHUNK_HDR_LEN];
+	struct kvec tx_vec[2 * LEAP_GSO_CHUNKS];
 
 	spinlock_t rx_lock;		/* everything below */
 	wait_queue_head_t wq;
@@ -504,6 +524,9 @@ static int leap_bind(struct leap_file *f, u16 port)
 		goto err_clear_port;
 	f->hooked = true;
 	f->sock = sock;
+	/* Every send may carry up to LEAP_GSO_CHUNKS chunks of 1412 bytes. */
+	f->gso = READ_ONCE(tx_gso);
+	WRITE_ONCE(udp_sk(sock->sk)->gso_size, f->gso ? LEAP_CHUNK_WIRE_MAX : 0);
 	return 0;
 
 err_clear_port:
@@ -515,13 +538,55 @@ err_release_sock:
 	return err;
 }
 
-/* Sends bytes [0, len) of the TX area as frame `seq`, one datagram per chunk. */
-static int leap_send_frame(struct leap_file *f, u32 len, u16 flags, u16 *seq_out)
+/*
+ * Sends chunks [first, first + n) of the frame at `tx` in one sendmsg: one
+ * datagram, or a GSO datagram the stack cuts into n chunks of 1412 bytes.
+ */
+static int leap_send_chunks(struct leap_file *f, struct sockaddr_in *to, const u8 *tx, u32 len, u16 seq,
+			    u32 total, u16 flags, u32 first, u32 n)
+{
+	struct msghdr msg = {
+		.msg_name = to,
+		.msg_namelen = sizeof(*to),
+	};
+	size_t bytes = 0;
+	u32 i;
+
+	for (i = 0; i < n; i++) {
+		u32 id = first + i;
+		u32 off = id * LEAP_CHUNK_PAYLOAD_MAX;
+		u32 plen = min_t(u32, LEAP_CHUNK_PAYLOAD_MAX, len - off);
+		u8 *hdr = f->tx_hdr[i];
+
+		put_unaligned_be32(LEAP_CHUNK_MAGIC, hdr);
+		put_unaligned_be16(seq, hdr + 4);
+		put_unaligned_be16(id, hdr + 6);
+		put_unaligned_be16(total, hdr + 8);
+		put_unaligned_be16(flags, hdr + 10);
+		f->tx_vec[2 * i] = (struct kvec){ .iov_base = hdr, .iov_len = LEAP_CHUNK_HDR_LEN };
+		f->tx_vec[2 * i + 1] = (struct kvec){ .iov_base = (void *)(tx + off), .iov_len = plen };
+		bytes += LEAP_CHUNK_HDR_LEN + plen;
+	}
+	return kernel_sendmsg(f->sock, &msg, f->tx_vec, 2 * n, bytes);
+}
+
+/* Stops using GSO on this file's socket (the route cannot do it). */
+static void leap_gso_off(struct leap_file *f, int err)
+{
+	f->gso = false;
+	WRITE_ONCE(udp_sk(f->sock->sk)->gso_size, 0);
+	pr_info_ratelimited("UDP GSO refused (%d) on port %u: one datagram per chunk from now on\n", err,
+			    ntohs(f->port));
+}
+
+/*
+ * Sends `len` bytes at `tx` (the TX area, or a copy of a write() buffer) as
+ * the next frame. Called with cfg_lock held.
+ */
+static int leap_send_frame(struct leap_file *f, const u8 *tx, u32 len, u16 flags, u16 *seq_out)
 {
 	struct sockaddr_in to = { .sin_family = AF_INET };
-	u8 hdr[LEAP_CHUNK_HDR_LEN];
-	const u8 *tx = f->buf + LEAP_TX_OFFSET;
-	u32 total, id;
+	u32 total, id, n;
 	u16 seq;
 	int err = 0;
 
@@ -536,30 +601,22 @@ static int leap_send_frame(struct leap_file *f, u32 len, u16 flags, u16 *seq_out
 	total = DIV_ROUND_UP(len, LEAP_CHUNK_PAYLOAD_MAX);
 	seq = ++f->tx_seq;
 
-	put_unaligned_be32(LEAP_CHUNK_MAGIC, hdr);
-	put_unaligned_be16(seq, hdr + 4);
-	put_unaligned_be16(total, hdr + 8);
-	put_unaligned_be16(flags, hdr + 10);
-	for (id = 0; id < total; id++) {
-		u32 off = id * LEAP_CHUNK_PAYLOAD_MAX;
-		u32 plen = min_t(u32, LEAP_CHUNK_PAYLOAD_MAX, len - off);
-		struct kvec vec[2] = {
-			{ .iov_base = hdr, .iov_len = sizeof(hdr) },
-			{ .iov_base = (void *)(tx + off), .iov_len = plen },
-		};
-		struct msghdr msg = {
-			.msg_name = &to,
-			.msg_namelen = sizeof(to),
-		};
+	for (id = 0; id < total; id += n) {
 		int ret;
 
-		put_unaligned_be16(id, hdr + 6);
-		ret = kernel_sendmsg(f->sock, &msg, vec, 2, sizeof(hdr) + plen);
+		n = f->gso ? min_t(u32, LEAP_GSO_CHUNKS, total - id) : 1;
+		ret = leap_send_chunks(f, &to, tx, len, seq, total, flags, id, n);
+		if (ret < 0 && f->gso && (ret == -EIO || ret == -EINVAL)) {
+			/* Nothing of this group left: send it again, chunk by chunk. */
+			leap_gso_off(f, ret);
+			n = 0;
+			continue;
+		}
 		if (ret < 0) {
 			err = ret;
 			break;
 		}
-		f->c.tx_chunks++;
+		f->c.tx_chunks += n;
 		cond_resched();
 	}
 	if (err) {
@@ -715,6 +772,30 @@ static int leap_release(struct inode *inode, struct file *file)
 	vfree(f->buf);
 	kfree(f);
 	return 0;
+}
+
+/* write(): the original's other way to send a frame, from a user buffer. */
+static ssize_t leap_write(struct file *file, const char __user *ubuf, size_t len, loff_t *ppos)
+{
+	struct leap_file *f = file->private_data;
+	void *copy;
+	int err;
+
+	if (!len || len > LEAP_HALF_SIZE)
+		return -EMSGSIZE;
+	copy = kvmalloc(len, GFP_KERNEL);
+	if (!copy)
+		return -ENOMEM;
+	if (copy_from_user(copy, ubuf, len)) {
+		err = -EFAULT;
+		goto out_free_copy;
+	}
+	mutex_lock(&f->cfg_lock);
+	err = leap_send_frame(f, copy, len, LEAP_CHUNK_F_LEAP | LEAP_CHUNK_KIND_DATA, NULL);
+	mutex_unlock(&f->cfg_lock);
+out_free_copy:
+	kvfree(copy);
+	return err ? err : len;
 }
 
 static int leap_mmap(struct file *file, struct vm_area_struct *vma)
@@ -897,7 +978,7 @@ static long leap_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 		if (len > INT_MAX)
 			return -EINVAL;
 		mutex_lock(&f->cfg_lock);
-		ret = leap_send_frame(f, len, LEAP_CHUNK_F_LEAP | LEAP_CHUNK_KIND_DATA, NULL);
+		ret = leap_send_frame(f, f->buf + LEAP_TX_OFFSET, len, LEAP_CHUNK_F_LEAP | LEAP_CHUNK_KIND_DATA, NULL);
 		mutex_unlock(&f->cfg_lock);
 		return ret ? ret : len;
 	}
@@ -907,7 +988,7 @@ static long leap_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 		if (copy_from_user(&s, uarg, sizeof(s)))
 			return -EFAULT;
 		mutex_lock(&f->cfg_lock);
-		ret = leap_send_frame(f, s.len, s.flags, &s.seq);
+		ret = leap_send_frame(f, f->buf + LEAP_TX_OFFSET, s.len, s.flags, &s.seq);
 		mutex_unlock(&f->cfg_lock);
 		if (ret)
 			return ret;
@@ -978,6 +1059,7 @@ static const struct file_operations leap_fops = {
 	.owner = THIS_MODULE,
 	.open = leap_open,
 	.release = leap_release,
+	.write = leap_write,
 	.unlocked_ioctl = leap_ioctl,
 	.compat_ioctl = compat_ptr_ioctl,
 	.mmap = leap_mmap,
@@ -1004,6 +1086,11 @@ static int __init leap_init(void)
 	BUILD_BUG_ON(sizeof(struct leap_wait) != 32);
 	BUILD_BUG_ON(LEAP_BANK_CHUNKS_MAX * LEAP_CHUNK_PAYLOAD_MAX > LEAP_BANK_SIZE);
 
+	if (leap_buffer_size != LEAP_HALF_SIZE) {
+		pr_err("leap_buffer_size=%lu: only %u is supported (the mmap layout is ABI)\n",
+		       leap_buffer_size, LEAP_HALF_SIZE);
+		return -EINVAL;
+	}
 	err = misc_register(&leap_misc);
 	if (err) {
 		pr_err("cannot register /dev/%s: %d\n", LEAP_DEVICE_NAME, err);

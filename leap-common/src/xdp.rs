@@ -25,6 +25,16 @@ use crate::chunk::{CHUNK_DATAGRAM_MAX, ChunkHeader, ChunkKind};
 
 /// Name of the XDP program in the object (its function name).
 pub const PROGRAM_NAME: &str = "leap_xdp";
+/// The same program for multi-buffer packets (`xdp.frags`): on virtual
+/// devices (veth) a UDP GSO super-packet then reaches XDP whole, and in
+/// ring-buffer mode it is split into one record per segment
+/// ([`GSO_SEGMENT`] bytes each) instead of being segmented before XDP.
+pub const PROGRAM_FRAGS_NAME: &str = "leap_xdp_frags";
+/// Segment size of the GSO super-packets leap sends: one full chunk.
+pub const GSO_SEGMENT: usize = crate::chunk::CHUNK_DATAGRAM_MAX;
+/// Most segments of one super-packet the program splits (an IP packet
+/// holds at most 65535 bytes).
+pub const MAX_GSO_SEGMENTS: usize = 46;
 /// `Array<XdpConfig>` with one entry.
 pub const MAP_CONFIG: &str = "LEAP_CONFIG";
 /// `HashMap<u16, PortRule>`: destination ports (host order) to pick up.
@@ -167,7 +177,8 @@ pub const fn kind_bit(reserved: u16) -> u32 {
 }
 
 /// Indices of `LEAP_COUNTERS`. Every packet the program sees increments
-/// exactly one of them.
+/// exactly one of them, except a GSO super-packet split by the multi-buffer
+/// program ([`PROGRAM_FRAGS_NAME`]), which counts one decision per segment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
 pub enum Counter {

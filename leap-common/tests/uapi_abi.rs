@@ -132,7 +132,8 @@ fn values_from_c(exprs: &[&str]) -> BTreeMap<String, u64> {
     let header = header.canonicalize().expect("kmod/leap_uapi.h exists");
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("uapi_abi");
     std::fs::create_dir_all(&dir).unwrap();
-    let mut src = format!("#include <stdio.h>\n#include <stddef.h>\n#include \"{}\"\nint main(void)\n{{\n", header.display());
+    let mut src =
+        format!("#include <stdio.h>\n#include <stddef.h>\n#include \"{}\"\nint main(void)\n{{\n", header.display());
     for e in exprs {
         src.push_str(&format!("\tprintf(\"%s %llu\\n\", \"{e}\", (unsigned long long)({e}));\n"));
     }

@@ -39,8 +39,9 @@ pub fn debian_release() -> Result<String> {
 /// holds the upstream version instead).
 fn release_of(kernel_dir: &Path) -> Result<String> {
     let file = kernel_dir.join("include/generated/utsrelease.h");
-    let text = std::fs::read_to_string(&file)
-        .with_context(|| format!("{} is not a configured kernel build tree (no {})", kernel_dir.display(), file.display()))?;
+    let text = std::fs::read_to_string(&file).with_context(|| {
+        format!("{} is not a configured kernel build tree (no {})", kernel_dir.display(), file.display())
+    })?;
     text.lines()
         .find_map(|l| l.strip_prefix("#define UTS_RELEASE"))
         .map(|v| v.trim().trim_matches('"').to_owned())

@@ -5,6 +5,9 @@
 //! The host kernel here cannot load modules, so this is where the module is
 //! proven. The guest has no network device: every packet stays on its
 //! loopback or on veth pairs the tests create inside it.
+//!
+//! qemu runs under TCG (software emulation, about 10 s to boot and load);
+//! `LEAP_VM_ACCEL=kvm` uses KVM where nested virtualisation works.
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
@@ -36,6 +39,10 @@ pub struct Args {
     cmd: Vec<String>,
 }
 
+/// Host programs the guest gets in `/sbin` (ahead of busybox's applets on
+/// PATH): iproute2's `ip` has `ip netns`, which busybox's lacks.
+const HOST_TOOLS: &[&str] = &["/bin/ip"];
+
 /// Extra modules of the Debian kernel the guest needs (with their deps).
 const GUEST_MODULES: &[&str] = &["veth"];
 
@@ -45,7 +52,8 @@ const EXIT_MARKER: &str = "LEAP_VM_EXIT=";
 /// `/init` of the guest.
 const INIT: &str = r#"#!/bin/busybox sh
 /bin/busybox --install -s /bin
-export PATH=/bin
+export PATH=/sbin:/bin
+mkdir -p /run/netns /var/run
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
@@ -94,6 +102,37 @@ if [ -x /bin/kmod_vm ]; then
 	fi
 fi
 
+# A ring through `leap`: its JSON line must show every frame delivered intact.
+ring() {
+	n=$1
+	name=$2
+	shift 2
+	leap ring "$@" --frames $n --json >/tmp/ring.out 2>/tmp/ring.err
+	rc=$?
+	line=$(tail -n 1 /tmp/ring.out)
+	echo "$line"
+	if [ $rc = 0 ] && echo "$line" | grep -q "\"frames_delivered\":$n," &&
+		echo "$line" | grep -q '"frames_corrupt":0,'; then
+		ok "$name"
+	else
+		tail -n 20 /tmp/ring.err
+		ko "$name (exit $rc)"
+	fi
+}
+if [ -x /bin/leap ]; then
+	ring 1000 "leap ring: kmod, 3 nodes on loopback" --transport kmod --nodes 3 --frame-size 16392
+	ring 300 "leap ring: kmod, 3 nodes in namespaces over veth" --transport kmod --netns --nodes 3 --frame-size 16392
+	echo 1 >/sys/module/leap_kmod/parameters/tx_gso
+	ring 300 "leap ring: kmod with TX GSO, 3 nodes in namespaces" --transport kmod --netns --nodes 3 --frame-size 16392
+	ring 300 "leap ring: kmod with TX GSO, 3 nodes on loopback" --transport kmod --nodes 3 --frame-size 32776
+	echo 0 >/sys/module/leap_kmod/parameters/tx_gso
+	if [ -e /etc/leap/xdp ]; then
+		ring 300 "leap ring: xdp, 3 nodes in namespaces (6.1 verifier)" --transport xdp --netns --nodes 3 --frame-size 16392
+	else
+		echo "LEAP_VM_STEP skipped: xdp ring (leap built without the XDP object)"
+	fi
+fi
+
 exec 3</dev/leap_tensor
 if rmmod leap_kmod 2>/dev/null; then
 	ko "rmmod is refused while the device is open"
@@ -114,6 +153,15 @@ while [ $i -lt 10 ]; do
 done
 if [ $good = 1 ]; then ok "rmmod/insmod repeated 10 times"; else ko "rmmod/insmod repeated 10 times"; fi
 
+rmmod leap_kmod
+if insmod $KO leap_buffer_size=4096 2>/dev/null; then
+	ko "insmod refuses a leap_buffer_size other than the ABI's"
+	rmmod leap_kmod
+else
+	ok "insmod refuses a leap_buffer_size other than the ABI's"
+fi
+check "insmod takes the original's leap_buffer_size=8388608" insmod $KO leap_buffer_size=8388608
+
 if dmesg | grep -E 'BUG|WARNING|Oops|general protection|leak'; then
 	ko "kernel log has no BUG, WARNING or Oops"
 else
@@ -131,10 +179,10 @@ if [ $fail = 0 ] && [ $pass -gt 0 ]; then echo "LEAP_VM_EXIT=0"; else echo "LEAP
 /// When something cannot be built or downloaded, the guest does not finish
 /// in time, or the suite (or CMD) fails.
 pub fn run(args: Args) -> Result<()> {
-    util::apt_install(&["qemu-system-x86", "busybox-static"])?;
+    util::apt_install(&["qemu-system-x86", "busybox-static", "iproute2"])?;
     let module = kmod::build(args.kernel_dir.as_deref())?;
     let kernel = debian_kernel(&module.release)?;
-    let bins = if args.kmod_only { Vec::new() } else { build_user_binaries()? };
+    let user = if args.kmod_only { UserBinaries { bins: Vec::new(), xdp: false } } else { build_user_binaries()? };
 
     let mut cpio = Cpio::default();
     cpio.file("init", 0o755, INIT.as_bytes())?;
@@ -154,7 +202,15 @@ pub fn run(args: Args) -> Result<()> {
     }
     cpio.file("etc/leap/modules", 0o644, load_order.join("\n").as_bytes())?;
     let mut libs = BTreeSet::new();
-    for (name, path) in &bins {
+    for tool in HOST_TOOLS {
+        let name = Path::new(tool).file_name().and_then(|n| n.to_str()).context("tool name")?;
+        cpio.file(&format!("sbin/{name}"), 0o755, &std::fs::read(tool).with_context(|| format!("reading {tool}"))?)?;
+        libs.extend(shared_libraries(Path::new(tool))?);
+    }
+    if user.xdp {
+        cpio.file("etc/leap/xdp", 0o644, b"1")?;
+    }
+    for (name, path) in &user.bins {
         cpio.file(&format!("bin/{name}"), 0o755, &stripped(path)?)?;
         libs.extend(shared_libraries(path)?);
     }
@@ -259,7 +315,9 @@ fn debian_kernel(release: &str) -> Result<Kernel> {
     let deb = std::fs::read_dir(&debs)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
-            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&format!("{pkg}_")) && n.ends_with(".deb"))
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&format!("{pkg}_")) && n.ends_with(".deb"))
         })
         .max()
         .with_context(|| format!("apt-get download left no {pkg}_*.deb in {}", debs.display()))?;
@@ -288,23 +346,57 @@ fn read_module(path: &Path) -> Result<Vec<u8>> {
     Ok(out.stdout)
 }
 
-/// Builds `leap` and the `kmod_vm` test binary (release), returning
-/// `(name in the guest, path)`.
-fn build_user_binaries() -> Result<Vec<(String, PathBuf)>> {
+/// The user-space binaries for the guest.
+struct UserBinaries {
+    /// `(name in the guest, path)`.
+    bins: Vec<(String, PathBuf)>,
+    /// Whether `leap` carries the XDP object (so the XDP ring can run).
+    xdp: bool,
+}
+
+/// Builds `leap` (release, with the XDP object embedded when it can be
+/// built; always in CI) and the `kmod_vm` test binary.
+fn build_user_binaries() -> Result<UserBinaries> {
     let root = util::root();
-    util::run(Command::new("cargo").args(["build", "--release", "-p", "leap", "--bin", "leap"]).current_dir(&root))?;
-    let json = util::output(
-        Command::new("cargo")
-            .args(["test", "--release", "-p", "leap", "--test", "kmod_vm", "--no-run", "--message-format=json"])
-            .current_dir(&root),
-    )?;
+    let object = match crate::ebpf::build_ebpf(util::in_ci()) {
+        Ok(object) => Some(object),
+        Err(e) if !util::in_ci() => {
+            eprintln!("vm: no XDP object ({e:#}); the guest's leap runs without XDP and skips the XDP ring");
+            None
+        }
+        Err(e) => return Err(e.context("building the XDP object for the VM's XDP ring")),
+    };
+    // Both commands build the `leap` binary (cargo builds a package's
+    // binaries for its integration tests): both must embed the same object.
+    let cargo = |args: &[&str]| {
+        let mut cmd = Command::new("cargo");
+        cmd.args(args).current_dir(&root);
+        if let Some(object) = &object {
+            cmd.env(crate::ebpf::OBJECT_ENV, object);
+        }
+        cmd
+    };
+    util::run(&mut cargo(&["build", "--release", "-p", "leap", "--bin", "leap"]))?;
+    let json = util::output(&mut cargo(&[
+        "test",
+        "--release",
+        "-p",
+        "leap",
+        "--test",
+        "kmod_vm",
+        "--no-run",
+        "--message-format=json",
+    ]))?;
     let test = json
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["name"] == "kmod_vm")
         .find_map(|v| v["executable"].as_str().map(PathBuf::from))
         .context("cargo printed no kmod_vm test executable")?;
-    Ok(vec![("leap".into(), root.join("target/release/leap")), ("kmod_vm".into(), test)])
+    Ok(UserBinaries {
+        bins: vec![("leap".into(), root.join("target/release/leap")), ("kmod_vm".into(), test)],
+        xdp: object.is_some(),
+    })
 }
 
 /// The binary without debug info (smaller initramfs, faster boot), or as is
@@ -431,7 +523,7 @@ impl Cpio {
     }
 
     fn pad(&mut self) {
-        while self.buf.len() % 4 != 0 {
+        while !self.buf.len().is_multiple_of(4) {
             self.buf.push(0);
         }
     }

@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod config;
+pub mod kmod;
 pub mod node;
 pub mod ring;
 pub mod stats;
@@ -38,6 +39,8 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// Show a running node's counters.
     Stats(stats::StatsArgs),
+    /// Inspect the leap_kmod kernel module.
+    Kmod(kmod::KmodArgs),
     /// Attach, detach and inspect the XDP program on an interface.
     Xdp(xdp::XdpArgs),
 }

@@ -122,6 +122,34 @@ pub fn ipv4(addr: SocketAddr) -> Result<SocketAddrV4, KmodError> {
     }
 }
 
+/// The module's counters as JSON (for reports, `leap stats` and `leap kmod status`).
+pub fn counters_json(c: &leap_common::kmod::Counters) -> serde_json::Value {
+    serde_json::json!({
+    "rx_chunks": c.rx_chunks,
+    "rx_duplicates": c.rx_duplicates,
+    "rx_frames_completed": c.rx_frames_completed,
+    "rx_frames_delivered": c.rx_frames_delivered,
+    "rx_frames_timed_out": c.rx_frames_timed_out,
+    "rx_lost_overflow": c.rx_lost_overflow,
+    "rx_passthrough": c.rx_passthrough,
+    "rx_not_leap": c.rx_not_leap,
+    "drop_short": c.drop_short,
+    "drop_bad_chunk_id": c.drop_bad_chunk_id,
+    "drop_oversize": c.drop_oversize,
+    "drop_bad_length": c.drop_bad_length,
+    "drop_total_mismatch": c.drop_total_mismatch,
+    "drop_too_big": c.drop_too_big,
+    "drop_peer": c.drop_peer,
+    "drop_bad_checksum": c.drop_bad_checksum,
+    "drop_bank_busy": c.drop_bank_busy,
+    "drop_stale": c.drop_stale,
+    "drop_source_mismatch": c.drop_source_mismatch,
+    "tx_frames": c.tx_frames,
+    "tx_chunks": c.tx_chunks,
+    "tx_errors": c.tx_errors,
+    })
+}
+
 /// Opens the device at `path` and returns what the module says about
 /// itself (for `leap kmod status`), counters summed over `scope`.
 ///
@@ -288,31 +316,7 @@ impl Transport for KmodTransport {
     }
 
     fn backend_counters(&self) -> Option<serde_json::Value> {
-        let c = self.counters().ok()?;
-        Some(serde_json::json!({
-            "rx_chunks": c.rx_chunks,
-            "rx_duplicates": c.rx_duplicates,
-            "rx_frames_completed": c.rx_frames_completed,
-            "rx_frames_delivered": c.rx_frames_delivered,
-            "rx_frames_timed_out": c.rx_frames_timed_out,
-            "rx_lost_overflow": c.rx_lost_overflow,
-            "rx_passthrough": c.rx_passthrough,
-            "rx_not_leap": c.rx_not_leap,
-            "drop_short": c.drop_short,
-            "drop_bad_chunk_id": c.drop_bad_chunk_id,
-            "drop_oversize": c.drop_oversize,
-            "drop_bad_length": c.drop_bad_length,
-            "drop_total_mismatch": c.drop_total_mismatch,
-            "drop_too_big": c.drop_too_big,
-            "drop_peer": c.drop_peer,
-            "drop_bad_checksum": c.drop_bad_checksum,
-            "drop_bank_busy": c.drop_bank_busy,
-            "drop_stale": c.drop_stale,
-            "drop_source_mismatch": c.drop_source_mismatch,
-            "tx_frames": c.tx_frames,
-            "tx_chunks": c.tx_chunks,
-            "tx_errors": c.tx_errors,
-        }))
+        Some(counters_json(&self.counters().ok()?))
     }
 }
 
