@@ -55,7 +55,8 @@ fn stage(mut t: Box<dyn Transport>, steps: usize, layer: impl Fn(&mut [f32])) ->
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let kind: TransportKind = std::env::args().nth(1).unwrap_or_else(|| "udp".into()).parse()?;
     let addrs = [free_addr(), free_addr(), free_addr()];
-    let opts = Options { frame_len: frame_len(DIM), recv_timeout: Some(Duration::from_millis(200)), ..Options::default() };
+    let opts =
+        Options { frame_len: frame_len(DIM), recv_timeout: Some(Duration::from_millis(200)), ..Options::default() };
     let steps = 100;
     // Each stage opens its transport in its own thread, as separate
     // processes (or machines) would; TCP connects concurrently.
@@ -102,6 +103,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         w.join().expect("stage thread")?;
     }
     let s = head.stats();
-    println!("{steps} steps through 3 stages over {kind}: ok ({} frames sent, {} received)", s.frames_sent, s.frames_received);
+    println!(
+        "{steps} steps through 3 stages over {kind}: ok ({} frames sent, {} received)",
+        s.frames_sent, s.frames_received
+    );
     Ok(())
 }

@@ -51,7 +51,9 @@ fn relay(fault: Fault, a: SocketAddr, b: SocketAddr, stop: Arc<AtomicBool>) -> (
             match fault {
                 Fault::Drop(pct) => {
                     let key = (hdr.seq, hdr.chunk_id);
-                    let h = (u32::from(hdr.seq).wrapping_mul(2_654_435_761) ^ u32::from(hdr.chunk_id).wrapping_mul(40_503)) % 100;
+                    let h = (u32::from(hdr.seq).wrapping_mul(2_654_435_761)
+                        ^ u32::from(hdr.chunk_id).wrapping_mul(40_503))
+                        % 100;
                     if h < pct && seen.insert(key) {
                         dropped += 1;
                         continue;

@@ -32,8 +32,12 @@ fn config_ring_over_xdp_cleans_up_on_sigterm() {
     let topo = Topology::ring(&format!("lc{}", std::process::id() % 10_000), 3).unwrap();
     let dir = std::env::temp_dir().join(format!("leap-xdp-config-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let members: Vec<String> =
-        topo.nodes().iter().enumerate().map(|(i, n)| format!("{{ name = \"n{i}\", addr = \"{}:9999\" }}", n.addr)).collect();
+    let members: Vec<String> = topo
+        .nodes()
+        .iter()
+        .enumerate()
+        .map(|(i, n)| format!("{{ name = \"n{i}\", addr = \"{}:9999\" }}", n.addr))
+        .collect();
     let mut kids = Vec::new();
     // Workers first, the head last: it drives 500 frames and exits.
     for i in [1, 2, 0] {
