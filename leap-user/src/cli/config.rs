@@ -405,7 +405,7 @@ order = ["udp"]
         let cases = [
             (GOOD.replace("[\"udp\"]", "[\"udp\", \"pigeon\"]"), "transport.order[1]"),
             (GOOD.replace("127.0.0.1:9002", "127.0.0.300:9002"), "ring.members[2].addr"),
-            (GOOD.replace("me = \"b\"", "me = \"z\""), "ring.me"),
+            (GOOD.replace("\nme = \"b\"", "\nme = \"z\""), "ring.me"),
             (GOOD.replace("order = [\"udp\"]", "order = [\"udp\"]\ninterface = \"nope0\""), "transport.interface"),
             (GOOD.replace("order = [\"udp\"]", "order = [\"xdp\"]"), "transport.interface"),
         ];
