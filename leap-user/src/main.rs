@@ -39,6 +39,7 @@ fn main() -> ExitCode {
         Command::Stats(a) => leap::cli::stats::main(a),
         Command::Xdp(a) => leap::cli::xdp::main(a),
         Command::Kmod(a) => leap::cli::kmod::main(a),
+        Command::Flood(a) => leap::cli::flood::main(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

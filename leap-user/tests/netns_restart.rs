@@ -23,6 +23,18 @@ fn node(topo: &Topology, i: usize, transport: &str, extra: &[&str]) -> Child {
         .unwrap()
 }
 
+/// Kills the node processes if the test fails half-way.
+struct Reaper(Vec<u32>);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            // SAFETY: kill(2) on a child of ours; harmless if it is gone.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+    }
+}
+
 fn wait_bounded(c: &mut Child, limit: Duration) -> std::process::ExitStatus {
     let start = Instant::now();
     loop {
@@ -44,12 +56,14 @@ fn kill_and_restart(transport: &str) {
     let mut w2 = node(&topo, 2, transport, &worker);
     let frames = "4000";
     let mut head = node(&topo, 0, transport, &["--role", "head", "--frames", frames, "--json"]);
+    let mut reaper = Reaper(vec![w1.id(), w2.id(), head.id()]);
     std::thread::sleep(Duration::from_millis(800));
     assert!(head.try_wait().unwrap().is_none(), "the run ended before the kill: make it longer");
     w1.kill().unwrap(); // SIGKILL
     w1.wait().unwrap();
     std::thread::sleep(Duration::from_millis(300));
     let mut w1 = node(&topo, 1, transport, &worker);
+    reaper.0.push(w1.id());
     let status = wait_bounded(&mut head, Duration::from_secs(120));
     let out = std::io::read_to_string(head.stdout.take().unwrap()).unwrap();
     assert!(status.success(), "head failed: {out}");

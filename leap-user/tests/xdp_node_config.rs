@@ -11,6 +11,18 @@ use std::time::{Duration, Instant};
 use leap::netns::Topology;
 use leap::transport::xdp::ObjectSource;
 
+/// Kills the node processes if the test fails half-way.
+struct Reaper(Vec<u32>);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            // SAFETY: kill(2) on a child of ours; harmless if it is gone.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+    }
+}
+
 fn wait_bounded(c: &mut Child, limit: Duration) -> std::process::ExitStatus {
     let start = Instant::now();
     loop {
@@ -39,6 +51,7 @@ fn config_ring_over_xdp_cleans_up_on_sigterm() {
         .map(|(i, n)| format!("{{ name = \"n{i}\", addr = \"{}:9999\" }}", n.addr))
         .collect();
     let mut kids = Vec::new();
+    let mut reaper = Reaper(Vec::new());
     // Workers first, the head last: it drives 500 frames and exits.
     for i in [1, 2, 0] {
         let node = &topo.nodes()[i];
@@ -64,6 +77,7 @@ fn config_ring_over_xdp_cleans_up_on_sigterm() {
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
+        reaper.0.push(child.id());
         kids.push((i, child));
         std::thread::sleep(Duration::from_millis(300));
     }

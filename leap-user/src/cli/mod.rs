@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod config;
+pub mod flood;
 pub mod kmod;
 pub mod node;
 pub mod ring;
@@ -39,6 +40,9 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// Show a running node's counters.
     Stats(stats::StatsArgs),
+    /// Send random and malformed LEAP packets at a test address (for tests).
+    #[command(hide = true)]
+    Flood(flood::FloodArgs),
     /// Inspect the leap_kmod kernel module.
     Kmod(kmod::KmodArgs),
     /// Attach, detach and inspect the XDP program on an interface.
