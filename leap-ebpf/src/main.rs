@@ -22,10 +22,10 @@ use aya_ebpf::macros::{map, xdp};
 use aya_ebpf::maps::{Array, HashMap, PerCpuArray, RingBuf, XskMap};
 use aya_ebpf::programs::XdpContext;
 use aya_log_ebpf::debug;
-use leap_common::chunk::{CHUNK_DATAGRAM_MAX, CHUNK_HEADER_LEN, CHUNK_PAYLOAD_MAX, LEAP_MAGIC};
+use leap_common::chunk::{CHUNK_DATAGRAM_MAX, CHUNK_HEADER_LEN, CHUNK_PAYLOAD_MAX, ChunkKind, LEAP_MAGIC, flags};
 use leap_common::xdp::{
-    COUNTERS, Counter, FAMILY_V4, FAMILY_V6, MAX_PEERS, MAX_PORTS, MAX_QUEUES, PeerKey, PeerRule,
-    PortRule, RING_BYTES, RingRecord, XdpConfig, cfg, delivery, v4_mapped,
+    COUNTERS, Counter, FAMILY_V4, FAMILY_V6, MAX_PEERS, MAX_PORTS, MAX_QUEUES, PeerKey, PeerRule, PortRule, RING_BYTES,
+    RingRecord, XdpConfig, cfg, delivery, kind_bit, v4_mapped,
 };
 
 #[map]
@@ -41,14 +41,10 @@ static LEAP_XSKS: XskMap = XskMap::with_max_entries(MAX_QUEUES, 0);
 #[map]
 static LEAP_RING: RingBuf = RingBuf::with_byte_size(RING_BYTES, 0);
 
-const ETH_P_IP: u16 = 0x0800;
-const ETH_P_IPV6: u16 = 0x86DD;
-const ETH_P_8021Q: u16 = 0x8100;
-const ETH_P_8021AD: u16 = 0x88A8;
-const IPPROTO_UDP: u8 = 17;
-/// More-fragments flag and fragment offset of the IPv4 `frag_off` field.
-const IP_MF_OFFSET: u16 = 0x3FFF;
-const UDP_HDR_LEN: usize = 8;
+use leap_common::xdp::wire::{
+    ETH_HLEN, ETH_P_8021AD, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6, IP_MF_OFFSET, IPPROTO_UDP, IPV4_HLEN, IPV6_HLEN,
+    UDP_HLEN as UDP_HDR_LEN, VLAN_HLEN,
+};
 
 // Wire headers as byte arrays: alignment 1, so a pointer into the packet at
 // any offset is a valid pointer to them.
@@ -106,10 +102,10 @@ struct LeapHdr {
     reserved: [u8; 2],
 }
 
-const _: () = assert!(size_of::<EthHdr>() == 14);
-const _: () = assert!(size_of::<VlanHdr>() == 4);
-const _: () = assert!(size_of::<Ipv4Hdr>() == 20);
-const _: () = assert!(size_of::<Ipv6Hdr>() == 40);
+const _: () = assert!(size_of::<EthHdr>() == ETH_HLEN);
+const _: () = assert!(size_of::<VlanHdr>() == VLAN_HLEN);
+const _: () = assert!(size_of::<Ipv4Hdr>() == IPV4_HLEN);
+const _: () = assert!(size_of::<Ipv6Hdr>() == IPV6_HLEN);
 const _: () = assert!(size_of::<UdpHdr>() == UDP_HDR_LEN);
 const _: () = assert!(size_of::<LeapHdr>() == CHUNK_HEADER_LEN);
 
@@ -181,8 +177,7 @@ fn try_leap_xdp(ctx: &XdpContext) -> u32 {
     if config.delivery == delivery::PASS {
         return decide(Counter::Passed, xdp_action::XDP_PASS);
     }
-    let rejected =
-        if config.flags & cfg::DROP_REJECTED != 0 { xdp_action::XDP_DROP } else { xdp_action::XDP_PASS };
+    let rejected = if config.flags & cfg::DROP_REJECTED != 0 { xdp_action::XDP_DROP } else { xdp_action::XDP_PASS };
 
     let leap_off = l3.l4 + UDP_HDR_LEN;
     let Some(leap) = ptr_at::<LeapHdr>(ctx, leap_off) else {
@@ -229,8 +224,10 @@ fn try_leap_xdp(ctx: &XdpContext) -> u32 {
     match config.delivery {
         delivery::XSK => to_xsk(ctx),
         delivery::RING_BUF => {
-            let last = chunk_id + 1 == total_chunks;
-            to_ring(ctx, &config, &l3, sport, dport, leap_off, datagram, last)
+            // The reader sleeps until a record wakes it: the end of a frame,
+            // and anything recovering a loss (retransmissions, NACKs), must.
+            let urgent = chunk_id + 1 == total_chunks || is_urgent(reserved);
+            to_ring(ctx, &config, &l3, sport, dport, leap_off, datagram, urgent)
         }
         _ => decide(Counter::Passed, xdp_action::XDP_PASS),
     }
@@ -287,6 +284,14 @@ fn parse_l3(ctx: &XdpContext) -> Option<L3> {
     }
 }
 
+/// Whether a chunk recovers a loss (a retransmission or a NACK from a leap
+/// sender): the ring-buffer reader must wake for it at once.
+#[inline(always)]
+fn is_urgent(reserved: u16) -> bool {
+    reserved & flags::LEAP != 0
+        && (reserved & flags::RETRANSMIT != 0 || kind_bit(reserved) != 1 << ChunkKind::Data as u32)
+}
+
 /// Redirects into the AF_XDP socket of the receive queue, or passes the
 /// packet to the kernel when none is bound there.
 #[inline(always)]
@@ -308,7 +313,7 @@ fn to_ring(
     dport: u16,
     leap_off: usize,
     datagram: usize,
-    last: bool,
+    urgent: bool,
 ) -> u32 {
     let Some(mut entry) = LEAP_RING.reserve::<RingRecord>(0) else {
         return decide(Counter::RingBufFull, xdp_action::XDP_DROP);
@@ -320,20 +325,22 @@ fn to_ring(
     // volatile read keeps the compiler from dropping them for that reason.
     let len = datagram as u32;
     // SAFETY: reads a local variable.
-    let mut len = unsafe { core::ptr::read_volatile(&len) } & 0x7FF;
-    if len > CHUNK_DATAGRAM_MAX as u32 {
-        len = CHUNK_DATAGRAM_MAX as u32;
-    }
+    let len = unsafe { core::ptr::read_volatile(&len) };
     if len == 0 {
         entry.discard(0);
         return decide(Counter::Malformed, xdp_action::XDP_DROP);
     }
+    // `(len - 1) & mask + 1` has a minimum of 1 the verifier can see: the
+    // 6.1 verifier does not learn it from the `len == 0` test above and
+    // rejects a possibly empty copy. Then bound it from above.
+    let mut len = ((len - 1) & 0x7FF) + 1;
+    if len > CHUNK_DATAGRAM_MAX as u32 {
+        len = CHUNK_DATAGRAM_MAX as u32;
+    }
     // SAFETY: `rec` points to a reserved, writable ring-buffer record of
     // `size_of::<RingRecord>()` bytes; `data` has room for 1412 bytes and
     // `len` is at most 1412; the helper bounds-checks the packet offset.
-    let copied = unsafe {
-        bpf_xdp_load_bytes(ctx.ctx, leap_off as u32, addr_of_mut!((*rec).data).cast(), len)
-    };
+    let copied = unsafe { bpf_xdp_load_bytes(ctx.ctx, leap_off as u32, addr_of_mut!((*rec).data).cast(), len) };
     if copied != 0 {
         entry.discard(0);
         return decide(Counter::Malformed, xdp_action::XDP_DROP);
@@ -349,11 +356,8 @@ fn to_ring(
         addr_of_mut!((*rec)._reserved).write(0);
     }
     let every = u64::from(config.wakeup_every);
-    let nth = LEAP_COUNTERS
-        .get(Counter::ToRingBuf as u32)
-        .copied()
-        .unwrap_or_default();
-    let wake = last || every <= 1 || (nth + 1) % every == 0;
+    let nth = LEAP_COUNTERS.get(Counter::ToRingBuf as u32).copied().unwrap_or_default();
+    let wake = urgent || every <= 1 || (nth + 1) % every == 0;
     entry.submit(u64::from(if wake { BPF_RB_FORCE_WAKEUP } else { BPF_RB_NO_WAKEUP }));
     decide(Counter::ToRingBuf, xdp_action::XDP_DROP)
 }
