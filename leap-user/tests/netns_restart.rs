@@ -3,10 +3,13 @@
 //! arrives (lost ones are sent again by the head), and SIGTERM ends every
 //! process with status 0.
 
+mod support;
+
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use leap::netns::Topology;
+use support::{Reaper, wait_bounded};
 
 fn node(topo: &Topology, i: usize, transport: &str, extra: &[&str]) -> Child {
     let n = topo.nodes().len();
@@ -21,32 +24,6 @@ fn node(topo: &Topology, i: usize, transport: &str, extra: &[&str]) -> Child {
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap()
-}
-
-/// Kills the node processes if the test fails half-way.
-struct Reaper(Vec<u32>);
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        for &pid in &self.0 {
-            // SAFETY: kill(2) on a child of ours; harmless if it is gone.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-        }
-    }
-}
-
-fn wait_bounded(c: &mut Child, limit: Duration) -> std::process::ExitStatus {
-    let start = Instant::now();
-    loop {
-        if let Some(s) = c.try_wait().unwrap() {
-            return s;
-        }
-        if start.elapsed() > limit {
-            let _ = c.kill();
-            panic!("process did not exit within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn kill_and_restart(transport: &str) {

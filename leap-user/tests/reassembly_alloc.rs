@@ -1,35 +1,12 @@
 //! After warm-up, reassembling a frame allocates nothing.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
+mod support;
 
 use leap::frame::{Chunker, Push, Reassembler};
 use leap_common::chunk::ChunkHeader;
 
-struct Counting;
-
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards to the system allocator; only counts calls.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: support::Counting = support::Counting;
 
 #[test]
 fn reassembly_allocates_nothing_per_frame_after_warm_up() {
@@ -65,9 +42,9 @@ fn reassembly_allocates_nothing_per_frame_after_warm_up() {
     for seq in 0..20 {
         run(seq, &mut out, &mut wire, &mut lens);
     }
-    let before = ALLOCS.load(Ordering::Relaxed);
+    let before = support::allocations();
     for seq in 20..2000 {
         run(seq, &mut out, &mut wire, &mut lens);
     }
-    assert_eq!(ALLOCS.load(Ordering::Relaxed), before, "allocations while reassembling");
+    assert_eq!(support::allocations(), before, "allocations while reassembling");
 }

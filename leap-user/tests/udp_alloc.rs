@@ -2,37 +2,15 @@
 //! send (chunking, GSO batch, retransmit buffer) and receive (batch,
 //! reassembly) reuse their buffers.
 
-use std::alloc::{GlobalAlloc, Layout, System};
+mod support;
+
 use std::net::{SocketAddr, UdpSocket};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use leap::Transport;
 use leap::transport::udp::{UdpConfig, UdpTransport};
 
-struct Counting;
-
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards to the system allocator; only counts calls.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: support::Counting = support::Counting;
 
 fn free_addr() -> SocketAddr {
     UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
@@ -59,7 +37,7 @@ fn udp_send_and_receive_allocate_nothing_per_frame_after_warm_up() {
     };
     // Warm-up: every retransmit-buffer slot and batch vector reaches size.
     round(100);
-    let before = ALLOCS.load(Ordering::Relaxed);
+    let before = support::allocations();
     round(2000);
-    assert_eq!(ALLOCS.load(Ordering::Relaxed), before, "allocations on the frame path");
+    assert_eq!(support::allocations(), before, "allocations on the frame path");
 }

@@ -6,37 +6,14 @@
 
 mod xdp_common;
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+mod support;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use leap::netns::Topology;
 use leap::transport::xdp::ObjectSource;
-
-fn wait_bounded(c: &mut Child, limit: Duration) -> std::process::ExitStatus {
-    let start = Instant::now();
-    loop {
-        if let Some(s) = c.try_wait().unwrap() {
-            return s;
-        }
-        if start.elapsed() > limit {
-            let _ = c.kill();
-            panic!("process did not exit within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Kills the node processes if the test fails half-way.
-struct Reaper(Vec<u32>);
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        for &pid in &self.0 {
-            // SAFETY: kill(2) on a child of ours; harmless if it is gone.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-        }
-    }
-}
+use support::{Reaper, wait_bounded};
 
 fn in_ns(ns: &str, args: &[&str]) -> Command {
     let mut c = Command::new("ip");
@@ -69,11 +46,13 @@ fn flood_of_malformed_packets_is_dropped_and_the_ring_stays_intact() {
     // own address and port (past the filter, into the parser).
     let target = addr(1);
     for bind in [format!("{}:0", n[0].addr), addr(0)] {
-        let out = in_ns(&n[0].netns, &["flood", "--target", &target, "--count", "50000", "--bind", &bind]).output().unwrap();
+        let out =
+            in_ns(&n[0].netns, &["flood", "--target", &target, "--count", "50000", "--bind", &bind]).output().unwrap();
         assert!(out.status.success(), "flood: {}", String::from_utf8_lossy(&out.stderr));
     }
     assert!(w1.try_wait().unwrap().is_none(), "the node died under the flood");
-    let stats = Command::new(env!("CARGO_BIN_EXE_leap")).args(["stats", "--json", "--socket", &sock_s]).output().unwrap();
+    let stats =
+        Command::new(env!("CARGO_BIN_EXE_leap")).args(["stats", "--json", "--socket", &sock_s]).output().unwrap();
     assert!(stats.status.success(), "{}", String::from_utf8_lossy(&stats.stderr));
     let v: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
     let xdp = &v["backend"];

@@ -5,37 +5,14 @@
 
 mod xdp_common;
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+mod support;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use leap::netns::Topology;
 use leap::transport::xdp::ObjectSource;
-
-/// Kills the node processes if the test fails half-way.
-struct Reaper(Vec<u32>);
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        for &pid in &self.0 {
-            // SAFETY: kill(2) on a child of ours; harmless if it is gone.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-        }
-    }
-}
-
-fn wait_bounded(c: &mut Child, limit: Duration) -> std::process::ExitStatus {
-    let start = Instant::now();
-    loop {
-        if let Some(s) = c.try_wait().unwrap() {
-            return s;
-        }
-        if start.elapsed() > limit {
-            let _ = c.kill();
-            panic!("process did not exit within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+use support::{Reaper, wait_bounded};
 
 #[test]
 #[ignore = "needs root, BPF and the XDP object: run by cargo xtask ci (stage ebpf)"]

@@ -98,14 +98,16 @@ fn craft(rng: &mut Rng, buf: &mut [u8]) -> usize {
             12 + CHUNK_PAYLOAD_MAX
         }
         9 => {
-            let h = ChunkHeader { seq, chunk_id: 0, total_chunks: rng.below(400) as u16 + 1, reserved: flags::LEAP | 2 };
+            let h =
+                ChunkHeader { seq, chunk_id: 0, total_chunks: rng.below(400) as u16 + 1, reserved: flags::LEAP | 2 };
             h.write(buf);
             12 + rng.below(1400) as usize
         }
         _ => {
             let total = 1 + rng.below(12) as u16;
             let id = rng.below(u64::from(total)) as u16;
-            let h = ChunkHeader { seq: rng.next() as u16, chunk_id: id, total_chunks: total, reserved: rng.next() as u16 };
+            let h =
+                ChunkHeader { seq: rng.next() as u16, chunk_id: id, total_chunks: total, reserved: rng.next() as u16 };
             h.write(buf);
             let n = if id + 1 == total { 1 + rng.below(1400) as usize } else { CHUNK_PAYLOAD_MAX };
             fill(rng, &mut buf[12..12 + n]);

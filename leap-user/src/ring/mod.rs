@@ -248,6 +248,25 @@ struct Gate {
 }
 
 impl Gate {
+    /// In the calling thread: enters the node's namespace, opens its
+    /// transport, and waits until every node did (or one failed).
+    fn open_node(
+        &self,
+        ns: Option<&std::path::Path>,
+        cfg: &RingConfig,
+        ep: &Endpoint,
+        timeout: Duration,
+    ) -> Result<Box<dyn crate::transport::Transport>, String> {
+        let opened = (|| {
+            if let Some(ns) = ns {
+                crate::sys::netns::enter(ns).map_err(|e| format!("entering {}: {e}", ns.display()))?;
+            }
+            crate::transport::open::open(cfg.transport, ep, &cfg.options).map_err(|e| e.to_string())
+        })();
+        self.arrive(opened.as_ref().err().cloned(), timeout)?;
+        opened
+    }
+
     fn arrive(&self, failure: Option<String>, timeout: Duration) -> Result<(), String> {
         let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
         g.0 += 1;
@@ -352,15 +371,7 @@ pub fn run(cfg: &RingConfig) -> Result<RingReport, RingError> {
             std::thread::Builder::new()
                 .name(format!("leap-node-{i}"))
                 .spawn(move || {
-                    let opened = (|| {
-                        if let Some(ns) = &ns {
-                            crate::sys::netns::enter(ns).map_err(|e| format!("entering {}: {e}", ns.display()))?;
-                        }
-                        crate::transport::open::open(cfg.transport, &ep, &cfg.options).map_err(|e| e.to_string())
-                    })();
-                    let failure = opened.as_ref().err().cloned();
-                    gate.arrive(failure, start_timeout)?;
-                    let mut t = opened?;
+                    let mut t = gate.open_node(ns.as_deref(), &cfg, &ep, start_timeout)?;
                     let wc =
                         WorkerConfig { frame_size: cfg.frame_size, compute: cfg.compute, ..WorkerConfig::default() };
                     let res = run_worker(&mut *t, &wc, &stop);
@@ -377,15 +388,7 @@ pub fn run(cfg: &RingConfig) -> Result<RingReport, RingError> {
         std::thread::Builder::new()
             .name("leap-head".into())
             .spawn(move || {
-                let opened = (|| {
-                    if let Some(ns) = &ns {
-                        crate::sys::netns::enter(ns).map_err(|e| format!("entering {}: {e}", ns.display()))?;
-                    }
-                    crate::transport::open::open(cfg2.transport, &ep, &cfg2.options).map_err(|e| e.to_string())
-                })();
-                let failure = opened.as_ref().err().cloned();
-                gate.arrive(failure, start_timeout)?;
-                let mut t = opened?;
+                let mut t = gate.open_node(ns.as_deref(), &cfg2, &ep, start_timeout)?;
                 let hc = HeadConfig {
                     frame_size: cfg2.frame_size,
                     frames: cfg2.frames,

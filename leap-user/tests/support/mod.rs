@@ -1,0 +1,74 @@
+//! Helpers shared by the integration tests: child processes that are
+//! reaped even when a test fails, and a counting allocator.
+
+#![allow(dead_code, reason = "each test file uses a different part")]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::process::{Child, ExitStatus};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// Kills the processes it holds when dropped, so that a failing test leaves
+/// no node running.
+#[derive(Debug, Default)]
+pub struct Reaper(pub Vec<u32>);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            // SAFETY: kill(2) on a child of ours; harmless if it is gone.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+    }
+}
+
+/// Waits for `c` at most `limit`, then kills it and fails the test.
+pub fn wait_bounded(c: &mut Child, limit: Duration) -> ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(s) = c.try_wait().unwrap() {
+            return s;
+        }
+        if start.elapsed() > limit {
+            let _ = c.kill();
+            panic!("process did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sends SIGTERM (`ip netns exec` execs the program, so the pid is its).
+pub fn terminate(c: &Child) {
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+}
+
+/// Counts allocations; install with `#[global_allocator]`.
+#[derive(Debug)]
+pub struct Counting;
+
+/// Allocations (and reallocations) so far.
+pub static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator; only counts calls.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+/// Allocations so far.
+pub fn allocations() -> usize {
+    ALLOCS.load(Ordering::Relaxed)
+}
