@@ -25,16 +25,6 @@ use crate::chunk::{CHUNK_DATAGRAM_MAX, ChunkHeader, ChunkKind};
 
 /// Name of the XDP program in the object (its function name).
 pub const PROGRAM_NAME: &str = "leap_xdp";
-/// The same program for multi-buffer packets (`xdp.frags`): on virtual
-/// devices (veth) a UDP GSO super-packet then reaches XDP whole, and in
-/// ring-buffer mode it is split into one record per segment
-/// ([`GSO_SEGMENT`] bytes each) instead of being segmented before XDP.
-pub const PROGRAM_FRAGS_NAME: &str = "leap_xdp_frags";
-/// Segment size of the GSO super-packets leap sends: one full chunk.
-pub const GSO_SEGMENT: usize = crate::chunk::CHUNK_DATAGRAM_MAX;
-/// Most segments of one super-packet the program splits (an IP packet
-/// holds at most 65535 bytes).
-pub const MAX_GSO_SEGMENTS: usize = 46;
 /// `Array<XdpConfig>` with one entry.
 pub const MAP_CONFIG: &str = "LEAP_CONFIG";
 /// `HashMap<u16, PortRule>`: destination ports (host order) to pick up.
@@ -47,6 +37,33 @@ pub const MAP_COUNTERS: &str = "LEAP_COUNTERS";
 pub const MAP_XSKS: &str = "LEAP_XSKS";
 /// `RingBuf` of [`RingRecord`]s.
 pub const MAP_RING: &str = "LEAP_RING";
+
+/// The Ethernet, IP and UDP constants the program (and the user-space
+/// parser of AF_XDP frames) work with.
+pub mod wire {
+    /// Bytes of an Ethernet header without VLAN tag.
+    pub const ETH_HLEN: usize = 14;
+    /// Bytes of one 802.1Q / 802.1ad tag.
+    pub const VLAN_HLEN: usize = 4;
+    /// EtherType of IPv4.
+    pub const ETH_P_IP: u16 = 0x0800;
+    /// EtherType of IPv6.
+    pub const ETH_P_IPV6: u16 = 0x86DD;
+    /// EtherType of an 802.1Q VLAN tag.
+    pub const ETH_P_8021Q: u16 = 0x8100;
+    /// EtherType of an 802.1ad (QinQ outer) VLAN tag.
+    pub const ETH_P_8021AD: u16 = 0x88A8;
+    /// IP protocol number of UDP.
+    pub const IPPROTO_UDP: u8 = 17;
+    /// More-fragments flag and fragment offset of the IPv4 `frag_off` field.
+    pub const IP_MF_OFFSET: u16 = 0x3FFF;
+    /// Bytes of an IPv4 header without options.
+    pub const IPV4_HLEN: usize = 20;
+    /// Bytes of an IPv6 header.
+    pub const IPV6_HLEN: usize = 40;
+    /// Bytes of a UDP header.
+    pub const UDP_HLEN: usize = 8;
+}
 
 /// Capacity of `LEAP_PORTS`.
 pub const MAX_PORTS: u32 = 64;
@@ -86,7 +103,7 @@ pub mod cfg {
 pub struct XdpConfig {
     /// One of [`delivery`].
     pub delivery: u32,
-    /// Bits of [`cfg`].
+    /// Bits of [`mod@cfg`].
     pub flags: u32,
     /// Ring-buffer mode: records are submitted without waking the reader,
     /// except every `wakeup_every`-th record per CPU and the last chunk of a
@@ -177,8 +194,7 @@ pub const fn kind_bit(reserved: u16) -> u32 {
 }
 
 /// Indices of `LEAP_COUNTERS`. Every packet the program sees increments
-/// exactly one of them, except a GSO super-packet split by the multi-buffer
-/// program ([`PROGRAM_FRAGS_NAME`]), which counts one decision per segment.
+/// exactly one of them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
 pub enum Counter {

@@ -11,6 +11,7 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use leap::netns::{NodeNet, Topology};
+use leap::transport::datagram::Reliability;
 use leap::transport::udp::UdpConfig;
 use leap::transport::xdp::{AttachMode, AttachedMode, Delivery, XdpCounters, XdpTransport, XdpTransportConfig};
 use leap::{FrameKind, Transport};
@@ -30,6 +31,8 @@ fn transport(node: &NodeNet, peer: &NodeNet, delivery: Delivery, mode: AttachMod
     udp.prev = Some(other);
     udp.max_frame_len = MAX_FRAME;
     udp.recv_timeout = Some(Duration::from_secs(2));
+    // No probes or retransmissions: every chunk is counted exactly once.
+    udp.reliability = Reliability::BestEffort;
     let mut cfg = XdpTransportConfig::new(&node.rx_iface, udp, delivery);
     cfg.mode = mode;
     cfg.object = object();
@@ -46,7 +49,7 @@ fn ping_pong(delivery: Delivery, mode: AttachMode, frames: usize) -> (XdpCounter
     let echo = {
         let (n0, n1, ready) = (n0.clone(), n1.clone(), ready.clone());
         std::thread::spawn(move || {
-            in_netns(&n1, move || {
+            in_netns(n1.path(), move || {
                 let mut t = transport(&n1, &n0, delivery, mode);
                 ready.wait();
                 let mut buf = vec![0u8; MAX_FRAME];
@@ -62,7 +65,7 @@ fn ping_pong(delivery: Delivery, mode: AttachMode, frames: usize) -> (XdpCounter
         })
     };
 
-    let (head, attached) = in_netns(&n0, move || {
+    let (head, attached) = in_netns(n0.path(), move || {
         let mut t = transport(&n0, &n1, delivery, mode);
         let attached = t.attached_mode();
         ready.wait();
@@ -97,7 +100,8 @@ fn check(delivery: Delivery, mode: AttachMode, want_mode: AttachedMode) {
         // Every chunk of every frame reached user space through XDP.
         assert_eq!(c.get(via), chunks, "{who}: {c}");
         assert_eq!(c.delivered(), chunks, "{who}: {c}");
-        for bad in [Counter::Malformed, Counter::WrongSource, Counter::NoSocket, Counter::RingBufFull, Counter::NotLeap] {
+        for bad in [Counter::Malformed, Counter::WrongSource, Counter::NoSocket, Counter::RingBufFull, Counter::NotLeap]
+        {
             assert_eq!(c.get(bad), 0, "{who}: {}: {c}", bad.name());
         }
     }
@@ -125,4 +129,43 @@ fn ring_buffer_delivers_every_frame_intact_in_native_mode() {
 #[ignore = "needs root + BPF: run by cargo xtask ci"]
 fn ring_buffer_delivers_every_frame_intact_in_generic_mode() {
     check(Delivery::RingBuf, AttachMode::Skb, AttachedMode::Skb);
+}
+
+#[test]
+#[ignore = "needs root + BPF: run by cargo xtask ci"]
+fn chunks_the_program_passes_still_arrive_through_the_udp_socket() {
+    let topo = Topology::ring("lxk", 2).unwrap();
+    let (n0, n1) = (topo.nodes()[0].clone(), topo.nodes()[1].clone());
+    let ready = Arc::new(Barrier::new(2));
+    let frames = 50;
+    let receiver = {
+        let (n0, n1, ready) = (n0.clone(), n1.clone(), ready.clone());
+        std::thread::spawn(move || {
+            in_netns(n1.path(), move || {
+                let mut t = transport(&n1, &n0, Delivery::Xsk, AttachMode::Drv);
+                // No AF_XDP socket at queue 0 any more: the program passes
+                // every chunk to the kernel.
+                t.program_mut().unregister_xsk(0).unwrap();
+                ready.wait();
+                let mut buf = vec![0u8; MAX_FRAME];
+                for i in 0..frames {
+                    let got = t.recv_prev(&mut buf).unwrap();
+                    assert!(buf[..got.len] == pattern(i as u32, 16392)[..], "frame {i}");
+                }
+                (t.xdp_counters().unwrap(), t.chunks_via_kernel())
+            })
+        })
+    };
+    in_netns(n0.path(), move || {
+        let mut t = transport(&n0, &n1, Delivery::Xsk, AttachMode::Drv);
+        ready.wait();
+        for i in 0..frames {
+            t.send_next(&pattern(i as u32, 16392)).unwrap();
+        }
+    });
+    let (c, via_kernel) = receiver.join().unwrap();
+    let chunks = frames as u64 * 12;
+    assert_eq!(c.get(Counter::NoSocket), chunks, "{c}");
+    assert_eq!(c.get(Counter::ToXsk), 0, "{c}");
+    assert_eq!(via_kernel, chunks);
 }

@@ -27,7 +27,7 @@ fn program_attaches_to_veth_in_both_modes_and_detaches_on_drop() {
     {
         let (ns, iface) = (node.netns.clone(), node.rx_iface.clone());
         let obj = object();
-        let prog = in_netns(&node, move || {
+        let prog = in_netns(node.path(), move || {
             let mut prog = XdpProgram::load(&obj).unwrap();
             let got = prog.attach(&iface, mode).unwrap();
             assert_eq!(got, want);
@@ -49,7 +49,7 @@ fn auto_mode_falls_back_to_generic_where_native_is_missing() {
     let node = topo.nodes()[0].clone();
     let ns = node.netns.clone();
     let obj = object();
-    in_netns(&node, move || {
+    in_netns(node.path(), move || {
         let mut prog = XdpProgram::load(&obj).unwrap();
         // Loopback has no native XDP.
         assert_eq!(prog.attach("lo", AttachMode::Auto).unwrap(), AttachedMode::Skb);
@@ -59,4 +59,57 @@ fn auto_mode_falls_back_to_generic_where_native_is_missing() {
         assert!(matches!(forced.attach("lo", AttachMode::Drv), Err(XdpError::Attach { .. })));
         assert!(matches!(forced.attach("nonexistent0", AttachMode::Auto), Err(XdpError::NoInterface(_))));
     });
+}
+
+/// Collects log records of the program (target `leap_xdp`).
+struct Capture(std::sync::Mutex<Vec<String>>);
+
+impl log::Log for Capture {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+    fn log(&self, r: &log::Record<'_>) {
+        self.0.lock().unwrap().push(r.args().to_string());
+    }
+    fn flush(&self) {}
+}
+
+static CAPTURE: Capture = Capture(std::sync::Mutex::new(Vec::new()));
+
+#[test]
+#[ignore = "needs root + BPF: run by cargo xtask ci"]
+fn debug_events_are_logged_only_when_enabled() {
+    use leap_common::chunk::ChunkHeader;
+    use leap_common::xdp::{XdpConfig, cfg, delivery};
+
+    log::set_logger(&CAPTURE).unwrap();
+    log::set_max_level(log::LevelFilter::Trace);
+    let mut prog = XdpProgram::load(&object()).unwrap();
+    prog.add_port(9999).unwrap();
+    prog.enable_log().unwrap();
+    // Ethernet + IPv4 + UDP to 9999 + a LEAP header with chunk_id >= total.
+    let mut chunk = ChunkHeader::data(1, 5, 2).to_bytes().to_vec();
+    chunk.extend_from_slice(&[0; 20]);
+    let mut p = vec![0u8; 12];
+    p.extend_from_slice(&[0x08, 0x00, 0x45, 0, 0, (20 + 8 + chunk.len()) as u8, 0, 0, 0x40, 0, 64, 17, 0, 0]);
+    p.extend_from_slice(&[10, 1, 0, 1, 10, 1, 0, 2]);
+    p.extend_from_slice(&7000u16.to_be_bytes());
+    p.extend_from_slice(&9999u16.to_be_bytes());
+    p.extend_from_slice(&((8 + chunk.len()) as u16).to_be_bytes());
+    p.extend_from_slice(&[0, 0]);
+    p.extend_from_slice(&chunk);
+
+    let mut malformed_logged = |flags: u32| {
+        prog.configure(&XdpConfig { delivery: delivery::XSK, flags, ..XdpConfig::default() }).unwrap();
+        let before = prog.counters().unwrap().get(leap_common::xdp::Counter::Malformed);
+        prog.test_run(&p).unwrap();
+        assert_eq!(prog.counters().unwrap().get(leap_common::xdp::Counter::Malformed), before + 1);
+        prog.flush_log();
+        let mut got = CAPTURE.0.lock().unwrap();
+        let hit = got.iter().any(|m| m.contains("malformed chunk 5/2"));
+        got.clear();
+        hit
+    };
+    assert!(!malformed_logged(0), "no events unless asked for");
+    assert!(malformed_logged(cfg::LOG));
 }

@@ -5,9 +5,9 @@
 //!
 //! 1. rustup `nightly` with the `rust-src` component: `-Z build-std=core`;
 //! 2. a rustc whose sysroot already holds `core` for `bpfel-unknown-none`
-//!    (Debian's `rustc-web` with `libstd-rust-web-dev-bpf`, at
-//!    `/usr/bin/rustc`), with `RUSTC_BOOTSTRAP=1` because aya-ebpf uses a
-//!    nightly feature.
+//!    (`$LEAP_BPF_RUSTC`, else Debian's `rustc-web` with
+//!    `libstd-rust-web-dev-bpf` at `/usr/bin/rustc`), with
+//!    `RUSTC_BOOTSTRAP=1` because aya-ebpf uses a nightly feature.
 //!
 //! Both link with `bpf-linker`, whose LLVM must be at least as new as the
 //! rustc's. With `--install` (always in CI) what is missing is installed on
@@ -57,11 +57,7 @@ impl Toolchain {
             Self::NightlyBuildStd => output(Command::new("rustc").args(["+nightly", "-vV"]))?,
             Self::Prebuilt { rustc } => output(Command::new(rustc).arg("-vV"))?,
         };
-        out.lines()
-            .find_map(|l| l.strip_prefix("LLVM version: "))
-            .and_then(|v| v.split('.').next())
-            .and_then(|m| m.trim().parse().ok())
-            .with_context(|| format!("no LLVM version in `rustc -vV` of {}", self.describe()))
+        llvm_major_of_rustc(&out).with_context(|| format!("no LLVM version in `rustc -vV` of {}", self.describe()))
     }
 }
 
@@ -282,9 +278,35 @@ fn which(program: &str) -> Option<PathBuf> {
 
 /// LLVM major version of a dynamically linked bpf-linker (from `ldd`).
 fn linker_llvm_major(linker: &Path) -> Option<u32> {
-    let out = output(Command::new("ldd").arg(linker)).ok()?;
-    out.split_whitespace().find_map(|word| {
+    llvm_major_of_ldd(&output(Command::new("ldd").arg(linker)).ok()?)
+}
+
+/// The LLVM major version in `rustc -vV` output.
+fn llvm_major_of_rustc(vv: &str) -> Option<u32> {
+    vv.lines().find_map(|l| l.strip_prefix("LLVM version: "))?.split('.').next()?.trim().parse().ok()
+}
+
+/// The LLVM major version of the libLLVM an `ldd` listing names.
+fn llvm_major_of_ldd(ldd: &str) -> Option<u32> {
+    ldd.split_whitespace().find_map(|word| {
         let rest = word.strip_prefix("libLLVM.so.").or_else(|| word.strip_prefix("libLLVM-"))?;
         rest.split(['.', '-']).next()?.parse().ok()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llvm_versions_are_read_from_rustc_and_ldd() {
+        let vv = "rustc 1.96.0 (ac68faa20 2026-05-25)\nbinary: rustc\nhost: x86_64-unknown-linux-gnu\nLLVM version: 22.1.8\n";
+        assert_eq!(llvm_major_of_rustc(vv), Some(22));
+        assert_eq!(llvm_major_of_rustc("rustc 1.0\n"), None);
+        let ldd =
+            "\tlinux-vdso.so.1 (0x00007ffd)\n\tlibLLVM.so.22.1 => /usr/lib/llvm-22/lib/libLLVM.so.22.1 (0x00007f5a)\n";
+        assert_eq!(llvm_major_of_ldd(ldd), Some(22));
+        assert_eq!(llvm_major_of_ldd("\tlibLLVM-19.so => /usr/lib/x86_64-linux-gnu/libLLVM-19.so (0x1)\n"), Some(19));
+        assert_eq!(llvm_major_of_ldd("\tstatically linked\n"), None);
+    }
 }

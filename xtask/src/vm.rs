@@ -106,17 +106,19 @@ fi
 # totals, sources; oversize ones fragmented on the 1500-byte veth) at a node
 # on the module, before the rings below run through it.
 if [ -x /bin/leap ]; then
-	ip netns add fa && ip netns add fb &&
-		ip link add fva netns fa type veth peer name fvb netns fb &&
-		ip -n fa addr add 10.9.0.1/24 dev fva && ip -n fb addr add 10.9.0.2/24 dev fvb &&
-		ip -n fa link set fva up && ip -n fb link set fvb up &&
-		ip -n fa link set lo up && ip -n fb link set lo up
-	ip netns exec fb leap node --transport kmod --listen 10.9.0.2:9990 --next 10.9.0.1:9991 \
+	# busybox sh prefers its own `ip` applet, which lacks -n and netns.
+	IP=/sbin/ip
+	$IP netns add fa && $IP netns add fb &&
+		$IP link add fva netns fa type veth peer name fvb netns fb &&
+		$IP -n fa addr add 10.9.0.1/24 dev fva && $IP -n fb addr add 10.9.0.2/24 dev fvb &&
+		$IP -n fa link set fva up && $IP -n fb link set fvb up &&
+		$IP -n fa link set lo up && $IP -n fb link set lo up
+	$IP netns exec fb leap node --transport kmod --listen 10.9.0.2:9990 --next 10.9.0.1:9991 \
 		--prev 10.9.0.1:9992 --role worker >/tmp/flood-node.log 2>&1 &
 	fpid=$!
 	sleep 1
-	ip netns exec fa leap flood --target 10.9.0.2:9990 --count 100000 --bind 10.9.0.1:0 &&
-		ip netns exec fa leap flood --target 10.9.0.2:9990 --count 20000 --bind 10.9.0.1:9992
+	$IP netns exec fa leap flood --target 10.9.0.2:9990 --count 100000 --bind 10.9.0.1:0 &&
+		$IP netns exec fa leap flood --malformed-only --target 10.9.0.2:9990 --count 20000 --bind 10.9.0.1:9992
 	frc=$?
 	leap kmod status --json >/tmp/kmod-status.json
 	cat /tmp/kmod-status.json
@@ -129,8 +131,8 @@ if [ -x /bin/leap ]; then
 	fi
 	kill $fpid 2>/dev/null
 	wait $fpid 2>/dev/null
-	ip netns del fa
-	ip netns del fb
+	$IP netns del fa
+	$IP netns del fb
 fi
 
 # A ring through `leap`: its JSON line must show every frame delivered intact.

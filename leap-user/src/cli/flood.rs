@@ -28,6 +28,12 @@ pub struct FloodArgs {
     /// pass a peer filter and reach the parser).
     #[arg(long)]
     pub bind: Option<SocketAddr>,
+    /// Only packets that break the format (no well-formed chunks of
+    /// made-up frames): what a receiver must drop even from its real peer.
+    /// Well-formed chunks from a spoofed peer address are indistinguishable
+    /// from the peer's, as with any unauthenticated UDP or TCP.
+    #[arg(long)]
+    pub malformed_only: bool,
 }
 
 struct Rng(u64);
@@ -49,9 +55,10 @@ impl Rng {
 /// the network fragments when it exceeds the MTU), a non-last chunk that is
 /// short, totals that disagree for one seq, a total too big for a bank,
 /// NACKs with nonsense, and plausible chunks of frames nobody sends.
-fn craft(rng: &mut Rng, buf: &mut [u8]) -> usize {
+fn craft(rng: &mut Rng, buf: &mut [u8], malformed_only: bool) -> usize {
     let seq = (rng.below(8)) as u16; // few seqs, so that totals collide
-    let kind = rng.below(11);
+    const MALFORMED: [u64; 7] = [1, 2, 3, 4, 5, 6, 8];
+    let kind = if malformed_only { MALFORMED[rng.below(MALFORMED.len() as u64) as usize] } else { rng.below(11) };
     let fill = |rng: &mut Rng, b: &mut [u8]| b.iter_mut().for_each(|x| *x = rng.next() as u8);
     match kind {
         0 => {
@@ -144,7 +151,7 @@ pub fn main(args: &FloodArgs) -> Result<()> {
     let mut sent = 0u64;
     let mut refused = 0u64;
     for i in 0..args.count {
-        let n = craft(&mut rng, &mut buf);
+        let n = craft(&mut rng, &mut buf, args.malformed_only);
         let s = &socks[(i as usize) % socks.len()];
         match s.send_to(&buf[..n], args.target) {
             Ok(_) => sent += 1,

@@ -7,7 +7,6 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use leap::netns::NodeNet;
 use leap::transport::xdp::ObjectSource;
 
 /// The object built by `cargo xtask build-ebpf`: `$LEAP_XDP_OBJECT`, else
@@ -21,9 +20,9 @@ pub fn object() -> ObjectSource {
     ObjectSource::File(p)
 }
 
-/// Runs `f` on a fresh thread inside `node`'s network namespace.
-pub fn in_netns<T: Send + 'static>(node: &NodeNet, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let path = node.path();
+/// Runs `f` on a fresh thread inside the network namespace at `path`
+/// ([`leap::netns::NodeNet::path`]).
+pub fn in_netns<T: Send + 'static>(path: PathBuf, f: impl FnOnce() -> T + Send + 'static) -> T {
     std::thread::spawn(move || {
         leap::sys::netns::enter(&path).expect("setns");
         f()
@@ -34,7 +33,8 @@ pub fn in_netns<T: Send + 'static>(node: &NodeNet, f: impl FnOnce() -> T + Send 
 
 /// `ip -d link show dev IFACE` inside `netns`.
 pub fn link_details(netns: &str, iface: &str) -> String {
-    let out = Command::new("ip").args(["netns", "exec", netns, "ip", "-d", "link", "show", "dev", iface]).output().unwrap();
+    let out =
+        Command::new("ip").args(["netns", "exec", netns, "ip", "-d", "link", "show", "dev", iface]).output().unwrap();
     assert!(out.status.success(), "ip link show {iface}: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }

@@ -1,8 +1,11 @@
 //! The XDP fast path: the `leap-ebpf` program picks LEAP chunks off the NIC
 //! before the kernel's UDP stack and hands them to user space through an
 //! AF_XDP socket per receive queue (`xdp`) or a BPF ring buffer
-//! (`xdp-ringbuf`). Chunks feed the shared [`Reassembler`]; frames leave
-//! through the UDP backend's sending path (GSO / `sendmmsg`).
+//! (`xdp-ringbuf`). Whatever the program passes to the kernel instead (a
+//! queue without a socket, NACKs arriving on another interface) is read from
+//! the node's UDP socket. Every chunk feeds the shared [`DatagramLink`]
+//! (reassembly, loss recovery), and frames leave through its UDP sending
+//! path (GSO / `sendmmsg`).
 //!
 //! ```no_run
 //! use leap::transport::Transport;
@@ -26,13 +29,12 @@ mod ringbuf;
 mod sys;
 pub mod xsk;
 
-use std::net::SocketAddr;
+use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use leap_common::chunk::{CHUNK_DATAGRAM_MAX, ChunkHeader, ChunkKind, flags};
+use leap_common::chunk::{CHUNK_DATAGRAM_MAX, ChunkKind};
 use leap_common::xdp::{self as map, PeerRule, RingRecord, cfg};
-use socket2::Socket;
 
 pub use self::counters::XdpCounters;
 pub use self::error::XdpError;
@@ -40,9 +42,9 @@ pub use self::object::ObjectSource;
 pub use self::program::{AttachMode, AttachedMode, PinnedProgram, XdpProgram};
 pub use self::ringbuf::RingReader;
 pub use self::xsk::{XskConfig, XskSocket, ZeroCopy};
-use super::udp::{UdpConfig, UdpSender, bind_socket};
-use super::{FrameKind, Received, Result, Stats, Transport, TransportError};
-use crate::frame::{Push, Reassembler};
+use super::datagram::DatagramLink;
+use super::udp::{UdpConfig, bind_socket};
+use super::{FrameKind, Received, Result, Stats, Transport};
 use crate::sys::udp::RxBatch;
 
 /// How chunks reach user space.
@@ -89,11 +91,11 @@ pub struct XdpTransportConfig {
     pub queues: Vec<u32>,
     /// AF_XDP socket settings.
     pub xsk: XskConfig,
-    /// Where NACKs come from (the next node's sending address); defaults to
-    /// `udp.next`. Only used with the peer filter.
-    pub nack_from: Option<SocketAddr>,
-    /// Ring-buffer mode: wake the reader every this many records (and at
-    /// the end of every frame).
+    /// Ring-buffer mode: wake the reader every this many records per CPU,
+    /// besides the end of every frame and every loss-recovery chunk. Each
+    /// wake-up costs an interrupt, so only large frames, which would fill
+    /// the ring before their end, need more than those. 0 or 1: every
+    /// record.
     pub wakeup_every: u32,
     /// Drop malformed and wrong-source chunks in the program instead of
     /// passing them to the kernel.
@@ -116,8 +118,7 @@ impl XdpTransportConfig {
             object: ObjectSource::Default,
             queues: vec![0],
             xsk: XskConfig::default(),
-            nack_from: None,
-            wakeup_every: 32,
+            wakeup_every: 256,
             drop_rejected: true,
             log: false,
             pin: false,
@@ -155,28 +156,27 @@ enum Rx {
 
 /// Chunks taken from the receive path per batch.
 const BATCH: u32 = 64;
-/// Longest sleep between deadline checks.
-const WAKE_TICK: Duration = Duration::from_millis(20);
+/// Without sleeping, look at the UDP socket every this many pumps.
+const KERNEL_EVERY: u32 = 16;
 
-/// The XDP transport: receive through the XDP program, send through UDP.
+/// The XDP transport: chunks arrive through the XDP program (AF_XDP or ring
+/// buffer) and, for whatever the program passes, through the UDP socket;
+/// sending, reassembly and loss recovery are the shared [`DatagramLink`].
 pub struct XdpTransport {
     // Pins first, then the sockets (their XSKMAP entries go with them),
     // then the program.
     _pins: Option<program::MapPins>,
     rx: Rx,
     program: XdpProgram,
-    socket: Socket,
-    sender: UdpSender,
-    reasm: Reassembler,
+    link: DatagramLink,
     cfg: XdpTransportConfig,
     mode: AttachedMode,
-    stats: Stats,
     zero_copy: bool,
     /// Datagrams that reached the UDP socket instead (a queue without an
     /// AF_XDP socket, NACKs arriving on another interface, ...).
     kernel_rx: RxBatch,
-    /// `poll` saw the UDP socket readable.
-    kernel_ready: bool,
+    /// Pumps since the UDP socket was last read.
+    kernel_age: u32,
     /// Chunks taken from the UDP socket.
     via_kernel: u64,
 }
@@ -200,7 +200,7 @@ impl XdpTransport {
     ///
     /// # Errors
     ///
-    /// [`XdpError`] for anything XDP, wrapped in [`TransportError::Backend`];
+    /// [`XdpError`] for anything XDP, wrapped in [`super::TransportError::Backend`];
     /// the UDP socket's errors likewise.
     pub fn open(cfg: XdpTransportConfig) -> Result<Self> {
         let udp = &cfg.udp;
@@ -212,16 +212,13 @@ impl XdpTransport {
         }
         let socket = bind_socket(udp.listen)?;
         let port = udp.listen.port();
-        let mut program = match cfg.delivery {
-            Delivery::Xsk => XdpProgram::load(&cfg.object)?,
-            Delivery::RingBuf => XdpProgram::load_multi_buffer(&cfg.object)?,
-        };
+        let mut program = XdpProgram::load(&cfg.object)?;
         program.add_port(port)?;
         let mut flags = if cfg.drop_rejected { cfg::DROP_REJECTED } else { 0 };
         if let Some(prev) = udp.prev {
             flags |= cfg::PEER_FILTER;
             program.allow_peer(prev, port, PeerRule::allow(&[ChunkKind::Data, ChunkKind::Control]))?;
-            program.allow_peer(cfg.nack_from.unwrap_or(udp.next), port, PeerRule::allow(&[ChunkKind::Nack]))?;
+            program.allow_peer(udp.nack_from.unwrap_or(udp.next), port, PeerRule::allow(&[ChunkKind::Nack]))?;
         }
         if cfg.log {
             flags |= cfg::LOG;
@@ -249,31 +246,26 @@ impl XdpTransport {
         let mode = program.attach(&cfg.iface, cfg.mode)?;
         let pins = if cfg.pin { Some(program.pin_running()?) } else { None };
         // A receiver in generic mode sees GSO super-packets whole and cannot
-        // hand them to AF_XDP; every node of a ring runs the same mode, so
-        // segment in software unless attached natively.
-        let gso = udp.gso && mode == AttachedMode::Drv;
-        let reserved = if udp.original_compat { 0 } else { flags::LEAP };
-        let sender = UdpSender::new(&socket, udp.next, gso, reserved);
+        // hand them to XDP chunk by chunk; every node of a ring runs the same
+        // mode, so segment in software unless attached natively.
+        let link = DatagramLink::new(socket, cfg.udp.clone(), mode == AttachedMode::Drv);
         log::debug!(
             "{} on {}: {} mode, {}, GSO {}",
             cfg.delivery.transport_name(),
             cfg.iface,
             mode,
             if zero_copy { "zero-copy" } else { "copy" },
-            sender.gso()
+            link.gso()
         );
         Ok(Self {
             _pins: pins,
             rx,
             program,
-            socket,
-            sender,
-            reasm: Reassembler::with_window(udp.max_frame_len, udp.window),
+            link,
             mode,
-            stats: Stats::default(),
             zero_copy,
             kernel_rx: RxBatch::new(16, CHUNK_DATAGRAM_MAX + 1),
-            kernel_ready: false,
+            kernel_age: 0,
             via_kernel: 0,
             cfg,
         })
@@ -298,11 +290,6 @@ impl XdpTransport {
         self.program.counters()
     }
 
-    /// The UDP socket frames leave from.
-    pub fn send_socket(&self) -> BorrowedFd<'_> {
-        self.socket.as_fd()
-    }
-
     /// The program, e.g. to change its peer rules while running.
     pub fn program_mut(&mut self) -> &mut XdpProgram {
         &mut self.program
@@ -310,119 +297,28 @@ impl XdpTransport {
 
     /// Chunks that arrived through the kernel's UDP socket rather than
     /// through XDP (the program passed them: no AF_XDP socket at their
-    /// queue, or they came in on another interface).
+    /// queue, or they came in on another interface, like NACKs from the
+    /// next node).
     pub fn chunks_via_kernel(&self) -> u64 {
         self.via_kernel
     }
+}
 
-    /// Takes whatever the receive path holds; returns a complete frame as
-    /// soon as one is (later chunks of the batch are stashed).
-    fn drain(&mut self, out: &mut [u8]) -> Option<Received> {
-        let Self { rx, reasm, stats, cfg, socket, kernel_rx, kernel_ready, via_kernel, .. } = self;
-        let port = cfg.udp.listen.port();
-        let prev = cfg.udp.prev;
-        let nack_from = cfg.nack_from.unwrap_or(cfg.udp.next);
-        let mut done = None;
-        let mut take = |src: SocketAddr, datagram: &[u8]| {
-            let (hdr, payload) = match ChunkHeader::parse_data(datagram) {
-                Ok(x) => x,
-                Err(e) => {
-                    reasm.drops_mut().count_parse(e);
-                    return;
-                }
-            };
-            // The program filters too; this keeps user space honest if the
-            // maps were changed behind its back.
-            let allowed = if hdr.kind() == ChunkKind::Nack { nack_from } else { prev.unwrap_or(src) };
-            if prev.is_some() && src != allowed {
-                reasm.drops_mut().wrong_source += 1;
-                return;
+/// Waits (up to `wait`) until the XDP receive path or the UDP socket has
+/// data; returns whether the UDP socket is readable.
+fn wait_any(rx: &mut Rx, udp: BorrowedFd<'_>, wait: Duration) -> io::Result<bool> {
+    let (mask, udp_bit) = match rx {
+        Rx::Xsk(socks) => {
+            if socks.iter().any(XskSocket::has_rx) {
+                return Ok(false);
             }
-            if hdr.kind() == ChunkKind::Nack {
-                stats.nacks_received += 1;
-                return;
-            }
-            let r = if done.is_some() { reasm.stash(&hdr, payload) } else { reasm.push(&hdr, payload, out) };
-            if r != Push::Dropped {
-                stats.chunks_received += 1;
-            }
-            if let Push::Complete(got) = r {
-                done = Some(got);
-            }
-        };
-        let mut foreign = 0u64;
-        match rx {
-            Rx::Xsk(socks) => {
-                for s in socks {
-                    s.recv(BATCH, |frame| match packet::parse_udp(frame) {
-                        Some(d) if d.dst_port == port => take(d.src, d.payload),
-                        _ => foreign += 1,
-                    });
-                }
-            }
-            Rx::Ring(ring) => {
-                ring.recv(BATCH as usize, |rec: &RingRecord| match rec.datagram() {
-                    Some(d) if rec.dst_port == port => take(rec.source(), d),
-                    _ => foreign += 1,
-                });
-            }
+            socks.iter_mut().for_each(XskSocket::kick);
+            let n = socks.len();
+            (sys::poll_readable(socks.iter().map(XskSocket::fd).chain([udp]), wait)?, n)
         }
-        let mut truncated = 0u64;
-        if std::mem::take(kernel_ready) {
-            match kernel_rx.recv(socket.as_fd(), false) {
-                Ok(_) => {
-                    for i in 0..kernel_rx.len() {
-                        let (bytes, meta, src) = kernel_rx.get(i);
-                        match src {
-                            Some(src) if !meta.truncated => {
-                                *via_kernel += 1;
-                                take(src, bytes);
-                            }
-                            _ => truncated += 1,
-                        }
-                    }
-                }
-                Err(e) => log::warn!("recvmmsg on the UDP socket: {e}"),
-            }
-        }
-        // Not for this node's port, or not UDP: cannot happen unless the
-        // maps were changed behind our back.
-        stats.drops.short += foreign;
-        reasm.drops_mut().oversize += truncated;
-        done
-    }
-
-    /// Sleeps until the receive path or the UDP socket has data, or
-    /// `timeout` passes.
-    fn wait(&mut self, timeout: Duration) -> Result<()> {
-        let udp = self.socket.as_fd();
-        let (mask, udp_bit) = match &mut self.rx {
-            Rx::Xsk(socks) => {
-                if socks.iter().any(XskSocket::has_rx) {
-                    return Ok(());
-                }
-                socks.iter_mut().for_each(XskSocket::kick);
-                let n = socks.len();
-                (sys::poll_readable(socks.iter().map(XskSocket::fd).chain([udp]), timeout), n)
-            }
-            Rx::Ring(ring) => (sys::poll_readable([ring.fd(), udp], timeout), 1),
-        };
-        let mask = mask.map_err(|e| TransportError::io("poll", e))?;
-        self.kernel_ready = mask & (1 << udp_bit) != 0;
-        Ok(())
-    }
-
-    fn delivered(&mut self, got: Received) -> Result<Received> {
-        self.stats.frames_received += 1;
-        self.stats.bytes_received += got.len as u64;
-        Ok(got)
-    }
-
-    fn lost(&mut self) -> TransportError {
-        let lost = self.reasm.abandon();
-        self.stats.frames_lost += 1;
-        TransportError::FrameLost { seq: lost.seq, missing: lost.missing, total: lost.total }
-    }
+        Rx::Ring(ring) => (sys::poll_readable([ring.fd(), udp], wait)?, 1),
+    };
+    Ok(mask & (1 << udp_bit) != 0)
 }
 
 impl Transport for XdpTransport {
@@ -431,57 +327,67 @@ impl Transport for XdpTransport {
     }
 
     fn send_next_parts(&mut self, kind: FrameKind, header: &[u8], payload: &[u8]) -> Result<()> {
-        let chunks = self.sender.send(&self.socket, kind, header, payload)?;
-        self.stats.frames_sent += 1;
-        self.stats.chunks_sent += u64::from(chunks);
-        self.stats.bytes_sent += (header.len() + payload.len()) as u64;
-        Ok(())
+        self.link.send(kind, header, payload)
     }
 
     fn recv_prev(&mut self, out: &mut [u8]) -> Result<Received> {
-        if let Some(got) = self.reasm.begin(out) {
-            return self.delivered(got);
-        }
-        let start = Instant::now();
-        let deadline = self.cfg.udp.recv_timeout.map(|t| start + t);
-        loop {
-            if let Some(got) = self.drain(out) {
-                return self.delivered(got);
-            }
-            if self.cfg.log {
-                self.program.flush_log();
-            }
-            if self.reasm.is_overtaken() {
-                return Err(self.lost());
-            }
-            let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
-                self.stats.timeouts += 1;
-                if self.reasm.has_partial() {
-                    return Err(self.lost());
+        let Self { rx, program, link, cfg, kernel_rx, kernel_age, via_kernel, .. } = self;
+        let port = cfg.udp.listen.port();
+        let log = cfg.log;
+        link.recv_with(out, "poll", |link, out, wait| {
+            let udp_ready = match wait {
+                Some(w) => wait_any(rx, link.socket().as_fd(), w)?,
+                None => false,
+            };
+            let mut foreign = 0u64;
+            match rx {
+                Rx::Xsk(socks) => {
+                    for s in socks.iter_mut() {
+                        s.recv(BATCH, |frame| match packet::parse_udp(frame) {
+                            Some(d) if d.dst_port == port => link.datagram(Some(d.src), d.payload, out),
+                            _ => foreign += 1,
+                        });
+                    }
                 }
-                self.reasm.resync_if_lost();
-                self.reasm.suspend(out);
-                return Err(TransportError::Timeout(self.cfg.udp.recv_timeout.unwrap_or_default()));
+                Rx::Ring(ring) => {
+                    ring.recv(BATCH as usize, |rec: &RingRecord| match rec.datagram() {
+                        Some(d) if rec.dst_port == port => link.datagram(Some(rec.source()), d, out),
+                        _ => foreign += 1,
+                    });
+                }
             }
-            if now.duration_since(start) < self.cfg.udp.spin {
-                std::hint::spin_loop();
-                continue;
+            // Not for this node's port, or not UDP: cannot happen unless the
+            // maps were changed behind our back.
+            if foreign > 0 {
+                link.count_foreign(foreign);
             }
-            let left = deadline.map_or(WAKE_TICK, |d| d.saturating_duration_since(now).min(WAKE_TICK));
-            self.wait(left.max(Duration::from_millis(1)))?;
-        }
+            *kernel_age += 1;
+            if udp_ready || *kernel_age >= KERNEL_EVERY {
+                *kernel_age = 0;
+                kernel_rx.recv(link.socket().as_fd(), false)?;
+                for i in 0..kernel_rx.len() {
+                    let (bytes, meta, src) = kernel_rx.get(i);
+                    if meta.truncated {
+                        link.count_oversize();
+                        continue;
+                    }
+                    *via_kernel += 1;
+                    link.datagram(src, bytes, out);
+                }
+            }
+            if log {
+                program.flush_log();
+            }
+            Ok(())
+        })
     }
 
     fn set_recv_timeout(&mut self, timeout: Option<Duration>) {
-        self.cfg.udp.recv_timeout = timeout;
+        self.link.set_recv_timeout(timeout);
     }
 
     fn stats(&self) -> Stats {
-        let mut s = self.stats;
-        s.drops = *self.reasm.drops();
-        s.drops.short += self.stats.drops.short;
-        s
+        self.link.stats()
     }
 
     fn backend_counters(&self) -> Option<serde_json::Value> {

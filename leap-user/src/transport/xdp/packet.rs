@@ -4,13 +4,10 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-const ETH_HLEN: usize = 14;
-const ETH_P_IP: u16 = 0x0800;
-const ETH_P_IPV6: u16 = 0x86DD;
-const ETH_P_8021Q: u16 = 0x8100;
-const ETH_P_8021AD: u16 = 0x88A8;
-const IPPROTO_UDP: u8 = 17;
-const UDP_HLEN: usize = 8;
+use leap_common::xdp::wire::{
+    ETH_HLEN, ETH_P_8021AD, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6, IP_MF_OFFSET, IPPROTO_UDP, IPV4_HLEN, IPV6_HLEN,
+    UDP_HLEN, VLAN_HLEN,
+};
 
 /// A UDP datagram found in a frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,13 +32,13 @@ pub fn parse_udp(frame: &[u8]) -> Option<UdpDatagram<'_>> {
     let mut proto = be16(frame, 12)?;
     if proto == ETH_P_8021Q || proto == ETH_P_8021AD {
         proto = be16(frame, off + 2)?;
-        off += 4;
+        off += VLAN_HLEN;
     }
     let (src_ip, l4, ip_payload) = match proto {
         ETH_P_IP => {
-            let ip = frame.get(off..off + 20)?;
+            let ip = frame.get(off..off + IPV4_HLEN)?;
             let ihl = usize::from(ip[0] & 0x0F) * 4;
-            if ip[0] >> 4 != 4 || ihl < 20 || ip[9] != IPPROTO_UDP || be16(ip, 6)? & 0x3FFF != 0 {
+            if ip[0] >> 4 != 4 || ihl < IPV4_HLEN || ip[9] != IPPROTO_UDP || be16(ip, 6)? & IP_MF_OFFSET != 0 {
                 return None;
             }
             let tot = usize::from(be16(ip, 2)?);
@@ -49,13 +46,13 @@ pub fn parse_udp(frame: &[u8]) -> Option<UdpDatagram<'_>> {
             (IpAddr::V4(src), off + ihl, tot.checked_sub(ihl)?)
         }
         ETH_P_IPV6 => {
-            let ip = frame.get(off..off + 40)?;
+            let ip = frame.get(off..off + IPV6_HLEN)?;
             if ip[0] >> 4 != 6 || ip[6] != IPPROTO_UDP {
                 return None;
             }
             let mut src = [0u8; 16];
             src.copy_from_slice(&ip[8..24]);
-            (IpAddr::V6(Ipv6Addr::from(src)), off + 40, usize::from(be16(ip, 4)?))
+            (IpAddr::V6(Ipv6Addr::from(src)), off + IPV6_HLEN, usize::from(be16(ip, 4)?))
         }
         _ => return None,
     };

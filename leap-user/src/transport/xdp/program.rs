@@ -13,8 +13,8 @@ use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::{ProgramError, Xdp, XdpMode};
 use aya::{Ebpf, EbpfLoader};
 use leap_common::xdp::{
-    MAP_CONFIG, MAP_COUNTERS, MAP_PEERS, MAP_PORTS, MAP_RING, MAP_XSKS, PROGRAM_FRAGS_NAME, PROGRAM_NAME, PeerKey,
-    PeerRule, PortRule, XdpConfig,
+    MAP_CONFIG, MAP_COUNTERS, MAP_PEERS, MAP_PORTS, MAP_RING, MAP_XSKS, PROGRAM_NAME, PeerKey, PeerRule, PortRule,
+    XdpConfig,
 };
 
 use super::counters::XdpCounters;
@@ -101,8 +101,6 @@ struct Attachment {
 /// it detaches the program, unless [`Self::pin`] made it persistent.
 pub struct XdpProgram {
     ebpf: Ebpf,
-    /// `leap_xdp` or `leap_xdp_frags`.
-    name: &'static str,
     attachment: Option<Attachment>,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
 }
@@ -124,23 +122,6 @@ impl XdpProgram {
     /// [`XdpError::Missing`] for a foreign object, [`XdpError::Program`]
     /// when the verifier rejects the program (its log is in the error).
     pub fn load(object: &ObjectSource) -> Result<Self, XdpError> {
-        Self::load_named(object, PROGRAM_NAME)
-    }
-
-    /// As [`Self::load`], the multi-buffer variant (`xdp.frags`): on veth it
-    /// keeps UDP GSO on the sending side and receives each super-packet
-    /// whole; in ring-buffer mode it splits it into one record per chunk.
-    /// AF_XDP cannot take such packets (they go to the kernel), so use it
-    /// with ring-buffer delivery only.
-    ///
-    /// # Errors
-    ///
-    /// As [`Self::load`].
-    pub fn load_multi_buffer(object: &ObjectSource) -> Result<Self, XdpError> {
-        Self::load_named(object, PROGRAM_FRAGS_NAME)
-    }
-
-    fn load_named(object: &ObjectSource, name: &'static str) -> Result<Self, XdpError> {
         let bytes = object.bytes()?;
         let mut ebpf = EbpfLoader::new().load(&bytes).map_err(XdpError::Load)?;
         for name in PINNED_MAPS {
@@ -148,8 +129,8 @@ impl XdpProgram {
                 return Err(XdpError::Missing(name));
             }
         }
-        program_mut(&mut ebpf, name)?.load().map_err(XdpError::Program)?;
-        Ok(Self { ebpf, name, attachment: None, logger: None })
+        program_mut(&mut ebpf)?.load().map_err(XdpError::Program)?;
+        Ok(Self { ebpf, attachment: None, logger: None })
     }
 
     /// Attaches to `iface`. [`AttachMode::Auto`] tries native mode first and
@@ -166,7 +147,7 @@ impl XdpProgram {
         if sys::if_index(iface).is_none() {
             return Err(XdpError::NoInterface(iface.to_string()));
         }
-        let prog = program_mut(&mut self.ebpf, self.name)?;
+        let prog = program_mut(&mut self.ebpf)?;
         let tries: &[(AttachedMode, XdpMode)] = match mode {
             AttachMode::Auto => &[(AttachedMode::Drv, XdpMode::Driver), (AttachedMode::Skb, XdpMode::Skb)],
             AttachMode::Drv => &[(AttachedMode::Drv, XdpMode::Driver)],
@@ -213,7 +194,7 @@ impl XdpProgram {
     /// [`XdpError::Program`] when the kernel refuses.
     pub fn detach(&mut self) -> Result<(), XdpError> {
         if let Some(a) = self.attachment.take() {
-            program_mut(&mut self.ebpf, self.name)?.detach(a.link).map_err(XdpError::Program)?;
+            program_mut(&mut self.ebpf)?.detach(a.link).map_err(XdpError::Program)?;
         }
         Ok(())
     }
@@ -319,7 +300,7 @@ impl XdpProgram {
     ///
     /// [`XdpError::Syscall`] (`bpf(BPF_PROG_TEST_RUN)`).
     pub fn test_run(&self, packet: &[u8]) -> Result<u32, XdpError> {
-        let prog = self.ebpf.program(self.name).ok_or(XdpError::Missing(self.name))?;
+        let prog = self.ebpf.program(PROGRAM_NAME).ok_or(XdpError::Missing(PROGRAM_NAME))?;
         let fd = prog.fd().map_err(XdpError::Program)?;
         sys::prog_test_run(fd.as_fd(), packet)
             .map_err(|source| XdpError::Syscall { call: "bpf(BPF_PROG_TEST_RUN)", source })
@@ -367,7 +348,7 @@ impl XdpProgram {
                 let map = self.ebpf.map(name).ok_or(XdpError::Missing(name))?;
                 map.pin(&path).map_err(|e| XdpError::Pin { path: path.clone(), source: std::io::Error::other(e) })?;
             }
-            let link = program_mut(&mut self.ebpf, self.name)?.take_link(a.link).map_err(XdpError::Program)?;
+            let link = program_mut(&mut self.ebpf)?.take_link(a.link).map_err(XdpError::Program)?;
             let fd_link =
                 FdLink::try_from(link).map_err(|e| XdpError::Config(format!("XDP link cannot be pinned: {e}")))?;
             let path = dir.join(a.mode.link_file());
@@ -424,7 +405,7 @@ impl XdpProgram {
             }
         }
         let path = dir.join(mode.prog_file());
-        program_mut(&mut self.ebpf, self.name)?
+        program_mut(&mut self.ebpf)?
             .pin(&path)
             .map_err(|e| XdpError::Pin { path, source: std::io::Error::other(e) })?;
         Ok(guard)
@@ -446,9 +427,9 @@ impl Drop for MapPins {
     }
 }
 
-fn program_mut<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut Xdp, XdpError> {
-    let prog = ebpf.program_mut(name).ok_or(XdpError::Missing(name))?;
-    prog.try_into().map_err(|_| XdpError::Missing(name))
+fn program_mut(ebpf: &mut Ebpf) -> Result<&mut Xdp, XdpError> {
+    let prog = ebpf.program_mut(PROGRAM_NAME).ok_or(XdpError::Missing(PROGRAM_NAME))?;
+    prog.try_into().map_err(|_| XdpError::Missing(PROGRAM_NAME))
 }
 
 /// Whether attaching failed because another XDP program is attached.

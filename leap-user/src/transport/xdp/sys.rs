@@ -142,10 +142,16 @@ pub fn poll_readable<'a>(
         *slot = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
         n += 1;
     }
-    let ms = libc::c_int::try_from(timeout.as_millis().max(u128::from(!timeout.is_zero()))).unwrap_or(libc::c_int::MAX);
-    // SAFETY: `pfds[..n]` is valid writable memory of pollfd; the
-    // descriptors are borrowed for the duration of the call.
-    let rc = unsafe { libc::poll(pfds.as_mut_ptr(), n as libc::nfds_t, ms) };
+    // ppoll, not poll: loss-recovery timers wait for fractions of a
+    // millisecond.
+    let ts = libc::timespec {
+        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+    };
+    // SAFETY: `pfds[..n]` is valid writable memory of pollfd and `ts` a
+    // valid timespec, both alive for the call; the descriptors are borrowed
+    // for its duration; no signal mask is passed.
+    let rc = unsafe { libc::ppoll(pfds.as_mut_ptr(), n as libc::nfds_t, &ts, std::ptr::null()) };
     if rc < 0 {
         let e = io::Error::last_os_error();
         return if e.kind() == io::ErrorKind::Interrupted { Ok(0) } else { Err(e) };

@@ -162,6 +162,9 @@ impl XskSocket {
             bind_flags: mode | SocketConfig::XDP_BIND_NEED_WAKEUP,
         };
         let user = umem.rx_tx(&sock, &sock_cfg).map_err(|e| err("rx ring")(errno(e)))?;
+        // Map the rx ring before binding: kernels before 6.x (6.1 among
+        // them) refuse to mmap a ring of a bound socket with EBUSY.
+        let rx = user.map_rx().map_err(|e| err("mmap rx ring")(errno(e)))?;
 
         // Hand every frame to the kernel before binding. `fill(n)` may
         // offer fewer slots than are free (it refreshes its view of the
@@ -200,7 +203,6 @@ impl XskSocket {
                 Err(e) => return Err(err("bind")(errno(e))),
             }
         }
-        let rx = user.map_rx().map_err(|e| err("mmap rx ring")(errno(e)))?;
         let mut recycle = Vec::with_capacity(cfg.ring_size as usize);
         // Frames past the fill ring's size wait in `recycle` for room.
         recycle.extend((fill_frames..cfg.frames).map(|i| u64::from(i) * u64::from(cfg.frame_size)));
@@ -245,12 +247,15 @@ impl XskSocket {
             while let Some(desc) = rx.read() {
                 n += 1;
                 match self.area.get(desc.addr, desc.len) {
-                    Some(bytes) => f(bytes),
+                    Some(bytes) => {
+                        f(bytes);
+                        // The address includes the in-frame offset: give
+                        // back the frame-aligned address.
+                        self.recycle.push(desc.addr - desc.addr % u64::from(self.frame_size));
+                    }
+                    // Never ours: nothing to give back.
                     None => log::warn!("{} queue {}: AF_XDP descriptor out of the UMEM", self.iface, self.queue),
                 }
-                // The address includes the in-frame offset: give back the
-                // frame-aligned address.
-                self.recycle.push(desc.addr - desc.addr % u64::from(self.frame_size));
             }
             rx.release();
         }
