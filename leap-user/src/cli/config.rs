@@ -288,7 +288,7 @@ pub fn validate(file: NodeFile) -> Result<NodePlan, ConfigError> {
                 !a.is_empty() && a.iter().all(|v| v.as_integer().is_some_and(|n| (0..1024).contains(&n)))
             });
         if !ok {
-            return Err(err("transport.queues", "`all` or a non-empty list of queue numbers, e.g. [0, 1]"));
+            return Err(err("transport.queues", "`all` or a list of up to 8 queue numbers, e.g. [0, 1]"));
         }
     }
     if let Some(p) = &t.xdp_object

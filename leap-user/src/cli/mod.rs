@@ -109,12 +109,35 @@ pub struct TransportArgs {
     /// XDP attach mode.
     #[arg(long, default_value = "auto", value_parser = ["auto", "drv", "skb"])]
     pub xdp_mode: String,
+    /// AF_XDP receive queues: `all` or a list such as `0,1`.
+    #[arg(long, default_value = "all", value_parser = parse_queues)]
+    pub xdp_queues: Queues,
     /// Loss recovery of the datagram transports.
     #[arg(long, value_enum, default_value = "reliable")]
     pub reliability: ReliabilityArg,
     /// Send one datagram per chunk even where UDP GSO is available.
     #[arg(long)]
     pub no_gso: bool,
+}
+
+/// `--xdp-queues`: every receive queue, or the listed ones.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Queues(pub Option<Vec<u32>>);
+
+/// Parses `all` or a comma-separated list of queue numbers.
+///
+/// # Errors
+///
+/// A message naming the fix.
+pub fn parse_queues(s: &str) -> Result<Queues, String> {
+    if s == "all" {
+        return Ok(Queues(None));
+    }
+    let q: Result<Vec<u32>, _> = s.split(',').map(|x| x.trim().parse::<u32>()).collect();
+    match q {
+        Ok(v) if !v.is_empty() && v.len() <= 8 => Ok(Queues(Some(v))),
+        _ => Err(format!("`{s}`: `all` or up to 8 queue numbers such as 0,1")),
+    }
 }
 
 /// `--reliability` values.
@@ -141,6 +164,7 @@ impl TransportArgs {
             spin: Duration::from_micros(self.spin_us),
             xdp_object: self.xdp_object.clone(),
             xdp_mode: self.xdp_mode.clone(),
+            xdp_queues: self.xdp_queues.0.clone(),
             reliability: match self.reliability {
                 ReliabilityArg::Reliable => crate::transport::datagram::Reliability::Reliable,
                 ReliabilityArg::BestEffort => crate::transport::datagram::Reliability::BestEffort,

@@ -142,6 +142,11 @@ fn resolve(args: &NodeArgs) -> Result<Resolved> {
         if args.transport_args.reliability == super::ReliabilityArg::Reliable {
             opts.reliability = t.reliability;
         }
+        if args.transport_args.xdp_queues.0.is_none()
+            && let Some(list) = t.queues.as_ref().and_then(|q| q.as_array())
+        {
+            opts.xdp_queues = Some(list.iter().filter_map(|v| v.as_integer()).map(|n| n as u32).collect());
+        }
     }
     let (order, fallback) = match (args.transport, &plan) {
         (Some(t), _) => (vec![TransportKind::from(t)], false),

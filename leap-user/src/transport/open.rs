@@ -95,6 +95,8 @@ pub struct Options {
     pub xdp_object: Option<PathBuf>,
     /// XDP attach mode: `auto`, `drv` or `skb`.
     pub xdp_mode: String,
+    /// AF_XDP receive queues (`None`: every receive queue of the interface).
+    pub xdp_queues: Option<Vec<u32>>,
     /// Loss recovery of the datagram backends.
     pub reliability: super::datagram::Reliability,
     /// Use UDP GSO where the kernel has it (one super-datagram per up to 44
@@ -113,6 +115,7 @@ impl Default for Options {
             spin: Duration::ZERO,
             xdp_object: None,
             xdp_mode: "auto".into(),
+            xdp_queues: None,
             reliability: super::datagram::Reliability::Reliable,
             gso: true,
         }

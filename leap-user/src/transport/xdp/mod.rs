@@ -146,7 +146,21 @@ pub fn open_endpoint(
     let mut cfg = XdpTransportConfig::new(iface, super::open::udp_config(ep, opts), delivery);
     cfg.mode = mode;
     cfg.object = ObjectSource::from_option(opts.xdp_object.clone());
+    cfg.queues = match &opts.xdp_queues {
+        Some(q) => q.clone(),
+        None => (0..rx_queue_count(iface).min(8)).collect(),
+    };
+    log::info!("{iface}: AF_XDP sockets on receive queue(s) {:?}", cfg.queues);
     XdpTransport::open(cfg)
+}
+
+/// Receive queues of an interface (`/sys/class/net/IF/queues/rx-*`), at
+/// least 1.
+pub fn rx_queue_count(iface: &str) -> u32 {
+    std::fs::read_dir(std::path::Path::new("/sys/class/net").join(iface).join("queues"))
+        .map(|d| d.filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().starts_with("rx-")).count() as u32)
+        .unwrap_or(1)
+        .max(1)
 }
 
 enum Rx {
