@@ -285,7 +285,9 @@ pub fn validate(file: NodeFile) -> Result<NodePlan, ConfigError> {
     if let Some(q) = &t.queues {
         let ok = q.as_str() == Some("all")
             || q.as_array().is_some_and(|a| {
-                !a.is_empty() && a.iter().all(|v| v.as_integer().is_some_and(|n| (0..1024).contains(&n)))
+                !a.is_empty()
+                    && a.len() <= 8
+                    && a.iter().all(|v| v.as_integer().is_some_and(|n| (0..1024).contains(&n)))
             });
         if !ok {
             return Err(err("transport.queues", "`all` or a list of up to 8 queue numbers, e.g. [0, 1]"));
