@@ -108,7 +108,7 @@ pub fn run_bench(args: Args) -> Result<()> {
 fn vm_bench(quick: bool, dest: &std::path::Path) -> Result<()> {
     let sizes = if quick { "16392,262152" } else { "16392,32776,262152" };
     let script = format!(
-        "leap bench --site vm --transports kmod,udp,xdp --sizes {sizes} --repeat 1 --quick --out /tmp/vb >/dev/null \
+        "leap bench --site vm --transports tcp,kmod,udp,xdp --sizes {sizes} --repeat 1 --quick --out /tmp/vb >/dev/null \
          && echo {BEGIN} && cat /tmp/vb/report.json && echo && echo {END}"
     );
     let object = crate::ebpf::build_ebpf(true)?;

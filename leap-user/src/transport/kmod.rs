@@ -70,6 +70,12 @@ impl KmodConfig {
 /// Errors of the kernel-module backend.
 #[derive(Debug, thiserror::Error)]
 pub enum KmodError {
+    /// Frames larger than one receive bank cannot cross the module.
+    #[error(
+        "frames of {0} bytes do not fit a {max}-byte receive bank of leap_kmod (the original ABI); use a datagram transport",
+        max = leap_common::kmod::BANK_LEN
+    )]
+    FrameTooLarge(usize),
     /// The device node does not exist: the module is not loaded.
     #[error("{path}: the leap_kmod module is not loaded (load it with `insmod leap_kmod.ko`)")]
     NotLoaded {
@@ -345,6 +351,9 @@ pub fn drops(c: &Counters) -> Drops {
 ///
 /// [`KmodError`] (IPv6 addresses included).
 pub fn open_endpoint(ep: &super::open::Endpoint, opts: &super::open::Options) -> Result<KmodTransport, KmodError> {
+    if opts.frame_len > leap_common::kmod::BANK_LEN {
+        return Err(KmodError::FrameTooLarge(opts.frame_len));
+    }
     let mut cfg = KmodConfig::new(ep.listen.port(), ipv4(ep.next)?);
     cfg.prev = ep.prev.map(ipv4).transpose()?;
     cfg.recv_timeout = opts.recv_timeout;
