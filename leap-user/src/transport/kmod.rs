@@ -73,7 +73,7 @@ pub enum KmodError {
     /// Frames larger than one receive bank cannot cross the module.
     #[error(
         "frames of {0} bytes do not fit a {max}-byte receive bank of leap_kmod (the original ABI); use a datagram transport",
-        max = leap_common::kmod::BANK_LEN
+        max = leap_common::kmod::BANK_FRAME_MAX
     )]
     FrameTooLarge(usize),
     /// The device node does not exist: the module is not loaded.
@@ -351,7 +351,7 @@ pub fn drops(c: &Counters) -> Drops {
 ///
 /// [`KmodError`] (IPv6 addresses included).
 pub fn open_endpoint(ep: &super::open::Endpoint, opts: &super::open::Options) -> Result<KmodTransport, KmodError> {
-    if opts.frame_len > leap_common::kmod::BANK_LEN {
+    if opts.frame_len > leap_common::kmod::BANK_FRAME_MAX {
         return Err(KmodError::FrameTooLarge(opts.frame_len));
     }
     let mut cfg = KmodConfig::new(ep.listen.port(), ipv4(ep.next)?);
