@@ -42,6 +42,13 @@ fn privileged_tests(root: &Path) -> Result<Vec<String>> {
     Ok(v)
 }
 
+/// `cargo test` of one privileged test file, its ignored tests one at a time.
+fn ignored_test(test: &str) -> Command {
+    let mut c = cargo();
+    c.args(["test", "--release", "--locked", "-p", "leap", "--test", test, "--", "--ignored", "--test-threads=1"]);
+    c
+}
+
 /// Needs root for namespaces, XDP and apt: outside CI, say so and skip;
 /// in CI, fail.
 fn require_root(stage: &str) -> Result<bool> {
@@ -150,18 +157,7 @@ pub fn run_ci(args: Args) -> Result<()> {
                 // Needs the BPF object: run in the ebpf stage.
                 continue;
             }
-            run(cargo().args([
-                "test",
-                "--release",
-                "--locked",
-                "-p",
-                "leap",
-                "--test",
-                &t,
-                "--",
-                "--ignored",
-                "--test-threads=1",
-            ]))?;
+            run(&mut ignored_test(&t))?;
         }
         Ok(())
     })?;
@@ -171,20 +167,7 @@ pub fn run_ci(args: Args) -> Result<()> {
         }
         let obj = crate::ebpf::build_ebpf(true)?;
         for t in privileged_tests(&root)?.into_iter().filter(|t| t.starts_with("xdp_")) {
-            run(cargo()
-                .args([
-                    "test",
-                    "--release",
-                    "--locked",
-                    "-p",
-                    "leap",
-                    "--test",
-                    &t,
-                    "--",
-                    "--ignored",
-                    "--test-threads=1",
-                ])
-                .env("LEAP_XDP_OBJECT", &obj))?;
+            run(ignored_test(&t).env("LEAP_XDP_OBJECT", &obj))?;
         }
         Ok(())
     })?;
