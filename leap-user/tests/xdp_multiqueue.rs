@@ -11,12 +11,27 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use leap::Transport;
-use leap::netns::{Topology, exec_in};
+use leap::netns::{NodeNet, Topology, exec_in};
 use leap::transport::datagram::Reliability;
 use leap::transport::udp::{UdpConfig, UdpTransport};
 use leap::transport::xdp::{AttachMode, Delivery, XdpTransport, XdpTransportConfig};
 use leap_common::xdp::Counter;
 use xdp_common::{in_netns, object, pattern};
+
+/// A veth pair with two queues each way from `n0` (`rx_if`, `NET.1`) to
+/// `n1` (`tx_if`, `NET.2`); it goes with the namespaces.
+fn two_queue_link(n0: &NodeNet, n1: &NodeNet, rx_if: &str, tx_if: &str, net: &str) {
+    let st = Command::new("ip")
+        .args(["link", "add", rx_if, "netns", &n0.netns, "numrxqueues", "2", "numtxqueues", "2", "type", "veth"])
+        .args(["peer", "name", tx_if, "netns", &n1.netns, "numrxqueues", "2", "numtxqueues", "2"])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    exec_in(&n0.netns, &["ip", "addr", "add", &format!("{net}.1/24"), "dev", rx_if]).unwrap();
+    exec_in(&n1.netns, &["ip", "addr", "add", &format!("{net}.2/24"), "dev", tx_if]).unwrap();
+    exec_in(&n0.netns, &["ip", "link", "set", rx_if, "up"]).unwrap();
+    exec_in(&n1.netns, &["ip", "link", "set", tx_if, "up"]).unwrap();
+}
 
 #[test]
 #[ignore = "needs root + BPF: run by cargo xtask ci"]
@@ -25,16 +40,7 @@ fn every_receive_queue_gets_its_own_socket() {
     let (n0, n1) = (topo.nodes()[0].clone(), topo.nodes()[1].clone());
     // A two-queue veth pair between the test's namespaces; it goes with them.
     let (rx_if, tx_if) = ("lxqm0", "lxqm1");
-    let st = Command::new("ip")
-        .args(["link", "add", rx_if, "netns", &n0.netns, "numrxqueues", "2", "numtxqueues", "2", "type", "veth"])
-        .args(["peer", "name", tx_if, "netns", &n1.netns, "numrxqueues", "2", "numtxqueues", "2"])
-        .status()
-        .unwrap();
-    assert!(st.success());
-    exec_in(&n0.netns, &["ip", "addr", "add", "10.78.0.1/24", "dev", rx_if]).unwrap();
-    exec_in(&n1.netns, &["ip", "addr", "add", "10.78.0.2/24", "dev", tx_if]).unwrap();
-    exec_in(&n0.netns, &["ip", "link", "set", rx_if, "up"]).unwrap();
-    exec_in(&n1.netns, &["ip", "link", "set", tx_if, "up"]).unwrap();
+    two_queue_link(&n0, &n1, rx_if, tx_if, "10.78.0");
     let (me, peer): (SocketAddr, SocketAddr) = ("10.78.0.1:9999".parse().unwrap(), "10.78.0.2:9999".parse().unwrap());
     let frames = 200usize;
     let ready = Arc::new(Barrier::new(2));
@@ -89,16 +95,7 @@ fn flows_spread_over_queues_all_reach_their_queues_socket() {
     let topo = Topology::ring("lxp", 2).unwrap();
     let (n0, n1) = (topo.nodes()[0].clone(), topo.nodes()[1].clone());
     let (rx_if, tx_if) = ("lxpm0", "lxpm1");
-    let st = Command::new("ip")
-        .args(["link", "add", rx_if, "netns", &n0.netns, "numrxqueues", "2", "numtxqueues", "2", "type", "veth"])
-        .args(["peer", "name", tx_if, "netns", &n1.netns, "numrxqueues", "2", "numtxqueues", "2"])
-        .status()
-        .unwrap();
-    assert!(st.success());
-    exec_in(&n0.netns, &["ip", "addr", "add", "10.79.0.1/24", "dev", rx_if]).unwrap();
-    exec_in(&n1.netns, &["ip", "addr", "add", "10.79.0.2/24", "dev", tx_if]).unwrap();
-    exec_in(&n0.netns, &["ip", "link", "set", rx_if, "up"]).unwrap();
-    exec_in(&n1.netns, &["ip", "link", "set", tx_if, "up"]).unwrap();
+    two_queue_link(&n0, &n1, rx_if, tx_if, "10.79.0");
     let flows = 32u16;
     let ready = Arc::new(Barrier::new(2));
     let sent = Arc::new(Barrier::new(2));
