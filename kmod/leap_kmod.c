@@ -69,22 +69,29 @@
 #define LEAP_GSO_CHUNKS		44
 #define LEAP_CHUNK_WIRE_MAX	(LEAP_CHUNK_HDR_LEN + LEAP_CHUNK_PAYLOAD_MAX)
 
-static unsigned int busy_wait_limit = 5000;
+/*
+ * Off by default: spinning pays only where every node has a core of its own.
+ * With more nodes than cores the spinner holds the CPU its sender needs:
+ * measured in the 2-CPU guest, 16 KiB frames, 3-node ring, p50 4100 us with
+ * 5000 spins against 2500 us without.
+ */
+static unsigned int busy_wait_limit;
 module_param(busy_wait_limit, uint, 0644);
-MODULE_PARM_DESC(busy_wait_limit, "Spins on an empty queue before sleeping (default 5000)");
+MODULE_PARM_DESC(busy_wait_limit, "Spins on an empty queue before sleeping, while the CPU is not wanted (default 0)");
 
 static unsigned int frame_timeout_ms = 200;
 module_param(frame_timeout_ms, uint, 0644);
 MODULE_PARM_DESC(frame_timeout_ms, "Default time after which an incomplete frame is reported lost (ms)");
 
 /*
- * Off by default: on loopback and veth the receiver then takes every chunk
- * through the UDP stack (segmentation, socket lookup) instead of the hook,
- * and no gain was measured there; for NICs that segment in hardware.
+ * One sendmsg carries up to 44 chunks; the stack (or the NIC) cuts it into
+ * datagrams of one chunk each where it has to, and a receiving module takes
+ * it whole and walks the chunks in place (leap_encap_rcv). Measured in the
+ * guest (16 KiB frames, 3-node veth ring, no spinning): p50 2500 -> 1550 us.
  */
-static bool tx_gso;
+static bool tx_gso = true;
 module_param(tx_gso, bool, 0644);
-MODULE_PARM_DESC(tx_gso, "Send up to 44 chunks per UDP GSO datagram where the route allows (default off)");
+MODULE_PARM_DESC(tx_gso, "Send up to 44 chunks per UDP GSO datagram where the route allows (default on)");
 
 /* The original's parameter: the layout is ABI now, so only its value is taken. */
 static unsigned long leap_buffer_size = LEAP_HALF_SIZE;
@@ -456,19 +463,54 @@ static unsigned int leap_nf_hook(void *priv, struct sk_buff *skb, const struct n
 	}
 }
 
-/* Datagrams the hook left to the stack: reassembled, checksum verified. */
+/*
+ * Datagrams the hook left to the stack: reassembled fragments, and UDP GSO
+ * super-datagrams (the socket accepts them whole, see leap_bind). The stack
+ * verified the checksum. A GSO datagram holds one chunk per gso_size bytes,
+ * as the sender cut it, and is walked in place instead of being segmented.
+ */
 static int leap_encap_rcv(struct sock *sk, struct sk_buff *skb)
 {
 	struct leap_file *f = rcu_dereference_sk_user_data(sk);
 	unsigned int off = skb_transport_offset(skb) + sizeof(struct udphdr);
+	unsigned int step, len, seg;
+	__be32 saddr;
+	__be16 sport;
+	bool taken = false;
 
-	if (f && skb->len >= off &&
-	    leap_rx_datagram(f, skb, off, skb->len - off, ip_hdr(skb)->saddr, udp_hdr(skb)->source, false) ==
-		    LEAP_TAKEN)
+	if (!f || skb->len < off)
+		goto drop;
+	len = skb->len - off;
+	step = len;
+	if (skb_is_gso(skb) && (skb_shinfo(skb)->gso_type & SKB_GSO_UDP_L4) && skb_shinfo(skb)->gso_size)
+		step = skb_shinfo(skb)->gso_size;
+	saddr = ip_hdr(skb)->saddr;
+	sport = udp_hdr(skb)->source;
+	/* At least once: an empty datagram is counted as short. */
+	do {
+		seg = min(step, len);
+		if (leap_rx_datagram(f, skb, off, seg, saddr, sport, false) == LEAP_TAKEN)
+			taken = true;
+		off += seg;
+		len -= seg;
+	} while (len);
+	if (taken) {
 		consume_skb(skb);
-	else
-		kfree_skb(skb);
+		return 0;
+	}
+drop:
+	kfree_skb(skb);
 	return 0;
+}
+
+/* Lets `sock` take UDP GSO datagrams whole (UDP_GRO), as a user socket can. */
+static void leap_accept_gso(struct socket *sock)
+{
+	int one = 1;
+	int err = sock->ops->setsockopt(sock, SOL_UDP, UDP_GRO, KERNEL_SOCKPTR(&one), sizeof(one));
+
+	if (err)
+		pr_info("UDP_GRO refused (%d): GSO datagrams are segmented before the module sees them\n", err);
 }
 
 /* Tears down the socket and the hook; waits until no packet uses them. */
@@ -510,6 +552,7 @@ static int leap_bind(struct leap_file *f, u16 port)
 	err = kernel_bind(sock, (struct sockaddr *)&sin, sizeof(sin));
 	if (err)
 		goto err_release_sock;
+	leap_accept_gso(sock);
 
 	f->ops = (struct nf_hook_ops){
 		.hook = leap_nf_hook,
@@ -685,7 +728,8 @@ static int leap_wait(struct leap_file *f, long timeout, struct leap_wait *w)
 	unsigned int spins = READ_ONCE(busy_wait_limit);
 	unsigned int i;
 
-	for (i = 0; i < spins && !READ_ONCE(f->events); i++)
+	/* Spin only while no other task wants this CPU: it may be our sender. */
+	for (i = 0; i < spins && !READ_ONCE(f->events) && !need_resched(); i++)
 		cpu_relax();
 
 	for (;;) {

@@ -155,10 +155,14 @@ ring() {
 if [ -x /bin/leap ]; then
 	ring 1000 "leap ring: kmod, 3 nodes on loopback" --transport kmod --nodes 3 --frame-size 16392
 	ring 300 "leap ring: kmod, 3 nodes in namespaces over veth" --transport kmod --netns --nodes 3 --frame-size 16392
-	echo 1 >/sys/module/leap_kmod/parameters/tx_gso
-	ring 300 "leap ring: kmod with TX GSO, 3 nodes in namespaces" --transport kmod --netns --nodes 3 --frame-size 16392
-	ring 300 "leap ring: kmod with TX GSO, 3 nodes on loopback" --transport kmod --nodes 3 --frame-size 32776
+	ring 300 "leap ring: kmod, 3 nodes on loopback, 32 KiB frames" --transport kmod --nodes 3 --frame-size 32776
 	echo 0 >/sys/module/leap_kmod/parameters/tx_gso
+	ring 300 "leap ring: kmod one datagram per chunk (tx_gso=0), 3 nodes in namespaces" --transport kmod --netns --nodes 3 --frame-size 16392
+	echo 1 >/sys/module/leap_kmod/parameters/tx_gso
+	echo 2000 >/sys/module/leap_kmod/parameters/busy_wait_limit
+	ring 300 "leap ring: kmod spinning before sleep (busy_wait_limit=2000), 3 nodes in namespaces" --transport kmod --netns --nodes 3 --frame-size 16392
+	echo 0 >/sys/module/leap_kmod/parameters/busy_wait_limit
+	if dmesg | grep -q 'UDP_GRO refused'; then ko "the module's socket refused UDP_GRO"; else ok "GSO datagrams taken whole (UDP_GRO accepted)"; fi
 	if [ -e /etc/leap/xdp ]; then
 		ring 300 "leap ring: xdp, 3 nodes in namespaces (6.1 verifier)" --transport xdp --netns --nodes 3 --frame-size 16392
 	else
