@@ -4,6 +4,7 @@
 //! that figures compare as ratios measured together.
 
 pub mod floor;
+pub mod profile;
 pub mod report;
 
 use std::path::PathBuf;
@@ -40,6 +41,9 @@ pub struct BenchConfig {
     pub options: Options,
     /// Where this runs, for the report ("host", "vm").
     pub site: String,
+    /// Profile one extra latency run per transport with this `perf` and
+    /// keep the raw reports in this directory.
+    pub profile: Option<(PathBuf, PathBuf)>,
 }
 
 /// One transport x size x mode, medians over the repeats.
@@ -120,6 +124,9 @@ pub struct BenchReport {
     pub floors: Vec<Floor>,
     /// What was not measured.
     pub skipped: Vec<Skipped>,
+    /// Where the CPU went, per transport (`--profile`).
+    #[serde(default)]
+    pub profiles: Vec<profile::Profile>,
     /// Remarks for the reader (e.g. which figures come from an emulated VM).
     pub notes: Vec<String>,
 }
@@ -184,7 +191,8 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(usize, usize, &str)) -> Result<B
         }
     }
     let modes = [("latency", 1usize), ("throughput", THROUGHPUT_INFLIGHT)];
-    let total = kinds.len() * cfg.sizes.len() * modes.len() * cfg.repeat + 1;
+    let profiled = usize::from(cfg.profile.is_some());
+    let total = kinds.len() * (cfg.sizes.len() * modes.len() * cfg.repeat + profiled) + 1;
     let mut done = 0;
     progress(done, total, "floor");
     let topo = match cfg.placement {
@@ -252,6 +260,21 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(usize, usize, &str)) -> Result<B
                 });
             }
         }
+        if let (Some((perf, dir)), Some(&size)) = (&cfg.profile, cfg.sizes.first()) {
+            progress(done, total, &format!("{kind} {size} B latency under perf"));
+            // Long enough for a few thousand samples whatever the latency.
+            let frames = ((256usize << 20) / size).clamp(200, 10_000) as u64;
+            let mut rc = RingConfig::new(kind, cfg.nodes, size, frames);
+            rc.placement = cfg.placement;
+            rc.options = Options { frame_len: size, ..cfg.options.clone() };
+            rc.control = false;
+            rc.stall_timeout = Duration::from_secs(20);
+            match profile::record(perf, &rc, &cfg.site, dir) {
+                Ok(p) => rep.profiles.push(p),
+                Err(e) => rep.notes.push(format!("no profile of {kind} at {}: {e}", cfg.site)),
+            }
+            done += 1;
+        }
     }
     progress(total, total, "done");
     rep.compute_ratios();
@@ -279,6 +302,7 @@ impl BenchReport {
         self.rows.extend(other.rows);
         self.floors.extend(other.floors);
         self.skipped.extend(other.skipped);
+        self.profiles.extend(other.profiles);
         self.notes.extend(other.notes);
         self.compute_ratios();
     }

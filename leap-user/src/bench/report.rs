@@ -110,6 +110,7 @@ pub fn markdown(r: &BenchReport) -> String {
     for site in r.floors.iter().map(|f| f.site.clone()) {
         targets(&mut s, r, &site);
     }
+    profiles(&mut s, r);
     if !r.skipped.is_empty() {
         let _ = writeln!(s, "## Not measured\n");
         for k in &r.skipped {
@@ -124,6 +125,57 @@ pub fn markdown(r: &BenchReport) -> String {
         }
     }
     s
+}
+
+/// The `--profile` section: the ring threads' CPU by kind of work, one
+/// column per profiled transport, then each one's hottest symbols.
+fn profiles(s: &mut String, r: &BenchReport) {
+    if r.profiles.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "## Where the CPU goes (perf, one extra latency run each)\n\n\
+         `perf record -a -e cpu-clock` around one run per transport; the ring's threads' samples \
+         (kernel work done in their context, such as the receiver's softirq run by the sender, included) \
+         by kind of work, in % of their samples. Idle is the share of all CPU samples with nothing to run: \
+         a high share means the round trip waits on wake-ups, not on work.\n"
+    );
+    let _ = write!(s, "| | ");
+    for p in &r.profiles {
+        let _ = write!(s, "{} ({}, {} B) | ", p.transport, p.site, p.frame_size);
+    }
+    let _ = write!(s, "\n|---|");
+    for _ in &r.profiles {
+        let _ = write!(s, "---|");
+    }
+    s.push('\n');
+    let mut cats: Vec<&str> = Vec::new();
+    for p in &r.profiles {
+        for (c, _) in &p.categories {
+            if !cats.contains(&c.as_str()) {
+                cats.push(c);
+            }
+        }
+    }
+    let row = |s: &mut String, name: &str, cell: &dyn Fn(&super::profile::Profile) -> String| {
+        let _ = write!(s, "| {name} |");
+        for p in &r.profiles {
+            let _ = write!(s, " {} |", cell(p));
+        }
+        s.push('\n');
+    };
+    row(s, "CPUs idle, % of all samples", &|p| format!("{:.1}", p.idle_pct));
+    row(s, "ring threads, % of all samples", &|p| format!("{:.1}", p.leap_pct));
+    for c in cats {
+        row(s, c, &|p| p.categories.iter().find(|(n, _)| n == c).map_or("-".into(), |(_, v)| format!("{v:.1}")));
+    }
+    s.push('\n');
+    for p in &r.profiles {
+        let top: Vec<String> = p.top.iter().take(8).map(|(sym, v)| format!("`{sym}` {v:.1}")).collect();
+        let _ = writeln!(s, "- hottest in {} ({}): {}", p.transport, p.site, top.join(", "));
+    }
+    s.push('\n');
 }
 
 fn targets(s: &mut String, r: &BenchReport, site: &str) {

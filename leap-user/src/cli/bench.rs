@@ -44,6 +44,10 @@ pub struct BenchArgs {
     /// Add this remark to the report.
     #[arg(long)]
     pub note: Vec<String>,
+    /// Also run each transport once under `perf record -a` (first frame
+    /// size, one in flight) and report where the CPU went.
+    #[arg(long)]
+    pub profile: bool,
     /// Backend options.
     #[command(flatten)]
     pub transport_args: TransportArgs,
@@ -103,7 +107,7 @@ pub fn main(args: &BenchArgs) -> Result<()> {
             "leap bench: not root, so measuring on loopback (TCP and UDP only); run as root for the full comparison"
         );
     }
-    let cfg = BenchConfig {
+    let mut cfg = BenchConfig {
         transports,
         sizes,
         nodes: args.nodes,
@@ -112,7 +116,17 @@ pub fn main(args: &BenchArgs) -> Result<()> {
         placement,
         options: args.transport_args.options(16_392),
         site: args.site.clone(),
+        profile: None,
     };
+    if args.profile {
+        match crate::bench::profile::perf() {
+            Ok(perf) => cfg.profile = Some((perf, args.out.clone())),
+            Err(e) => {
+                eprintln!("leap bench: --profile: {e}; measuring without a profile");
+                notes.push(format!("no profile: {e}"));
+            }
+        }
+    }
     let bar = std::io::stderr().is_terminal().then(|| {
         let b = indicatif::ProgressBar::new(1);
         b.set_style(

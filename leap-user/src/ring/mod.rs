@@ -204,6 +204,10 @@ pub struct RingReport {
     pub gbit_per_s: f64,
     /// Wall time of the data phase.
     pub elapsed_s: f64,
+    /// The data phase, from its first send to its last frame back (for
+    /// profiles; not printed).
+    #[serde(skip)]
+    pub data_phase: Option<(std::time::Instant, std::time::Instant)>,
     /// CPU time (user + sys) of all node threads per delivered frame.
     pub cpu_us_per_frame: f64,
     /// Chunks retransmitted on all hops.
@@ -457,6 +461,7 @@ pub fn run(cfg: &RingConfig) -> Result<RingReport, RingError> {
         round_trips_per_s: delivered as f64 / elapsed,
         gbit_per_s: delivered as f64 * cfg.frame_size as f64 * 8.0 / elapsed / 1e9,
         elapsed_s: elapsed,
+        data_phase: head.started.map(|s| (s, s + head.elapsed)),
         cpu_us_per_frame: if delivered == 0 { 0.0 } else { cpu.as_secs_f64() * 1e6 / delivered as f64 },
         retransmits: stats.retransmits,
         control_ack: head.control_ack,

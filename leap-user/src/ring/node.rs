@@ -59,6 +59,8 @@ pub struct HeadReport {
     pub rtts_ns: Vec<u64>,
     /// Wall time of the data phase.
     pub elapsed: Duration,
+    /// When the data phase began.
+    pub started: Option<Instant>,
     /// Whether the control ACK came back (None: not tried).
     pub control_ack: Option<bool>,
 }
@@ -229,6 +231,7 @@ pub fn run_head(t: &mut dyn Transport, cfg: &HeadConfig) -> Result<HeadReport, T
         }
     }
     rep.elapsed = start.elapsed();
+    rep.started = Some(start);
     if let Some(tel) = &cfg.telemetry {
         tel.publish(&*t, rep.delivered, true);
     }

@@ -24,3 +24,23 @@ pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() == 0 }
 }
+
+/// Sends SIGINT to process `pid` (a child we started); errors are ignored:
+/// the child may have exited already.
+pub fn interrupt(pid: u32) {
+    let Ok(pid) = libc::pid_t::try_from(pid) else { return };
+    // SAFETY: kill has no memory effects; a stale pid only makes it fail.
+    unsafe { libc::kill(pid, libc::SIGINT) };
+}
+
+/// CLOCK_MONOTONIC in nanoseconds (the clock `perf record -k mono` stamps
+/// samples with).
+pub fn monotonic_ns() -> u64 {
+    // SAFETY: all-zero is a valid timespec; clock_gettime writes into it.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: CLOCK_MONOTONIC with a valid pointer cannot fault.
+    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) } != 0 {
+        return 0;
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
