@@ -26,6 +26,9 @@ pub struct Args {
     /// Repetitions per run on the host (default: leap bench's).
     #[arg(long)]
     repeat: Option<usize>,
+    /// Pin the host's ring nodes to these CPUs (leap bench --cpus).
+    #[arg(long, value_name = "LIST")]
+    cpus: Option<String>,
 }
 
 const BEGIN: &str = "LEAP_BENCH_JSON_BEGIN";
@@ -67,6 +70,13 @@ pub fn run_bench(args: Args) -> Result<()> {
     cmd.args(["bench", "--site", "host", "--out"]).arg(&host);
     if is_root() {
         cmd.args(["--transports", "tcp,udp,xdp,xdp-ringbuf"]);
+        // The profile says where the CPU goes; without perf the figures still count.
+        match util::apt_install(&["linux-perf"]) {
+            Ok(()) => {
+                cmd.arg("--profile");
+            }
+            Err(e) => eprintln!("bench: no perf ({e:#}): the report will have no profile"),
+        }
     } else {
         cmd.args(["--transports", "tcp,udp"]);
     }
@@ -75,6 +85,9 @@ pub fn run_bench(args: Args) -> Result<()> {
     }
     if let Some(r) = args.repeat {
         cmd.args(["--repeat", &r.to_string()]);
+    }
+    if let Some(c) = &args.cpus {
+        cmd.args(["--cpus", c]);
     }
     run(&mut cmd)?;
     parts.push(host.join("report.json"));

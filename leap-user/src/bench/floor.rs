@@ -14,12 +14,13 @@ use crate::ring::Percentiles;
 const PORT: u16 = 9997;
 
 /// Measures `rounds` round trips of a 64-byte datagram around `n` nodes, in
-/// namespaces when `topo` is given, else on loopback.
+/// namespaces when `topo` is given, else on loopback; node `i` pinned like
+/// a ring's node `i` when `cpus` is not empty.
 ///
 /// # Errors
 ///
 /// A socket or namespace error, as text.
-pub fn measure(topo: Option<&Topology>, n: usize, rounds: usize) -> Result<Percentiles, String> {
+pub fn measure(topo: Option<&Topology>, n: usize, rounds: usize, cpus: &[usize]) -> Result<Percentiles, String> {
     let addrs: Vec<SocketAddr> = match topo {
         Some(t) => t.nodes().iter().map(|nd| SocketAddr::new(nd.addr.into(), PORT)).collect(),
         None => (0..n)
@@ -33,8 +34,10 @@ pub fn measure(topo: Option<&Topology>, n: usize, rounds: usize) -> Result<Perce
     for i in 1..n {
         let (me, next, stop, ready) = (addrs[i], addrs[(i + 1) % n], stop.clone(), ready_tx.clone());
         let ns = topo.map(|t| t.nodes()[i].path());
+        let cpus = cpus.to_vec();
         workers.push(std::thread::spawn(move || -> Result<(), String> {
             let sock = (|| {
+                crate::ring::pin(&cpus, i).map_err(std::io::Error::other)?;
                 if let Some(ns) = &ns {
                     crate::sys::netns::enter(ns)?;
                 }
@@ -56,7 +59,9 @@ pub fn measure(topo: Option<&Topology>, n: usize, rounds: usize) -> Result<Perce
     drop(ready_tx);
     let (me, next) = (addrs[0], addrs[1 % n]);
     let ns = topo.map(|t| t.nodes()[0].path());
+    let cpus = cpus.to_vec();
     let head = std::thread::spawn(move || -> Result<Vec<u64>, String> {
+        crate::ring::pin(&cpus, 0)?;
         if let Some(ns) = &ns {
             crate::sys::netns::enter(ns).map_err(|e| e.to_string())?;
         }

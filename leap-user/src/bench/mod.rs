@@ -201,7 +201,8 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(usize, usize, &str)) -> Result<B
         }
         Placement::Loopback => None,
     };
-    let floor = floor::measure(topo.as_ref(), cfg.nodes, if cfg.quick { 2000 } else { 10_000 })?;
+    crate::sys::check_cpus(&cfg.options.cpus).map_err(|e| format!("--cpus: {e}"))?;
+    let floor = floor::measure(topo.as_ref(), cfg.nodes, if cfg.quick { 2000 } else { 10_000 }, &cfg.options.cpus)?;
     drop(topo);
     rep.floors.push(Floor { site: cfg.site.clone(), rtt_us: floor, hops: cfg.nodes });
     done += 1;

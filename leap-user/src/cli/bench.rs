@@ -118,6 +118,18 @@ pub fn main(args: &BenchArgs) -> Result<()> {
         site: args.site.clone(),
         profile: None,
     };
+    let cpus = &args.transport_args.cpus;
+    notes.push(if cpus.is_empty() {
+        format!("{}: node threads not pinned (the scheduler places them; see --cpus)", args.site)
+    } else {
+        let list: Vec<String> = cpus.iter().map(ToString::to_string).collect();
+        format!(
+            "{}: node i pinned to CPU {{{}}}[i mod {}] (--cpus), the floor too",
+            args.site,
+            list.join(","),
+            cpus.len()
+        )
+    });
     if args.profile {
         match crate::bench::profile::perf() {
             Ok(perf) => cfg.profile = Some((perf, args.out.clone())),

@@ -118,6 +118,10 @@ pub struct TransportArgs {
     /// Send one datagram per chunk even where UDP GSO is available.
     #[arg(long)]
     pub no_gso: bool,
+    /// Pin to these CPUs (comma-separated): ring node i runs on the
+    /// (i mod n)-th, `leap node` on all of them.
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    pub cpus: Vec<usize>,
 }
 
 /// `--xdp-queues`: every receive queue, or the listed ones.
@@ -170,6 +174,7 @@ impl TransportArgs {
                 ReliabilityArg::BestEffort => crate::transport::datagram::Reliability::BestEffort,
             },
             gso: !self.no_gso,
+            cpus: self.cpus.clone(),
         }
     }
 }

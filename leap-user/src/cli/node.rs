@@ -257,6 +257,10 @@ pub fn main(args: &NodeArgs) -> Result<()> {
         }
         return Ok(());
     }
+    if !r.opts.cpus.is_empty() {
+        // Before any thread starts: the telemetry threads inherit the mask.
+        crate::sys::pin_thread(&r.opts.cpus).context("--cpus")?;
+    }
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;

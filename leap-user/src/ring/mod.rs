@@ -346,6 +346,15 @@ fn layout(cfg: &RingConfig) -> Result<(Vec<Endpoint>, Option<Topology>), RingErr
     }
 }
 
+/// Pins the calling node thread (node `i`) to its CPU of `cpus`, if any.
+pub(crate) fn pin(cpus: &[usize], i: usize) -> Result<(), String> {
+    if cpus.is_empty() {
+        return Ok(());
+    }
+    let cpu = cpus[i % cpus.len()];
+    crate::sys::pin_thread(&[cpu]).map_err(|e| format!("pinning node {i} to CPU {cpu}: {e}"))
+}
+
 /// Runs a whole ring on this host and reports what the head measured.
 ///
 /// # Errors
@@ -354,6 +363,7 @@ fn layout(cfg: &RingConfig) -> Result<(Vec<Endpoint>, Option<Topology>), RingErr
 /// whose transport failed.
 pub fn run(cfg: &RingConfig) -> Result<RingReport, RingError> {
     cfg.validate().map_err(RingError::Config)?;
+    crate::sys::check_cpus(&cfg.options.cpus).map_err(|e| RingError::Config(format!("--cpus: {e}")))?;
     let mut cfg = cfg.clone();
     if cfg.loss_pct > 0.0 && cfg.options.gso {
         // A GSO super-datagram is one packet until the receiver splits it:
@@ -375,13 +385,18 @@ pub fn run(cfg: &RingConfig) -> Result<RingReport, RingError> {
             std::thread::Builder::new()
                 .name(format!("leap-node-{i}"))
                 .spawn(move || {
+                    pin(&cfg.options.cpus, i)?;
                     let mut t = gate.open_node(ns.as_deref(), &cfg, &ep, start_timeout)?;
                     let wc =
                         WorkerConfig { frame_size: cfg.frame_size, compute: cfg.compute, ..WorkerConfig::default() };
+                    // Like the head's: the data phase only, not opening the
+                    // transport (loading BPF, parsing BTF, connecting).
+                    let cpu0 = crate::sys::thread_cpu_time();
                     let res = run_worker(&mut *t, &wc, &stop);
-                    let cpu = crate::sys::thread_cpu_time();
+                    let cpu1 = crate::sys::thread_cpu_time();
                     res.map_err(|e| e.to_string())?;
-                    Ok::<_, String>((t.stats(), t.backend_counters(), cpu.0 + cpu.1))
+                    let cpu = (cpu1.0 + cpu1.1).saturating_sub(cpu0.0 + cpu0.1);
+                    Ok::<_, String>((t.stats(), t.backend_counters(), cpu))
                 })
                 .map_err(|e| RingError::Node { node: i, error: format!("spawn: {e}") })?,
         );
@@ -392,6 +407,7 @@ pub fn run(cfg: &RingConfig) -> Result<RingReport, RingError> {
         std::thread::Builder::new()
             .name("leap-head".into())
             .spawn(move || {
+                pin(&cfg2.options.cpus, 0)?;
                 let mut t = gate.open_node(ns.as_deref(), &cfg2, &ep, start_timeout)?;
                 let hc = HeadConfig {
                     frame_size: cfg2.frame_size,

@@ -44,3 +44,60 @@ pub fn monotonic_ns() -> u64 {
     }
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
+
+/// The CPUs this process may run on.
+///
+/// # Errors
+///
+/// `sched_getaffinity` failing.
+pub fn allowed_cpus() -> std::io::Result<Vec<usize>> {
+    // SAFETY: all-zero is a valid (empty) cpu_set_t.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: pid 0 is the calling thread; the size matches the set.
+    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let max = 8 * std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: CPU_ISSET reads inside the set for c < max.
+    Ok((0..max).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect())
+}
+
+/// Checks that every CPU of `cpus` is one this process may run on.
+///
+/// # Errors
+///
+/// The first CPU that is not, with the ones that are.
+pub fn check_cpus(cpus: &[usize]) -> std::io::Result<()> {
+    let allowed = allowed_cpus()?;
+    match cpus.iter().find(|c| !allowed.contains(c)) {
+        None => Ok(()),
+        Some(cpu) => {
+            let list: Vec<String> = allowed.iter().map(ToString::to_string).collect();
+            Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("CPU {cpu} is not available to this process (available: {})", list.join(",")),
+            ))
+        }
+    }
+}
+
+/// Pins the calling thread to `cpus`.
+///
+/// # Errors
+///
+/// A CPU this process may not run on (see [`check_cpus`]), or
+/// `sched_setaffinity` failing.
+pub fn pin_thread(cpus: &[usize]) -> std::io::Result<()> {
+    check_cpus(cpus)?;
+    // SAFETY: all-zero is a valid (empty) cpu_set_t.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &cpu in cpus {
+        // SAFETY: check_cpus proved cpu < 8 * size_of::<cpu_set_t>().
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    // SAFETY: pid 0 is the calling thread; the set is initialised.
+    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}

@@ -102,6 +102,9 @@ pub struct Options {
     /// Use UDP GSO where the kernel has it (one super-datagram per up to 44
     /// chunks); off, every chunk is its own datagram down to the device.
     pub gso: bool,
+    /// CPUs to pin node threads to (empty: no pinning). A ring puts node
+    /// `i` on the `i % len`-th; `leap node` runs on all of them.
+    pub cpus: Vec<usize>,
 }
 
 impl Default for Options {
@@ -118,6 +121,7 @@ impl Default for Options {
             xdp_queues: None,
             reliability: super::datagram::Reliability::Reliable,
             gso: true,
+            cpus: Vec::new(),
         }
     }
 }
