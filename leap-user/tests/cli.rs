@@ -25,6 +25,23 @@ fn bad_ring_arguments_fail_with_one_line() {
     assert_one_line_error(&["ring", "--transport", "carrier-pigeon"], "carrier-pigeon");
     assert_one_line_error(&["ring", "--transport", "udp", "--frames", "x"], "--frames");
     assert_one_line_error(&["node", "--transport", "udp", "--listen", "1.2.3", "--next", "127.0.0.1:1"], "1.2.3");
+    assert_one_line_error(
+        &["ring", "--transport", "udp", "--loopback", "--cpus", "100000"],
+        "CPU 100000 is not available",
+    );
+    assert_one_line_error(
+        &["bench", "--quick", "--loopback", "--cpus", "100000", "--out", "/tmp/leap-cli-test"],
+        "CPU 100000",
+    );
+}
+
+#[test]
+fn pinned_ring_delivers_every_frame() {
+    let (code, out, err) =
+        leap(&["ring", "--transport", "udp", "--nodes", "3", "--frames", "50", "--loopback", "--cpus", "0", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert_eq!(v["frames_delivered"], 50, "{v}");
 }
 
 #[test]

@@ -32,6 +32,7 @@ fn check_names_the_bad_field() {
         (good.replace("\nme = \"a\"", "\nme = \"q\""), "ring.me"),
         (good.replace("order = [\"udp\"]", "order = [\"udp\"]\ninterface = \"leapnope0\""), "transport.interface"),
         (good.replace("[transport]", "[transport]\ncolour = 1"), "colour"),
+        (format!("{good}[node]\ncpus = [100000]\n"), "node.cpus"),
     ];
     for (i, (text, field)) in cases.iter().enumerate() {
         let f = dir.join(format!("bad{i}.toml"));

@@ -198,12 +198,17 @@ const CATEGORIES: &[(&str, &[&str])] = &[
         &["alloc", "kfree", "free", "kmem_cache", "slab", "page_frag", "skb_release", "consume_skb", "page_pool"],
     ),
     (
-        "wake-ups, scheduling, polling",
+        "wake-ups, IPIs, scheduling, polling",
         &[
             "wake",
             "schedule",
             "switch",
             "_raw_spin",
+            "irq_work",
+            // The x2APIC ICR write that sends an IPI (irq_work, remote wake-ups).
+            "write_msr",
+            "send_IPI",
+            "send_call_function",
             "poll",
             "hrtimer",
             "futex",
@@ -296,7 +301,7 @@ mod tests {
         let get = |n: &str| p.categories.iter().find(|(c, _)| c == n).map(|(_, v)| *v);
         assert_eq!(get("copying data"), Some(12.0));
         assert_eq!(get("GSO segmentation / skb copy for XDP"), Some(15.5));
-        assert_eq!(get("wake-ups, scheduling, polling"), Some(20.0));
+        assert_eq!(get("wake-ups, IPIs, scheduling, polling"), Some(20.0));
         assert_eq!(get("leap user space"), Some(9.0));
         assert_eq!(get("XDP program and AF_XDP / ring buffer"), Some(8.0));
         assert_eq!(get("memory: skb / page alloc and free"), Some(5.0));

@@ -24,6 +24,7 @@
 //! on_neighbour_loss = "wait"      # wait | exit
 //! metrics = "127.0.0.1:9464"      # Prometheus text at /metrics
 //! stats_socket = "/run/leap/b.sock"
+//! cpus = [2]                      # pin (e.g. near the NIC queue's IRQ)
 //! ```
 
 use std::net::SocketAddr;
@@ -138,6 +139,9 @@ pub struct NodeSection {
     pub metrics: Option<String>,
     /// Unix socket for `leap stats`.
     pub stats_socket: Option<PathBuf>,
+    /// CPUs to run on (e.g. the cores next to the NIC's receive IRQs).
+    #[serde(default)]
+    pub cpus: Vec<usize>,
 }
 
 fn default_frame_size() -> usize {
@@ -314,6 +318,9 @@ pub fn validate(file: NodeFile) -> Result<NodePlan, ConfigError> {
         && l.parse::<log::LevelFilter>().is_err()
     {
         return Err(err("node.log", format!("`{l}`: choose error, warn, info, debug or trace")));
+    }
+    if let Err(e) = crate::sys::check_cpus(&n.cpus) {
+        return Err(err("node.cpus", format!("{e}: list CPUs of this machine")));
     }
     let len = r.members.len();
     Ok(NodePlan {

@@ -142,6 +142,9 @@ fn resolve(args: &NodeArgs) -> Result<Resolved> {
         if args.transport_args.reliability == super::ReliabilityArg::Reliable {
             opts.reliability = t.reliability;
         }
+        if args.transport_args.cpus.is_empty() {
+            opts.cpus = f.node.cpus.clone();
+        }
         if args.transport_args.xdp_queues.0.is_none()
             && let Some(list) = t.queues.as_ref().and_then(|q| q.as_array())
         {
