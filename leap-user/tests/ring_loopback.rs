@@ -41,3 +41,21 @@ fn invalid_ring_settings_are_refused() {
         assert!(run(&cfg).is_err(), "nodes {nodes} size {size} frames {frames}");
     }
 }
+
+/// More bytes in flight than the socket buffers of the whole ring hold:
+/// every node ends up sending into a full buffer. Each must keep reading
+/// from its previous node meanwhile, or the ring deadlocks (it did: this
+/// run hung until killed before sends drained the previous node).
+#[test]
+fn tcp_ring_with_more_in_flight_than_buffers_hold_does_not_deadlock() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut cfg = RingConfig::new(TransportKind::Tcp, 3, 4 << 20, 48);
+        cfg.inflight = 16;
+        cfg.control = false;
+        let _ = tx.send(run(&cfg).map_err(|e| e.to_string()));
+    });
+    let r = rx.recv_timeout(std::time::Duration::from_secs(120)).expect("the ring deadlocked (no result in 120 s)");
+    let r = r.unwrap();
+    assert_eq!((r.frames_delivered, r.frames_corrupt), (48, 0), "{r:?}");
+}

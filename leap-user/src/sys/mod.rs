@@ -101,3 +101,32 @@ pub fn pin_thread(cpus: &[usize]) -> std::io::Result<()> {
     }
     Ok(())
 }
+
+/// Waits until `out` can take bytes or `inp` (if any) has bytes to read;
+/// returns (writable, readable). Errors and hang-ups count as ready, so
+/// that the following call reports them.
+///
+/// # Errors
+///
+/// `poll` failing other than by a signal.
+pub fn wait_writable_or_readable(
+    out: std::os::fd::RawFd,
+    inp: Option<std::os::fd::RawFd>,
+) -> std::io::Result<(bool, bool)> {
+    let mut fds = [
+        libc::pollfd { fd: out, events: libc::POLLOUT, revents: 0 },
+        libc::pollfd { fd: inp.unwrap_or(-1), events: libc::POLLIN, revents: 0 },
+    ];
+    loop {
+        // SAFETY: fds is a valid array of two pollfd (a negative fd is ignored).
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if r >= 0 {
+            break;
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    Ok((fds[0].revents != 0, fds[1].revents != 0))
+}

@@ -6,8 +6,9 @@
 //! original (the receiver knows the frame size); optionally each frame gets
 //! an 8-byte length/kind prefix, for variable sizes and unambiguous control.
 
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, IoSlice, Read};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use leap_common::control::ControlMessage;
@@ -69,7 +70,37 @@ struct Inbound {
     /// Bytes of the current frame (prefix included) read so far.
     partial: Vec<u8>,
     prefix: [u8; PREFIX_LEN],
+    /// Bytes taken off the stream while a send to the next node was stuck
+    /// (see [`TcpTransport::write`]); reads serve these first.
+    stash: Stash,
 }
+
+#[derive(Debug, Default)]
+struct Stash {
+    buf: Vec<u8>,
+    off: usize,
+}
+
+impl Stash {
+    /// Reads into `dst`, from the stash first, then from `stream`.
+    fn read(&mut self, stream: &mut TcpStream, dst: &mut [u8]) -> io::Result<usize> {
+        let left = self.buf.len() - self.off;
+        if left == 0 {
+            return stream.read(dst);
+        }
+        let n = left.min(dst.len());
+        dst[..n].copy_from_slice(&self.buf[self.off..self.off + n]);
+        self.off += n;
+        if self.off == self.buf.len() {
+            self.buf.clear();
+            self.off = 0;
+        }
+        Ok(n)
+    }
+}
+
+/// Most bytes a stuck send drains from the previous node into memory.
+const STASH_MAX: usize = 256 << 20;
 
 /// The TCP transport. A neighbour that restarts is taken back: the
 /// connection from the previous node is accepted anew, the one to the next
@@ -184,7 +215,21 @@ pub fn accept_from(l: &TcpListener, prev: Option<IpAddr>, timeout: Duration) -> 
 
 impl Inbound {
     fn new(stream: TcpStream) -> Self {
-        Self { stream, partial: Vec::new(), prefix: [0; PREFIX_LEN] }
+        Self { stream, partial: Vec::new(), prefix: [0; PREFIX_LEN], stash: Stash::default() }
+    }
+
+    /// Moves the bytes the stream has ready into the stash. Returns false
+    /// when nothing more should be drained (end of stream, error, or full).
+    fn drain(&mut self) -> bool {
+        let mut chunk = [0u8; 64 << 10];
+        // poll said readable: this read returns at once.
+        match self.stream.read(&mut chunk) {
+            Ok(0) | Err(_) => false,
+            Ok(n) => {
+                self.stash.buf.extend_from_slice(&chunk[..n]);
+                self.stash.buf.len() - self.stash.off < STASH_MAX
+            }
+        }
     }
 }
 
@@ -218,7 +263,19 @@ impl TcpTransport {
         Ok(t)
     }
 
-    fn write(stream: &mut TcpStream, framing: TcpFraming, kind: FrameKind, head: &[u8], tail: &[u8]) -> Result<()> {
+    /// Writes one frame to `stream`. While the next node takes no bytes,
+    /// what the previous node sends is drained into `prev`'s stash: with
+    /// several frames in flight, every node of a ring can be stuck sending
+    /// with full socket buffers all around, and nobody reading would be a
+    /// deadlock (seen in a 1 GiB VM: 8 x 256 KiB frames in flight).
+    fn write(
+        stream: &mut TcpStream,
+        mut prev: Option<&mut Inbound>,
+        framing: TcpFraming,
+        kind: FrameKind,
+        head: &[u8],
+        tail: &[u8],
+    ) -> Result<()> {
         let len = head.len() + tail.len();
         let len32 = u32::try_from(len).map_err(|_| TransportError::BadFrameLen(len))?;
         if len == 0 {
@@ -231,12 +288,24 @@ impl TcpTransport {
         let mut bufs = [IoSlice::new(pre), IoSlice::new(head), IoSlice::new(tail)];
         let mut bufs = &mut bufs[..];
         IoSlice::advance_slices(&mut bufs, 0);
+        let sock = socket2::SockRef::from(&*stream);
         while !bufs.is_empty() {
-            match stream.write_vectored(bufs) {
+            match sock.send_vectored_with_flags(bufs, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) {
                 Ok(0) => return Err(TransportError::PeerClosed("next")),
                 Ok(n) => IoSlice::advance_slices(&mut bufs, n),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(TransportError::io("writev", e)),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    let drain = prev.as_ref().map(|p| p.stream.as_raw_fd());
+                    let (_, readable) = crate::sys::wait_writable_or_readable(stream.as_raw_fd(), drain)
+                        .map_err(|e| TransportError::io("poll", e))?;
+                    if readable
+                        && let Some(p) = prev.as_deref_mut()
+                        && !p.drain()
+                    {
+                        prev = None;
+                    }
+                }
+                Err(e) => return Err(TransportError::io("sendmsg", e)),
             }
         }
         Ok(())
@@ -282,7 +351,7 @@ impl TcpTransport {
             }
             let dst =
                 if have < pre_len { &mut inb.prefix[have..pre_len] } else { &mut out[have - pre_len..want - pre_len] };
-            match inb.stream.read(dst) {
+            match inb.stash.read(&mut inb.stream, dst) {
                 Ok(0) => return Err(TransportError::PeerClosed(side)),
                 Ok(n) => have += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -335,7 +404,7 @@ impl TcpTransport {
     /// restarted), reconnects with backoff and sends the frame again.
     fn send_to_next(&mut self, kind: FrameKind, header: &[u8], payload: &[u8]) -> Result<()> {
         if let Some(inb) = &mut self.to_next {
-            match Self::write(&mut inb.stream, self.cfg.framing, kind, header, payload) {
+            match Self::write(&mut inb.stream, self.from_prev.as_mut(), self.cfg.framing, kind, header, payload) {
                 Ok(()) => return Ok(()),
                 Err(e) if is_broken(&e) => {
                     log::warn!("connection to the next node {} lost ({e}); reconnecting", self.cfg.next)
@@ -348,7 +417,7 @@ impl TcpTransport {
         self.to_next = Some(Inbound::new(s));
         self.set_timeouts();
         let inb = self.to_next.as_mut().expect("just set");
-        Self::write(&mut inb.stream, self.cfg.framing, kind, header, payload)
+        Self::write(&mut inb.stream, self.from_prev.as_mut(), self.cfg.framing, kind, header, payload)
     }
 }
 
@@ -404,7 +473,7 @@ impl Transport for TcpTransport {
 
     fn send_prev(&mut self, frame: &[u8]) -> Result<()> {
         let inb = self.from_prev.as_mut().ok_or(TransportError::PeerClosed("previous"))?;
-        Self::write(&mut inb.stream, self.cfg.framing, FrameKind::Data, frame, &[])
+        Self::write(&mut inb.stream, None, self.cfg.framing, FrameKind::Data, frame, &[])
     }
 
     fn recv_next(&mut self, buf: &mut [u8]) -> Result<Received> {
