@@ -193,6 +193,7 @@ const CATEGORIES: &[(&str, &[&str])] = &[
         "XDP program and AF_XDP / ring buffer",
         &["bpf_prog_", "xsk", "xp_", "bpf_ringbuf", "xdp", "htab_", "lookup_nulls"],
     ),
+    ("lock contention", &["queued_spin_lock_slowpath", "native_queued_spin", "osq_lock", "mutex_spin"]),
     (
         "memory: skb / page alloc and free",
         &["alloc", "kfree", "free", "kmem_cache", "slab", "page_frag", "skb_release", "consume_skb", "page_pool"],
@@ -246,8 +247,9 @@ fn category(sym: &str) -> &'static str {
 
 fn summarise(comms: &str, syms: &str, transport: String, site: &str, frame_size: usize) -> Profile {
     let comm_rows = parse(comms);
-    let idle_pct = comm_rows.iter().filter(|(c, _)| *c == "swapper").map(|(_, p)| p).sum();
-    let leap_pct = comm_rows.iter().filter(|(c, _)| is_ring_thread(c)).map(|(_, p)| p).sum();
+    // `+ 0.0`: an empty f64 sum is -0.0, which would print as "-0.0".
+    let idle_pct = comm_rows.iter().filter(|(c, _)| *c == "swapper").map(|(_, p)| p).sum::<f64>() + 0.0;
+    let leap_pct = comm_rows.iter().filter(|(c, _)| is_ring_thread(c)).map(|(_, p)| p).sum::<f64>() + 0.0;
     let samples = comms
         .lines()
         .find_map(|l| l.strip_prefix("# Samples: ").and_then(|r| r.split_whitespace().next()))

@@ -138,8 +138,9 @@ fn profiles(s: &mut String, r: &BenchReport) {
         "## Where the CPU goes (perf, one extra latency run each)\n\n\
          `perf record -a -e cpu-clock` around one run per transport; the ring's threads' samples \
          (kernel work done in their context, such as the receiver's softirq run by the sender, included) \
-         by kind of work, in % of their samples. Idle is the share of all CPU samples with nothing to run: \
-         a high share means the round trip waits on wake-ups, not on work.\n"
+         by kind of work, in % of their samples. Idle is the share of all samples taken in the idle task: \
+         a high share means the round trip waits on wake-ups, not on work (a halted virtual CPU may go \
+         unsampled, so on VMs it is a lower bound).\n"
     );
     let _ = write!(s, "| | ");
     for p in &r.profiles {
