@@ -91,6 +91,9 @@ pub struct XdpTransportConfig {
     pub queues: Vec<u32>,
     /// AF_XDP socket settings.
     pub xsk: XskConfig,
+    /// Bytes of the BPF ring buffer (ring-buffer mode; a power of two of
+    /// at least a page). `None`: the object's own size.
+    pub ring_bytes: Option<u32>,
     /// Ring-buffer mode: wake the reader every this many records per CPU,
     /// besides the end of every frame and every loss-recovery chunk. Each
     /// wake-up costs an interrupt, so only large frames, which would fill
@@ -118,6 +121,7 @@ impl XdpTransportConfig {
             object: ObjectSource::Default,
             queues: vec![0],
             xsk: XskConfig::default(),
+            ring_bytes: None,
             wakeup_every: 256,
             drop_rejected: true,
             log: false,
@@ -146,12 +150,32 @@ pub fn open_endpoint(
     let mut cfg = XdpTransportConfig::new(iface, super::open::udp_config(ep, opts), delivery);
     cfg.mode = mode;
     cfg.object = ObjectSource::from_option(opts.xdp_object.clone());
+    (cfg.xsk, cfg.ring_bytes) = buffers_for(opts.frame_len);
     cfg.queues = match &opts.xdp_queues {
         Some(q) => q.clone(),
         None => (0..rx_queue_count(iface).min(8)).collect(),
     };
     log::info!("{iface}: AF_XDP sockets on receive queue(s) {:?}", cfg.queues);
     XdpTransport::open(cfg)
+}
+
+/// Frames a receiver buffers before its reader catches up, at most.
+const BUFFERED_FRAMES: usize = 8;
+
+/// AF_XDP ring and UMEM sizes and ring-buffer bytes that hold
+/// [`BUFFERED_FRAMES`] frames of `frame_len` bytes, within bounds (at most
+/// 8192 ring entries, a 32 MiB UMEM per socket, a 32 MiB ring buffer). With
+/// the defaults alone, several megabyte frames in flight overflowed the
+/// rings, and every overflow came back as retransmissions.
+pub fn buffers_for(frame_len: usize) -> (XskConfig, Option<u32>) {
+    let chunks = frame_len.div_ceil(leap_common::chunk::CHUNK_PAYLOAD_MAX).max(1) * BUFFERED_FRAMES;
+    let mut xsk = XskConfig::default();
+    let ring = (chunks.next_power_of_two() as u32).clamp(xsk.ring_size, 8192);
+    xsk.ring_size = ring;
+    xsk.frames = xsk.frames.max(2 * ring);
+    let record = size_of::<leap_common::xdp::RingRecord>() + 8;
+    let bytes = ((chunks * record).next_power_of_two() as u32).clamp(leap_common::xdp::RING_BYTES, 32 << 20);
+    (xsk, Some(bytes))
 }
 
 /// Receive queues of an interface (`/sys/class/net/IF/queues/rx-*`), at
@@ -226,7 +250,8 @@ impl XdpTransport {
         }
         let socket = bind_socket(udp.listen)?;
         let port = udp.listen.port();
-        let mut program = XdpProgram::load(&cfg.object)?;
+        let ring_bytes = if cfg.delivery == Delivery::RingBuf { cfg.ring_bytes } else { None };
+        let mut program = XdpProgram::load_sized(&cfg.object, ring_bytes)?;
         program.add_port(port)?;
         let mut flags = if cfg.drop_rejected { cfg::DROP_REJECTED } else { 0 };
         if let Some(prev) = udp.prev {
@@ -410,5 +435,27 @@ impl Transport for XdpTransport {
             o.insert("chunks_via_kernel".into(), self.via_kernel.into());
         }
         Some(j)
+    }
+}
+
+#[cfg(test)]
+mod buffer_tests {
+    use super::*;
+
+    #[test]
+    fn buffers_grow_with_the_frame_within_bounds() {
+        let (small, ring_small) = buffers_for(16_392);
+        assert_eq!((small.ring_size, small.frames), (2048, 4096), "16 KiB frames keep the defaults");
+        assert_eq!(ring_small, Some(leap_common::xdp::RING_BYTES));
+        let (big, ring_big) = buffers_for(1_048_584);
+        assert_eq!((big.ring_size, big.frames), (8192, 16384), "8 MiB frames in flight fit");
+        assert_eq!(ring_big, Some(16 << 20));
+        let (huge, ring_huge) = buffers_for(64 << 20);
+        assert_eq!((huge.ring_size, huge.frames), (8192, 16384), "capped");
+        assert_eq!(ring_huge, Some(32 << 20), "capped");
+        for (x, r) in [(small, ring_small), (big, ring_big), (huge, ring_huge)] {
+            assert!(x.ring_size.is_power_of_two() && x.frames >= x.ring_size);
+            assert!(r.unwrap().is_power_of_two());
+        }
     }
 }

@@ -122,8 +122,22 @@ impl XdpProgram {
     /// [`XdpError::Missing`] for a foreign object, [`XdpError::Program`]
     /// when the verifier rejects the program (its log is in the error).
     pub fn load(object: &ObjectSource) -> Result<Self, XdpError> {
+        Self::load_sized(object, None)
+    }
+
+    /// [`Self::load`], with the ring buffer resized to `ring_bytes` (a power
+    /// of two, at least a page).
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::load`].
+    pub fn load_sized(object: &ObjectSource, ring_bytes: Option<u32>) -> Result<Self, XdpError> {
         let bytes = object.bytes()?;
-        let mut ebpf = EbpfLoader::new().load(&bytes).map_err(XdpError::Load)?;
+        let mut loader = EbpfLoader::new();
+        if let Some(size) = ring_bytes {
+            loader.map_max_entries(MAP_RING, size);
+        }
+        let mut ebpf = loader.load(&bytes).map_err(XdpError::Load)?;
         for name in PINNED_MAPS {
             if ebpf.map(name).is_none() {
                 return Err(XdpError::Missing(name));
