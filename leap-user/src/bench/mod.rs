@@ -161,6 +161,17 @@ fn frames_for(size: usize, quick: bool, throughput: bool) -> u64 {
     ((bytes / size) as u64).clamp(min, max)
 }
 
+/// One benchmark ring: no control round, a stall bound instead of hanging.
+fn ring_config(cfg: &BenchConfig, kind: TransportKind, size: usize, frames: u64, inflight: usize) -> RingConfig {
+    let mut rc = RingConfig::new(kind, cfg.nodes, size, frames);
+    rc.inflight = inflight;
+    rc.placement = cfg.placement;
+    rc.options = Options { frame_len: size, ..cfg.options.clone() };
+    rc.control = false;
+    rc.stall_timeout = Duration::from_secs(20);
+    rc
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return 0.0;
@@ -213,13 +224,7 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(usize, usize, &str)) -> Result<B
                 let mut runs: Vec<RingReport> = Vec::new();
                 for r in 0..cfg.repeat {
                     progress(done, total, &format!("{kind} {size} B {mode} #{}", r + 1));
-                    let mut rc = RingConfig::new(kind, cfg.nodes, size, frames);
-                    rc.inflight = inflight;
-                    rc.placement = cfg.placement;
-                    rc.options = Options { frame_len: size, ..cfg.options.clone() };
-                    rc.control = false;
-                    rc.stall_timeout = Duration::from_secs(20);
-                    match crate::ring::run(&rc) {
+                    match crate::ring::run(&ring_config(cfg, kind, size, frames, inflight)) {
                         Ok(x) => runs.push(x),
                         Err(e) => {
                             rep.skipped.push(Skipped {
@@ -265,12 +270,7 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(usize, usize, &str)) -> Result<B
             progress(done, total, &format!("{kind} {size} B latency under perf"));
             // Long enough for a few thousand samples whatever the latency.
             let frames = ((256usize << 20) / size).clamp(200, 10_000) as u64;
-            let mut rc = RingConfig::new(kind, cfg.nodes, size, frames);
-            rc.placement = cfg.placement;
-            rc.options = Options { frame_len: size, ..cfg.options.clone() };
-            rc.control = false;
-            rc.stall_timeout = Duration::from_secs(20);
-            match profile::record(perf, &rc, &cfg.site, dir) {
+            match profile::record(perf, &ring_config(cfg, kind, size, frames, 1), &cfg.site, dir) {
                 Ok(p) => rep.profiles.push(p),
                 Err(e) => rep.notes.push(format!("no profile of {kind} at {}: {e}", cfg.site)),
             }

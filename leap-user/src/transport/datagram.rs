@@ -103,6 +103,26 @@ impl DatagramLink {
         self.reasm.drops_mut().oversize += 1;
     }
 
+    /// Feeds every datagram of a kernel receive batch to [`Self::datagram`]:
+    /// truncated ones are counted as oversize, and with `gro` a coalesced
+    /// datagram is cut at its segment size. Returns the datagrams taken.
+    pub fn take_batch(&mut self, rx: &crate::sys::udp::RxBatch, gro: bool, out: &mut [u8]) -> u64 {
+        let mut taken = 0;
+        for i in 0..rx.len() {
+            let (bytes, meta, src) = rx.get(i);
+            if meta.truncated {
+                self.count_oversize();
+                continue;
+            }
+            let seg = if gro { meta.segment.map_or(bytes.len(), usize::from).max(1) } else { bytes.len().max(1) };
+            for d in bytes.chunks(seg) {
+                self.datagram(src, d, out);
+                taken += 1;
+            }
+        }
+        taken
+    }
+
     /// Counts datagrams the receive path could not even parse as UDP.
     pub fn count_foreign(&mut self, n: u64) {
         self.reasm.drops_mut().short += n;

@@ -305,17 +305,7 @@ impl Transport for UdpTransport {
                 }
             };
             rx.recv(link.socket().as_fd(), block)?;
-            for i in 0..rx.len() {
-                let (bytes, meta, src) = rx.get(i);
-                if meta.truncated {
-                    link.count_oversize();
-                    continue;
-                }
-                let seg = if *gro { meta.segment.map_or(bytes.len(), usize::from).max(1) } else { bytes.len().max(1) };
-                for d in bytes.chunks(seg) {
-                    link.datagram(src, d, out);
-                }
-            }
+            link.take_batch(rx, *gro, out);
             Ok(())
         })
     }

@@ -404,15 +404,8 @@ impl Transport for XdpTransport {
             if udp_ready || *kernel_age >= KERNEL_EVERY {
                 *kernel_age = 0;
                 kernel_rx.recv(link.socket().as_fd(), false)?;
-                for i in 0..kernel_rx.len() {
-                    let (bytes, meta, src) = kernel_rx.get(i);
-                    if meta.truncated {
-                        link.count_oversize();
-                        continue;
-                    }
-                    *via_kernel += 1;
-                    link.datagram(src, bytes, out);
-                }
+                // The socket has no UDP_GRO: one chunk per datagram.
+                *via_kernel += link.take_batch(kernel_rx, false, out);
             }
             if log {
                 program.flush_log();
