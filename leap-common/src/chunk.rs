@@ -20,6 +20,9 @@ pub mod flags {
     pub const RELIABLE: u16 = 0x4000;
     /// This chunk is a retransmission answering a NACK.
     pub const RETRANSMIT: u16 = 0x2000;
+    /// The frame is followed by its CRC32C ([`super::CRC_TRAILER_LEN`]
+    /// bytes, little-endian) on the wire: the chunks carry `frame ++ crc`.
+    pub const CRC: u16 = 0x1000;
     /// Mask of the packet kind (see [`super::ChunkKind`]).
     pub const KIND_MASK: u16 = 0x000F;
 }
@@ -180,6 +183,10 @@ pub const fn chunks_for(len: usize) -> Option<u16> {
 
 /// Largest frame the chunk format can describe (65535 full chunks).
 pub const FRAME_LEN_MAX: usize = u16::MAX as usize * CHUNK_PAYLOAD_MAX;
+
+/// Bytes of the CRC32C trailer a leap sender appends to a frame sent with
+/// [`flags::CRC`].
+pub const CRC_TRAILER_LEN: usize = 4;
 
 #[cfg(test)]
 mod tests {

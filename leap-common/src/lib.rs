@@ -22,6 +22,7 @@
 pub mod chunk;
 pub mod control;
 pub mod frame;
+pub mod hello;
 pub mod kmod;
 pub mod xdp;
 

@@ -103,8 +103,7 @@ fn fuzz_reassembly_never_delivers_bytes_that_were_not_sent() {
         for (k, f) in frames.iter().enumerate() {
             for c in Chunker::new(seq0.wrapping_add(k as u16), flags::LEAP, f, &[]).unwrap() {
                 let mut d = c.header.to_bytes().to_vec();
-                d.extend_from_slice(c.pieces[0]);
-                d.extend_from_slice(c.pieces[1]);
+                c.extend_payload(&mut d);
                 wire.push(d);
             }
         }
@@ -152,7 +151,7 @@ fn fuzz_reassembly_never_delivers_bytes_that_were_not_sent() {
                         r.begin(&mut out);
                     }
                     _ => {
-                        r.resync_if_lost();
+                        r.resync_if_restarted();
                     }
                 }
             }

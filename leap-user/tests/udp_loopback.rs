@@ -20,7 +20,29 @@ fn pair(max: usize) -> (UdpTransport, UdpTransport) {
     cb.max_frame_len = max;
     cb.prev = Some(a);
     ca.prev = Some(b);
-    (UdpTransport::bind(ca).unwrap(), UdpTransport::bind(cb).unwrap())
+    let (mut a, mut b) = (UdpTransport::bind(ca).unwrap(), UdpTransport::bind(cb).unwrap());
+    settle(&mut a, &mut b);
+    (a, b)
+}
+
+/// Lets two leap nodes prove to each other that they are (hellos are
+/// answered inside `recv_prev`).
+fn settle(a: &mut UdpTransport, b: &mut UdpTransport) {
+    let mut out = vec![0u8; 64];
+    for t in [&mut *a, &mut *b] {
+        t.set_recv_timeout(Some(Duration::from_millis(5)));
+    }
+    for _ in 0..200 {
+        if a.neighbours_are_leap() == (true, true) && b.neighbours_are_leap() == (true, true) {
+            break;
+        }
+        let _ = a.recv_prev(&mut out);
+        let _ = b.recv_prev(&mut out);
+    }
+    assert_eq!((a.neighbours_are_leap(), b.neighbours_are_leap()), ((true, true), (true, true)));
+    for t in [a, b] {
+        t.set_recv_timeout(Some(Duration::from_secs(1)));
+    }
 }
 
 fn pattern(seed: u32, len: usize) -> Vec<u8> {

@@ -1,23 +1,30 @@
-//! Splits a frame given as several parts (header, payload) into LEAP chunks
-//! without copying: each chunk is its 12-byte header followed by one or two
-//! borrowed slices of the parts.
+//! Splits a frame given as several parts (header, payload, and the CRC
+//! trailer of a leap frame) into LEAP chunks without copying: each chunk is
+//! its 12-byte header followed by up to three borrowed slices of the parts.
 
 use leap_common::chunk::{CHUNK_HEADER_LEN, CHUNK_PAYLOAD_MAX, ChunkHeader, FRAME_LEN_MAX, chunks_for};
 
-/// One chunk of a frame: its header and up to two payload slices (a chunk
-/// spans at most two parts when the first part is shorter than a chunk).
+/// One chunk of a frame: its header and up to three payload slices (a chunk
+/// spans several parts when they are shorter than a chunk).
 #[derive(Debug, Clone, Copy)]
 pub struct ChunkRef<'a> {
     /// The header to put in front.
     pub header: ChunkHeader,
-    /// Payload pieces, in order; the second may be empty.
-    pub pieces: [&'a [u8]; 2],
+    /// Payload pieces, in order; any may be empty.
+    pub pieces: [&'a [u8]; 3],
 }
 
 impl ChunkRef<'_> {
     /// Payload bytes of this chunk.
     pub fn payload_len(&self) -> usize {
-        self.pieces[0].len() + self.pieces[1].len()
+        self.pieces.iter().map(|p| p.len()).sum()
+    }
+
+    /// Appends the payload to `out`.
+    pub fn extend_payload(&self, out: &mut Vec<u8>) {
+        for p in self.pieces {
+            out.extend_from_slice(p);
+        }
     }
 
     /// Datagram length (header + payload).
@@ -26,11 +33,13 @@ impl ChunkRef<'_> {
     }
 }
 
-/// Iterator over the chunks of a frame made of `head` then `tail`.
+/// Iterator over the chunks of a frame made of `head` then `tail` (then a
+/// trailer).
 #[derive(Debug, Clone)]
 pub struct Chunker<'a> {
     head: &'a [u8],
     tail: &'a [u8],
+    trailer: &'a [u8],
     seq: u16,
     reserved: u16,
     next: u16,
@@ -42,12 +51,20 @@ impl<'a> Chunker<'a> {
     /// header carries `reserved` (leap flags, or 0 to look like the original).
     /// `None` if the frame is empty or too long for the format.
     pub fn new(seq: u16, reserved: u16, head: &'a [u8], tail: &'a [u8]) -> Option<Self> {
-        let len = head.len() + tail.len();
-        if len > FRAME_LEN_MAX {
+        Self::with_trailer(seq, reserved, head, tail, &[])
+    }
+
+    /// As [`Self::new`], with `trailer` (the CRC of a frame sent with
+    /// [`leap_common::chunk::flags::CRC`]) after the frame. `None` also if the
+    /// frame itself is empty.
+    pub fn with_trailer(seq: u16, reserved: u16, head: &'a [u8], tail: &'a [u8], trailer: &'a [u8]) -> Option<Self> {
+        let frame = head.len() + tail.len();
+        let len = frame + trailer.len();
+        if frame == 0 || len > FRAME_LEN_MAX {
             return None;
         }
         let total = chunks_for(len)?;
-        Some(Self { head, tail, seq, reserved, next: 0, total })
+        Some(Self { head, tail, trailer, seq, reserved, next: 0, total })
     }
 
     /// Number of chunks of the frame.
@@ -61,12 +78,17 @@ impl<'a> Chunker<'a> {
             return None;
         }
         let start = usize::from(id) * CHUNK_PAYLOAD_MAX;
-        let end = (start + CHUNK_PAYLOAD_MAX).min(self.head.len() + self.tail.len());
-        let hl = self.head.len();
-        let first = &self.head[start.min(hl)..end.min(hl)];
-        let second = &self.tail[start.saturating_sub(hl)..end.saturating_sub(hl)];
+        let end = (start + CHUNK_PAYLOAD_MAX).min(self.head.len() + self.tail.len() + self.trailer.len());
+        // The part [from, from + len) of the stream, clipped to this chunk.
+        let piece = |part: &'a [u8], from: usize| -> &'a [u8] {
+            let lo = start.clamp(from, from + part.len()) - from;
+            let hi = end.clamp(from, from + part.len()) - from;
+            &part[lo..hi]
+        };
+        let (hl, tl) = (self.head.len(), self.tail.len());
+        let pieces = [piece(self.head, 0), piece(self.tail, hl), piece(self.trailer, hl + tl)];
         let header = ChunkHeader { seq: self.seq, chunk_id: id, total_chunks: self.total, reserved: self.reserved };
-        Some(ChunkRef { header, pieces: [first, second] })
+        Some(ChunkRef { header, pieces })
     }
 }
 
@@ -107,8 +129,7 @@ mod tests {
             if i < 11 {
                 assert_eq!(c.payload_len(), 1400);
             }
-            joined.extend_from_slice(c.pieces[0]);
-            joined.extend_from_slice(c.pieces[1]);
+            c.extend_payload(&mut joined);
         }
         assert_eq!(joined, whole);
         assert_eq!(chunks[11].payload_len(), 16392 - 11 * 1400);
@@ -117,5 +138,17 @@ mod tests {
     #[test]
     fn empty_and_oversized_frames_have_no_chunks() {
         assert!(Chunker::new(0, 0, &[], &[]).is_none());
+        assert!(Chunker::with_trailer(0, 0, &[], &[], &[1, 2, 3, 4]).is_none());
+    }
+
+    #[test]
+    fn trailer_follows_the_frame_across_a_chunk_boundary() {
+        // 1398 frame bytes + 4: the trailer straddles chunks 0 and 1.
+        let tail = vec![7u8; 1390];
+        let c: Vec<_> = Chunker::with_trailer(1, 0, &[1u8; 8], &tail, &[0xA, 0xB, 0xC, 0xD]).unwrap().collect();
+        assert_eq!(c.len(), 2);
+        assert_eq!(c[0].payload_len(), 1400);
+        assert_eq!(c[0].pieces[2], &[0xA, 0xB]);
+        assert_eq!(c[1].pieces, [&[][..], &[][..], &[0xC, 0xD][..]]);
     }
 }

@@ -3,6 +3,7 @@
 //! every datagram backend (UDP, XDP, AF_XDP, ring buffer).
 
 pub mod chunker;
+pub mod peer;
 pub mod reassembly;
 pub mod reliable;
 

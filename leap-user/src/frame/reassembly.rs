@@ -6,17 +6,37 @@
 //! frames that arrive early are kept in a small window of side slots and
 //! moved into the caller's buffer by [`Reassembler::begin`]. Chunks of
 //! frames already delivered or given up are dropped as stale; chunks too far
-//! ahead are dropped and make the expected frame count as overtaken.
+//! ahead are dropped.
+//!
+//! A chunk that is dropped changes nothing but a drop counter: not the
+//! expected seq, not what is known of the sender. Only a long run of chunks
+//! too far ahead (the sender really moved on) gives the expected frame up,
+//! and only a long run of chunks far behind, with nothing placed, counts as
+//! evidence of a restarted sender ([`Reassembler::resync_if_restarted`]).
+//! Every chunk costs bounded work and lands inside the smaller of the
+//! caller's buffer and `max_frame_len`.
+//!
+//! Frames sent with [`flags::CRC`] carry `frame ++ crc32c(frame)` in their
+//! chunks; the CRC is checked before the frame is delivered, and a frame
+//! whose check fails is dropped, counted and reported by
+//! [`Reassembler::take_corrupt`] so that it can be fetched again.
 //! Nothing here allocates after the side slots have been used once.
 
-use leap_common::chunk::{CHUNK_PAYLOAD_MAX, ChunkHeader, ChunkKind, FRAME_LEN_MAX};
+use leap_common::chunk::{
+    CHUNK_PAYLOAD_MAX, CRC_TRAILER_LEN, ChunkHeader, ChunkKind, FRAME_LEN_MAX, chunks_for, flags,
+};
 use leap_common::control::ControlMessage;
 
 use crate::transport::{Drops, FrameKind, Received};
 
-/// Consecutive chunks far behind the expected seq that mean the sender
-/// restarted.
-const RESTART_EVIDENCE: u32 = 8;
+/// Chunks far behind the expected seq, with none placed in between, that
+/// count as evidence that the sender restarted (a restarted sender sends
+/// whole frames; a few stale or forged chunks are not enough).
+pub const RESTART_EVIDENCE: u32 = 64;
+
+/// Chunks beyond the window, with none placed in between, that show the
+/// sender has moved on past the expected frame.
+pub const FAR_AHEAD_EVIDENCE: u32 = 64;
 
 /// Default number of frames that can be in assembly at once.
 pub const DEFAULT_WINDOW: u16 = 8;
@@ -54,11 +74,22 @@ struct Assembly {
     len: Option<usize>,
     kind: FrameKind,
     from_leap: bool,
+    /// Chunks carry `frame ++ crc` ([`flags::CRC`]).
+    crc: bool,
+    /// The last 3 bytes of chunk `total - 2` and the last (up to 4) bytes of
+    /// the last chunk, right-aligned, with its payload length: where the CRC
+    /// trailer is once the frame is complete.
+    pen_tail: [u8; 3],
+    last_tail: [u8; CRC_TRAILER_LEN],
+    last_len: usize,
+    /// Largest frame.
+    max_len: usize,
     bitmap: Vec<u64>,
 }
 
 impl Assembly {
-    fn new(max_chunks: usize) -> Self {
+    fn new(max_len: usize) -> Self {
+        let max_chunks = chunks_for(max_len + CRC_TRAILER_LEN).unwrap_or(u16::MAX);
         Self {
             seq: 0,
             total: 0,
@@ -66,7 +97,12 @@ impl Assembly {
             len: None,
             kind: FrameKind::Data,
             from_leap: false,
-            bitmap: vec![0; max_chunks.div_ceil(64)],
+            crc: false,
+            pen_tail: [0; 3],
+            last_tail: [0; CRC_TRAILER_LEN],
+            last_len: 0,
+            max_len,
+            bitmap: vec![0; usize::from(max_chunks).div_ceil(64)],
         }
     }
 
@@ -87,46 +123,110 @@ impl Assembly {
         self.len = None;
         self.kind = FrameKind::Data;
         self.from_leap = false;
+        self.crc = false;
     }
 
     fn has(&self, id: u16) -> bool {
         self.bitmap[usize::from(id) / 64] & (1 << (id % 64)) != 0
     }
 
-    /// Takes a chunk into `buf`; `Err` is the drop reason's counter.
+    /// The shortest frame the chunks received so far allow (to check that
+    /// it fits a buffer before the last chunk is known).
+    fn min_len(&self) -> usize {
+        self.len.unwrap_or_else(|| {
+            let full = (usize::from(self.total) - 1) * CHUNK_PAYLOAD_MAX + 1;
+            if self.crc { full.saturating_sub(CRC_TRAILER_LEN).max(1) } else { full }
+        })
+    }
+
+    /// Takes a chunk into `buf` (which holds at most `max_len` bytes of the
+    /// frame); returns whether it was taken, counting the reason if not.
     fn put(&mut self, hdr: &ChunkHeader, payload: &[u8], buf: &mut [u8], drops: &mut Drops) -> bool {
         let kind = match hdr.kind() {
             ChunkKind::Control => FrameKind::Control,
             _ => FrameKind::Data,
         };
+        let crc = hdr.has(flags::CRC);
+        let limit = buf.len().min(self.max_len);
         if self.total == 0 {
-            if usize::from(hdr.total_chunks) > self.bitmap.len() * 64 {
+            // Exactly as many chunks as a frame that fits can have.
+            let most = chunks_for(if crc { limit + CRC_TRAILER_LEN } else { limit }).unwrap_or(0);
+            if hdr.total_chunks > most {
                 drops.too_large += 1;
                 return false;
             }
-            self.total = hdr.total_chunks;
-            self.kind = kind;
-            self.from_leap = hdr.from_leap();
-        } else if hdr.total_chunks != self.total || kind != self.kind {
+        } else if hdr.total_chunks != self.total || kind != self.kind || crc != self.crc {
             drops.total_mismatch += 1;
             return false;
         }
+        // `chunk_id < total_chunks <= max_chunks` (parsed, checked above).
         if self.has(hdr.chunk_id) {
             drops.duplicate += 1;
             return false;
         }
         let at = usize::from(hdr.chunk_id) * CHUNK_PAYLOAD_MAX;
-        let Some(dst) = buf.get_mut(at..at + payload.len()) else {
+        let last = hdr.chunk_id + 1 == hdr.total_chunks;
+        // Bytes of the frame in this chunk; with a CRC, the stream is
+        // `frame ++ crc` and the frame ends 4 bytes before it.
+        let (keep, len) = if !crc {
+            (payload.len(), last.then_some(at + payload.len()))
+        } else if last {
+            let Some(len) = (at + payload.len()).checked_sub(CRC_TRAILER_LEN).filter(|&l| l >= 1) else {
+                drops.bad_length += 1;
+                return false;
+            };
+            (len.saturating_sub(at), Some(len))
+        } else if hdr.chunk_id + 2 == hdr.total_chunks {
+            // Its last bytes may be the start of the trailer: those need not
+            // fit the buffer.
+            (payload.len().min(limit.saturating_sub(at)), None)
+        } else {
+            (payload.len(), None)
+        };
+        if len.is_some_and(|l| l > limit) || (crc && !last && keep + 3 < payload.len()) {
             drops.too_large += 1;
             return false;
-        };
-        dst.copy_from_slice(payload);
+        }
+        // (A last chunk of nothing but trailer bytes may start past the end.)
+        if keep > 0 {
+            let Some(dst) = buf.get_mut(at..at + keep) else {
+                drops.too_large += 1;
+                return false;
+            };
+            dst.copy_from_slice(&payload[..keep]);
+        }
+        if self.total == 0 {
+            self.total = hdr.total_chunks;
+            self.kind = kind;
+            self.crc = crc;
+            self.from_leap = hdr.from_leap();
+        }
+        if crc && hdr.chunk_id + 2 == hdr.total_chunks {
+            self.pen_tail.copy_from_slice(&payload[payload.len() - 3..]);
+        }
+        if crc && last {
+            let n = payload.len().min(CRC_TRAILER_LEN);
+            self.last_tail = [0; CRC_TRAILER_LEN];
+            self.last_tail[CRC_TRAILER_LEN - n..].copy_from_slice(&payload[payload.len() - n..]);
+            self.last_len = payload.len();
+        }
         self.bitmap[usize::from(hdr.chunk_id) / 64] |= 1 << (hdr.chunk_id % 64);
         self.received += 1;
-        if hdr.chunk_id + 1 == self.total {
-            self.len = Some(at + payload.len());
+        if len.is_some() {
+            self.len = len;
         }
         true
+    }
+
+    /// The CRC trailer of a complete frame sent with [`flags::CRC`].
+    fn trailer(&self) -> u32 {
+        let mut t = [0u8; CRC_TRAILER_LEN];
+        let n = self.last_len.min(CRC_TRAILER_LEN);
+        // The last chunk holds the trailer's last `n` bytes; the rest ends
+        // chunk `total - 2`.
+        t[CRC_TRAILER_LEN - n..].copy_from_slice(&self.last_tail[CRC_TRAILER_LEN - n..]);
+        t[..CRC_TRAILER_LEN - n].copy_from_slice(&self.pen_tail[3 - (CRC_TRAILER_LEN - n)..]);
+        u32::from_le_bytes(t)
     }
 
     /// Copies the chunks received so far from `src` to `dst`.
@@ -138,8 +238,8 @@ impl Assembly {
             return;
         }
         for id in 0..self.total {
-            if self.has(id) {
-                let at = usize::from(id) * CHUNK_PAYLOAD_MAX;
+            let at = usize::from(id) * CHUNK_PAYLOAD_MAX;
+            if self.has(id) && at < end {
                 let to = (at + CHUNK_PAYLOAD_MAX).min(end);
                 dst[at..to].copy_from_slice(&src[at..to]);
             }
@@ -169,9 +269,12 @@ pub struct Reassembler {
     overtaken: bool,
     ahead: bool,
     peer_reliable: bool,
+    /// Consecutive chunks far behind / beyond the window, with none placed.
     far_behind: u32,
+    far_ahead: u32,
     placed_since_check: u64,
-    unplaced_since_check: u64,
+    /// A frame whose CRC check failed (to fetch again).
+    corrupt: Option<u16>,
     drops: Drops,
 }
 
@@ -188,20 +291,20 @@ impl Reassembler {
         let max_frame_len = max_frame_len.clamp(1, FRAME_LEN_MAX);
         // A power of two, so that `seq % window` stays consistent when seq wraps.
         let window = window.clamp(1, 1024).next_power_of_two();
-        let max_chunks = max_frame_len.div_ceil(CHUNK_PAYLOAD_MAX);
-        let slots = (0..window).map(|_| Slot { asm: Assembly::new(max_chunks), buf: Vec::new() }).collect();
+        let slots = (0..window).map(|_| Slot { asm: Assembly::new(max_frame_len), buf: Vec::new() }).collect();
         Self {
             max_frame_len,
             window,
             expected: None,
-            cur: Assembly::new(max_chunks),
+            cur: Assembly::new(max_frame_len),
             slots,
             overtaken: false,
             ahead: false,
             peer_reliable: false,
             far_behind: 0,
+            far_ahead: 0,
             placed_since_check: 0,
-            unplaced_since_check: 0,
+            corrupt: None,
             drops: Drops::default(),
         }
     }
@@ -222,8 +325,8 @@ impl Reassembler {
         self.expected
     }
 
-    /// Whether a chunk far ahead showed that the expected frame will not
-    /// complete in order (the sender moved on).
+    /// Whether a run of chunks far ahead showed that the expected frame will
+    /// not complete in order (the sender moved on).
     pub fn is_overtaken(&self) -> bool {
         self.overtaken
     }
@@ -234,8 +337,8 @@ impl Reassembler {
         self.ahead
     }
 
-    /// Whether the last chunk came from a leap sender that keeps its frames
-    /// for retransmission (so NACKs are worth sending).
+    /// Whether the last chunk taken came from a leap sender that keeps its
+    /// frames for retransmission (so NACKs are worth sending).
     pub fn peer_reliable(&self) -> bool {
         self.peer_reliable
     }
@@ -260,7 +363,6 @@ impl Reassembler {
     /// already complete.
     pub fn begin(&mut self, out: &mut [u8]) -> Option<Received> {
         self.placed_since_check = 0;
-        self.unplaced_since_check = 0;
         let exp = self.expected?;
         // Chunks in `cur` belong to a previous call's buffer unless `suspend`
         // moved them to a slot: they cannot be used with this buffer.
@@ -270,8 +372,7 @@ impl Reassembler {
         if slot.asm.is_empty() || slot.asm.seq != exp {
             return None;
         }
-        let need = slot.asm.len.unwrap_or((usize::from(slot.asm.total) - 1) * CHUNK_PAYLOAD_MAX + 1);
-        if need > out.len() {
+        if slot.asm.min_len() > out.len() {
             self.drops.too_large += 1;
             slot.asm.reset(exp);
             return None;
@@ -279,7 +380,7 @@ impl Reassembler {
         slot.asm.copy_received(&slot.buf, out);
         std::mem::swap(&mut self.cur, &mut slot.asm);
         slot.asm.reset(exp);
-        if self.cur.is_complete() { Some(self.finish(out)) } else { None }
+        if self.cur.is_complete() { self.finish(out) } else { None }
     }
 
     /// Takes one chunk (header already parsed and length-checked with
@@ -296,42 +397,43 @@ impl Reassembler {
     }
 
     fn place(&mut self, hdr: &ChunkHeader, payload: &[u8], out: Option<&mut [u8]>) -> Push {
-        self.peer_reliable = hdr.has(leap_common::chunk::flags::RELIABLE);
-        let exp = *self.expected.get_or_insert(hdr.seq);
-        if self.cur.is_empty() && self.cur.seq != exp {
-            self.cur.reset(exp);
-        }
+        let exp = self.expected.unwrap_or(hdr.seq);
         let d = hdr.seq.wrapping_sub(exp) as i16;
-        if d < 0 && i32::from(d) < -4 * i32::from(self.window) {
-            // Far behind: legitimate duplicates are a few frames old, so a
-            // run of these means the sender restarted and counts from 0.
-            self.far_behind += 1;
-            if self.far_behind >= RESTART_EVIDENCE {
-                self.resync();
-                return self.place(hdr, payload, out);
-            }
-        }
         if d < 0 {
+            // Far behind: legitimate duplicates are a few frames old; a long
+            // run of these is what a restarted sender looks like.
+            if i32::from(d) < -4 * i32::from(self.window) {
+                self.far_behind = self.far_behind.saturating_add(1);
+            }
             self.drops.stale += 1;
-            self.unplaced_since_check += 1;
             return Push::Dropped;
-        }
-        self.far_behind = 0;
-        if d > 0 {
-            self.ahead = true;
         }
         if d as u16 >= self.window {
             self.drops.out_of_window += 1;
-            self.unplaced_since_check += 1;
-            self.overtaken = true;
+            self.far_ahead = self.far_ahead.saturating_add(1);
+            if self.far_ahead >= FAR_AHEAD_EVIDENCE && self.expected.is_some() {
+                self.overtaken = true;
+            }
             return Push::Dropped;
+        }
+        if self.expected.is_none() {
+            self.expected = Some(exp);
+            self.cur.reset(exp);
+        } else if self.cur.is_empty() && self.cur.seq != exp {
+            self.cur.reset(exp);
         }
         if let (0, Some(out)) = (d, out) {
             if !self.cur.put(hdr, payload, out, &mut self.drops) {
                 return Push::Dropped;
             }
-            self.placed_since_check += 1;
-            return if self.cur.is_complete() { Push::Complete(self.finish(out)) } else { Push::Stored };
+            self.taken(hdr, d);
+            if !self.cur.is_complete() {
+                return Push::Stored;
+            }
+            return match self.finish(out) {
+                Some(got) => Push::Complete(got),
+                None => Push::Dropped,
+            };
         }
         let i = self.slot_index(hdr.seq);
         let max = self.max_frame_len;
@@ -345,8 +447,20 @@ impl Reassembler {
         if !slot.asm.put(hdr, payload, &mut slot.buf, &mut self.drops) {
             return Push::Dropped;
         }
-        self.placed_since_check += 1;
+        self.taken(hdr, d);
         Push::Stored
+    }
+
+    /// Notes what a chunk that was taken says about the sender: only such a
+    /// chunk may change it.
+    fn taken(&mut self, hdr: &ChunkHeader, d: i16) {
+        self.placed_since_check += 1;
+        self.far_behind = 0;
+        self.far_ahead = 0;
+        self.peer_reliable = hdr.has(flags::RELIABLE);
+        if d > 0 {
+            self.ahead = true;
+        }
     }
 
     /// Ends a receive call that did not complete its frame: keeps the chunks
@@ -381,18 +495,27 @@ impl Reassembler {
         lost
     }
 
-    /// After a deadline with no progress: if only stale or far-away chunks
-    /// arrived (the sender restarted, or we lost track), forgets the seq we
-    /// were locked on so that the next chunk starts afresh. Returns whether
-    /// it did.
-    pub fn resync_if_lost(&mut self) -> bool {
-        let lost = self.placed_since_check == 0 && self.unplaced_since_check > 0 && self.cur.is_empty();
+    /// After a deadline with no progress: if a long run of chunks far behind
+    /// the expected seq arrived and none was taken (a sender that restarted
+    /// and counts from 0 again), forgets the seq we were locked on so that
+    /// the next chunk starts afresh. Returns whether it did.
+    ///
+    /// A few stale chunks (late duplicates, tail-loss probes of frames
+    /// already delivered, forged ones) never trigger it: they cannot make a
+    /// frame the caller already had be delivered again.
+    pub fn resync_if_restarted(&mut self) -> bool {
+        let restarted = self.placed_since_check == 0 && self.far_behind >= RESTART_EVIDENCE && self.cur.is_empty();
         self.placed_since_check = 0;
-        self.unplaced_since_check = 0;
-        if lost {
+        if restarted {
             self.resync();
         }
-        lost
+        restarted
+    }
+
+    /// The seq of a frame whose CRC check failed since the last call (it was
+    /// dropped; in reliable mode it should be fetched again).
+    pub fn take_corrupt(&mut self) -> Option<u16> {
+        self.corrupt.take()
     }
 
     /// Forgets all state (e.g. the previous node restarted).
@@ -401,20 +524,31 @@ impl Reassembler {
         self.overtaken = false;
         self.ahead = false;
         self.far_behind = 0;
+        self.far_ahead = 0;
+        self.corrupt = None;
         self.cur.reset(0);
         for s in &mut self.slots {
             s.asm.reset(0);
         }
     }
 
-    fn finish(&mut self, out: &[u8]) -> Received {
-        let len = self.cur.len.expect("complete frame has its last chunk");
+    /// Delivers the complete expected frame from `out`, or drops it if its
+    /// CRC does not match (the expected seq stays, to be fetched again).
+    fn finish(&mut self, out: &[u8]) -> Option<Received> {
+        let len = self.cur.len?;
+        if self.cur.crc && crc32c::crc32c(&out[..len]) != self.cur.trailer() {
+            self.drops.bad_crc += 1;
+            self.corrupt = self.expected;
+            let exp = self.cur.seq;
+            self.cur.reset(exp);
+            return None;
+        }
         let mut kind = self.cur.kind;
         if !self.cur.from_leap && ControlMessage::decode_frame(&out[..len]).is_ok() {
             kind = FrameKind::Control;
         }
         self.advance();
-        Received { len, kind }
+        Some(Received { len, kind })
     }
 
     fn advance(&mut self) {
@@ -422,6 +556,7 @@ impl Reassembler {
         self.expected = Some(next);
         self.cur.reset(next);
         self.overtaken = false;
+        self.corrupt = None;
         // Chunks of the new expected frame's successors may already be in
         // slots: the sender has moved on past it.
         let (w, e) = (self.window, next);

@@ -62,6 +62,15 @@ pub fn ranges(ids: impl IntoIterator<Item = u16>) -> impl Iterator<Item = (u16, 
     })
 }
 
+/// Chunks one NACK answer (or one paced burst) sends at most.
+pub const RETX_BURST: usize = 64;
+/// NACKs answered per kept frame, at most; later ones are refused (a
+/// receiver that NACKs the same frame this often has given up long ago).
+pub const NACKS_PER_FRAME: u32 = 64;
+/// A chunk re-sent less than this long ago is not re-sent again for a later
+/// NACK: the answer to the first one is still on its way.
+pub const RESEND_HOLDOFF: Duration = Duration::from_micros(500);
+
 /// One stored frame.
 #[derive(Debug, Default)]
 struct Stored {
@@ -70,43 +79,202 @@ struct Stored {
     len: usize,
     valid: bool,
     data: Vec<u8>,
+    /// The CRC trailer sent after the frame (`trailer_len` bytes of it).
+    trailer: [u8; 4],
+    trailer_len: u8,
+    /// Chunks asked for and not sent yet.
+    want: Vec<u64>,
+    wanted: u32,
+    /// Chunks re-sent since `resent_at`.
+    resent: Vec<u64>,
+    resent_at: Option<Instant>,
+    nacks: u32,
 }
 
-/// The sender's last frames, to answer NACKs. Buffers are reused: no
-/// allocation once every slot has held a frame of the largest size.
+impl Stored {
+    fn total(&self) -> u16 {
+        leap_common::chunk::chunks_for(self.len + usize::from(self.trailer_len)).unwrap_or(0)
+    }
+}
+
+fn bit(map: &[u64], id: u16) -> bool {
+    map[usize::from(id) / 64] & (1 << (id % 64)) != 0
+}
+
+fn set_bit(map: &mut [u64], id: u16) {
+    map[usize::from(id) / 64] |= 1 << (id % 64);
+}
+
+/// Sets the bits `[from, to)` of `want` that are clear in both maps, a word
+/// at a time; returns how many it set.
+fn want_range(want: &mut [u64], resent: &[u64], from: u16, to: u16) -> u32 {
+    let (from, to) = (usize::from(from), usize::from(to));
+    let mut set = 0;
+    let mut w = from / 64;
+    while w * 64 < to {
+        let lo = from.max(w * 64) - w * 64;
+        let hi = to.min(w * 64 + 64) - w * 64;
+        let mask = if hi - lo == 64 { u64::MAX } else { ((1u64 << (hi - lo)) - 1) << lo };
+        let new = mask & !want[w] & !resent[w];
+        want[w] |= new;
+        set += new.count_ones();
+        w += 1;
+    }
+    set
+}
+
+/// What became of a NACK.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NackAnswer {
+    /// This many chunks are now queued for re-sending (0 if all were queued
+    /// or re-sent a moment ago).
+    Queued(u32),
+    /// The frame is no longer kept (or never was).
+    Unknown,
+    /// Too many NACKs for this frame: ignored.
+    Refused,
+}
+
+/// The sender's last frames, to answer NACKs, and the chunks asked for that
+/// still have to go out. Buffers are reused: no allocation once every slot
+/// has held a frame of the largest size.
+///
+/// A NACK costs bounded work whatever it holds: its ranges are clamped to the
+/// frame's chunks and merged into one bitmap, so each chunk is queued at most
+/// once, and [`Self::next_burst`] hands them out [`RETX_BURST`] at a time.
 #[derive(Debug)]
 pub struct RetransmitBuffer {
     slots: Vec<Stored>,
+    /// Slots with wanted chunks (a bitmap over slots would do; few are).
+    pending: u32,
 }
 
 impl RetransmitBuffer {
     /// Keeps the last `frames` frames (rounded up to a power of two).
     pub fn new(frames: usize) -> Self {
         let n = frames.clamp(1, 1024).next_power_of_two();
-        Self { slots: (0..n).map(|_| Stored::default()).collect() }
+        Self { slots: (0..n).map(|_| Stored::default()).collect(), pending: 0 }
     }
 
     fn slot(&self, seq: u16) -> usize {
         usize::from(seq) % self.slots.len()
     }
 
-    /// Keeps a copy of frame `seq` (`head ++ tail`), sent with `reserved`.
-    pub fn store(&mut self, seq: u16, reserved: u16, head: &[u8], tail: &[u8]) {
+    /// Keeps a copy of frame `seq` (`head ++ tail`), sent with `reserved` and
+    /// followed on the wire by `trailer` (at most 4 bytes).
+    pub fn store(&mut self, seq: u16, reserved: u16, head: &[u8], tail: &[u8], trailer: &[u8]) {
         let i = self.slot(seq);
         let s = &mut self.slots[i];
+        if s.wanted > 0 {
+            self.pending -= 1;
+        }
         let len = head.len() + tail.len();
         if s.data.len() < len {
             s.data.resize(len, 0);
         }
         s.data[..head.len()].copy_from_slice(head);
         s.data[head.len()..len].copy_from_slice(tail);
-        *s = Stored { seq, reserved, len, valid: true, data: std::mem::take(&mut s.data) };
+        let tl = trailer.len().min(4);
+        s.trailer[..tl].copy_from_slice(&trailer[..tl]);
+        s.trailer_len = tl as u8;
+        s.seq = seq;
+        s.reserved = reserved;
+        s.len = len;
+        s.valid = true;
+        s.nacks = 0;
+        s.wanted = 0;
+        s.resent_at = None;
+        let words = usize::from(s.total()).div_ceil(64);
+        for map in [&mut s.want, &mut s.resent] {
+            if map.len() < words {
+                map.resize(words, 0);
+            }
+            map[..words].fill(0);
+        }
     }
 
-    /// Frame `seq` and the `reserved` it was sent with, if still kept.
-    pub fn get(&self, seq: u16) -> Option<(&[u8], u16)> {
+    /// Forgets every frame (the next node restarted: they were for the old
+    /// process).
+    pub fn clear(&mut self) {
+        for s in &mut self.slots {
+            s.valid = false;
+            s.wanted = 0;
+        }
+        self.pending = 0;
+    }
+
+    /// Frame `seq`, the `reserved` it was sent with and its trailer, if kept.
+    pub fn get(&self, seq: u16) -> Option<(&[u8], u16, &[u8])> {
         let s = &self.slots[self.slot(seq)];
-        (s.valid && s.seq == seq).then(|| (&s.data[..s.len], s.reserved))
+        (s.valid && s.seq == seq).then(|| (&s.data[..s.len], s.reserved, &s.trailer[..usize::from(s.trailer_len)]))
+    }
+
+    /// Queues the chunks a NACK for `seq` names (`(first, count)` ranges,
+    /// [`NACK_ALL`] for all), clamped to the frame and de-duplicated.
+    pub fn request(&mut self, seq: u16, ranges: impl Iterator<Item = (u16, u16)>, now: Instant) -> NackAnswer {
+        let i = self.slot(seq);
+        let s = &mut self.slots[i];
+        if !(s.valid && s.seq == seq) {
+            return NackAnswer::Unknown;
+        }
+        if s.nacks >= NACKS_PER_FRAME {
+            return NackAnswer::Refused;
+        }
+        s.nacks += 1;
+        let total = s.total();
+        let words = usize::from(total).div_ceil(64);
+        let recent = s.resent_at.is_some_and(|t| now.saturating_duration_since(t) < RESEND_HOLDOFF);
+        if !recent {
+            s.resent[..words].fill(0);
+            s.resent_at = None;
+        }
+        let was_pending = s.wanted > 0;
+        let mut queued = 0;
+        // At most NACK_MAX_RANGES ranges, each walked over at most `total`
+        // ids: bounded by the frame, not by what the ranges claim.
+        for (first, count) in ranges.take(NACK_MAX_RANGES) {
+            let end = if (first, count) == NACK_ALL { total } else { first.saturating_add(count).min(total) };
+            queued += want_range(&mut s.want, &s.resent, first.min(end), end);
+        }
+        s.wanted += queued;
+        if !was_pending && s.wanted > 0 {
+            self.pending += 1;
+        }
+        NackAnswer::Queued(queued)
+    }
+
+    /// Whether chunks wait to be re-sent.
+    pub fn has_pending(&self) -> bool {
+        self.pending > 0
+    }
+
+    /// Takes up to `ids.len()` queued chunks of one frame (oldest slot
+    /// first is not guaranteed; every queued chunk is taken eventually):
+    /// returns the frame's seq and how many ids were written.
+    pub fn next_burst(&mut self, ids: &mut [u16], now: Instant) -> Option<(u16, usize)> {
+        if self.pending == 0 {
+            return None;
+        }
+        let s = self.slots.iter_mut().find(|s| s.valid && s.wanted > 0)?;
+        let total = s.total();
+        let mut n = 0;
+        for id in 0..total {
+            if n == ids.len() {
+                break;
+            }
+            if bit(&s.want, id) {
+                s.want[usize::from(id) / 64] &= !(1 << (id % 64));
+                set_bit(&mut s.resent, id);
+                ids[n] = id;
+                n += 1;
+            }
+        }
+        s.wanted -= n as u32;
+        s.resent_at = Some(now);
+        if s.wanted == 0 {
+            self.pending -= 1;
+        }
+        Some((s.seq, n))
     }
 }
 
@@ -250,10 +418,42 @@ mod tests {
     fn retransmit_buffer_keeps_the_last_frames() {
         let mut b = RetransmitBuffer::new(4);
         for seq in 0..6u16 {
-            b.store(seq, 1, &[seq as u8], &[9, 9]);
+            b.store(seq, 1, &[seq as u8], &[9, 9], &[]);
         }
         assert!(b.get(1).is_none());
-        assert_eq!(b.get(5), Some((&[5u8, 9, 9][..], 1)));
+        assert_eq!(b.get(5), Some((&[5u8, 9, 9][..], 1, &[][..])));
+    }
+
+    fn drain(b: &mut RetransmitBuffer, now: Instant) -> Vec<u16> {
+        let mut all = Vec::new();
+        let mut ids = [0u16; RETX_BURST];
+        while let Some((_, n)) = b.next_burst(&mut ids, now) {
+            all.extend_from_slice(&ids[..n]);
+        }
+        all
+    }
+
+    #[test]
+    fn a_nack_queues_each_chunk_of_the_frame_at_most_once() {
+        let mut b = RetransmitBuffer::new(4);
+        let frame = vec![1u8; 16392];
+        b.store(3, 0, &frame, &[], &[1, 2, 3, 4]);
+        let t0 = Instant::now();
+        // 350 "all" ranges, overlapping and out-of-range ones: 12 chunks.
+        let ranges = std::iter::repeat_n(NACK_ALL, 300).chain([(5, 100), (60000, 9), (11, u16::MAX)]);
+        assert_eq!(b.request(3, ranges, t0), NackAnswer::Queued(12));
+        let sent = drain(&mut b, t0);
+        assert_eq!(sent, (0..12).collect::<Vec<_>>());
+        // Asked again at once: the answer is on its way.
+        assert_eq!(b.request(3, [NACK_ALL].into_iter(), t0), NackAnswer::Queued(0));
+        // Later: re-sent once more.
+        assert_eq!(b.request(3, [(2, 1)].into_iter(), t0 + RESEND_HOLDOFF), NackAnswer::Queued(1));
+        assert_eq!(drain(&mut b, t0), vec![2]);
+        assert_eq!(b.request(4, [(0, 1)].into_iter(), t0), NackAnswer::Unknown);
+        for _ in 0..NACKS_PER_FRAME {
+            b.request(3, [(0, 1)].into_iter(), t0);
+        }
+        assert_eq!(b.request(3, [(0, 1)].into_iter(), t0), NackAnswer::Refused);
     }
 
     #[test]

@@ -71,7 +71,7 @@ impl TxBatch {
     /// segment (the caller retries without).
     pub fn send<'a, I>(&mut self, fd: BorrowedFd<'_>, dst: &SockAddr, datagrams: I, gso: Option<u16>) -> io::Result<()>
     where
-        I: IntoIterator<Item = [Piece<'a>; 3]>,
+        I: IntoIterator<Item = [Piece<'a>; 4]>,
     {
         self.iov.clear();
         self.groups.clear();

@@ -139,6 +139,9 @@ pub struct Drops {
     pub out_of_window: u64,
     /// A frame larger than the receive buffer.
     pub too_large: u64,
+    /// A complete frame whose CRC32C did not match (dropped; fetched again
+    /// in reliable mode).
+    pub bad_crc: u64,
 }
 
 impl Drops {
@@ -155,6 +158,7 @@ impl Drops {
             + self.stale
             + self.out_of_window
             + self.too_large
+            + self.bad_crc
     }
 
     /// Counts a chunk-header parse error.
@@ -197,6 +201,16 @@ pub struct Stats {
     pub nacks_received: u64,
     /// Receive calls that hit their deadline.
     pub timeouts: u64,
+    /// NACKs refused: too many for one frame.
+    pub nacks_refused: u64,
+    /// NACKs for frames no longer kept.
+    pub nacks_unknown: u64,
+    /// Sends that failed (frames, retransmissions, probes, NACKs, hellos).
+    pub send_errors: u64,
+    /// Hellos sent (challenges and answers to neighbours).
+    pub hellos_sent: u64,
+    /// Hellos taken from a neighbour.
+    pub hellos_received: u64,
     /// Dropped datagrams by reason.
     pub drops: Drops,
 }
@@ -216,6 +230,11 @@ impl Stats {
         self.nacks_sent += o.nacks_sent;
         self.nacks_received += o.nacks_received;
         self.timeouts += o.timeouts;
+        self.nacks_refused += o.nacks_refused;
+        self.nacks_unknown += o.nacks_unknown;
+        self.send_errors += o.send_errors;
+        self.hellos_sent += o.hellos_sent;
+        self.hellos_received += o.hellos_received;
         let (d, e) = (&mut self.drops, &o.drops);
         d.short += e.short;
         d.bad_magic += e.bad_magic;
@@ -228,6 +247,7 @@ impl Stats {
         d.stale += e.stale;
         d.out_of_window += e.out_of_window;
         d.too_large += e.too_large;
+        d.bad_crc += e.bad_crc;
     }
 }
 

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::time::Duration;
 
-use leap_common::chunk::{CHUNK_DATAGRAM_MAX, CHUNK_HEADER_LEN, ChunkKind, FRAME_LEN_MAX, flags};
+use leap_common::chunk::{CHUNK_DATAGRAM_MAX, CHUNK_HEADER_LEN, FRAME_LEN_MAX, flags};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use super::datagram::{DatagramLink, Reliability};
@@ -28,7 +28,9 @@ pub struct UdpConfig {
     /// The next node.
     pub next: SocketAddr,
     /// Accept chunks only from this address (the previous node's sending
-    /// address); `None` accepts any source.
+    /// address). `None`: the first source a valid chunk comes from is
+    /// locked in, and every other source is dropped and counted
+    /// (`wrong_source`). No configuration accepts frames from anyone.
     pub prev: Option<SocketAddr>,
     /// Largest frame to receive.
     pub max_frame_len: usize,
@@ -48,10 +50,14 @@ pub struct UdpConfig {
     pub reliability: Reliability,
     /// Loss-recovery timers.
     pub timers: Timers,
-    /// Where NACKs come from (default: `next`); checked when `prev` is set.
+    /// Where NACKs come from (default: `next`); NACKs from anywhere else
+    /// are dropped.
     pub nack_from: Option<SocketAddr>,
     /// Frames kept to answer NACKs.
     pub keep_frames: usize,
+    /// Send a CRC32C with every frame to a next node that checks it, and
+    /// check it on frames received (between proven leap nodes only).
+    pub crc: bool,
 }
 
 impl UdpConfig {
@@ -72,6 +78,7 @@ impl UdpConfig {
             timers: Timers::default(),
             nack_from: None,
             keep_frames: 32,
+            crc: true,
         }
     }
 }
@@ -127,7 +134,6 @@ pub fn bind_socket(addr: SocketAddr) -> Result<Socket, UdpError> {
 pub struct UdpSender {
     next: SockAddr,
     seq: u16,
-    reserved: u16,
     gso: bool,
     batch: TxBatch,
     headers: Vec<[u8; CHUNK_HEADER_LEN]>,
@@ -135,11 +141,9 @@ pub struct UdpSender {
 
 impl UdpSender {
     /// A sender to `next`; `gso` if the socket supports it (checked).
-    /// `reserved` goes into every chunk header (leap flags, or 0 to send
-    /// exactly like the original).
-    pub fn new(socket: &Socket, next: SocketAddr, gso: bool, reserved: u16) -> Self {
+    pub fn new(socket: &Socket, next: SocketAddr, gso: bool) -> Self {
         let gso = gso && gso_supported(socket.as_fd());
-        Self { next: next.into(), seq: 0, reserved, gso, batch: TxBatch::new(), headers: Vec::new() }
+        Self { next: next.into(), seq: 0, gso, batch: TxBatch::new(), headers: Vec::new() }
     }
 
     /// Whether GSO is in use.
@@ -152,32 +156,28 @@ impl UdpSender {
         self.seq
     }
 
-    /// The `reserved` field of a frame of `kind`.
-    pub fn reserved_for(&self, kind: FrameKind) -> u16 {
-        if self.reserved & flags::LEAP != 0 && kind == FrameKind::Control {
-            self.reserved | ChunkKind::Control as u16
-        } else {
-            self.reserved
-        }
-    }
-
-    /// Sends one frame (`head ++ tail`) as chunks; returns the chunk count.
+    /// Sends one frame (`head ++ tail`, then `trailer` on the wire) as chunks
+    /// whose headers carry `reserved` (leap flags, or 0 to send exactly like
+    /// the original); returns the chunk count. The frame's seq is used up
+    /// even when sending fails part-way.
     ///
     /// # Errors
     ///
-    /// [`TransportError::BadFrameLen`] or the `sendmmsg` error.
-    pub fn send(&mut self, socket: &Socket, kind: FrameKind, head: &[u8], tail: &[u8]) -> Result<u16> {
+    /// [`TransportError::BadFrameLen`] (nothing sent, no seq used) or the
+    /// `sendmmsg` error.
+    pub fn send(&mut self, socket: &Socket, reserved: u16, head: &[u8], tail: &[u8], trailer: &[u8]) -> Result<u16> {
         let len = head.len() + tail.len();
         let chunker =
-            Chunker::new(self.seq, self.reserved_for(kind), head, tail).ok_or(TransportError::BadFrameLen(len))?;
+            Chunker::with_trailer(self.seq, reserved, head, tail, trailer).ok_or(TransportError::BadFrameLen(len))?;
         let total = chunker.total();
-        self.transmit(socket, chunker)?;
         self.seq = self.seq.wrapping_add(1);
+        self.transmit(socket, chunker)?;
         Ok(total)
     }
 
     /// Sends chunks `ids` of an earlier frame `seq` again, flagged as
-    /// retransmissions; returns how many were sent.
+    /// retransmissions; returns how many were sent. Ids beyond the frame are
+    /// skipped.
     ///
     /// # Errors
     ///
@@ -188,11 +188,14 @@ impl UdpSender {
         seq: u16,
         reserved: u16,
         frame: &[u8],
+        trailer: &[u8],
         ids: impl Iterator<Item = u16>,
-    ) -> Result<u16> {
-        let Some(chunker) = Chunker::new(seq, reserved | flags::RETRANSMIT, frame, &[]) else { return Ok(0) };
+    ) -> Result<u64> {
+        let Some(chunker) = Chunker::with_trailer(seq, reserved | flags::RETRANSMIT, frame, &[], trailer) else {
+            return Ok(0);
+        };
         let mut chunks = [None; 64];
-        let mut sent = 0u16;
+        let mut sent = 0u64;
         let mut ids = ids.filter(|&id| id < chunker.total()).peekable();
         while ids.peek().is_some() {
             let mut n = 0;
@@ -201,7 +204,7 @@ impl UdpSender {
                 n += 1;
             }
             self.transmit(socket, chunks[..n].iter().flatten().copied())?;
-            sent += n as u16;
+            sent += n as u64;
         }
         Ok(sent)
     }
@@ -213,7 +216,8 @@ impl UdpSender {
         self.headers.clear();
         self.headers.extend(chunks.clone().map(|c| c.header.to_bytes()));
         let headers = &self.headers;
-        let datagrams = || chunks.clone().zip(headers.iter()).map(|(c, h)| [&h[..], c.pieces[0], c.pieces[1]]);
+        let datagrams =
+            || chunks.clone().zip(headers.iter()).map(|(c, h)| [&h[..], c.pieces[0], c.pieces[1], c.pieces[2]]);
         let seg = self.gso.then_some(CHUNK_DATAGRAM_MAX as u16);
         match self.batch.send(socket.as_fd(), &self.next, datagrams(), seg) {
             Ok(()) => Ok(()),
@@ -267,6 +271,13 @@ impl UdpTransport {
     /// The bound address (useful with port 0).
     pub fn local_addr(&self) -> Option<SocketAddr> {
         self.link.socket().local_addr().ok().and_then(|a| a.as_socket())
+    }
+
+    /// Whether the next and the previous node proved to be leap nodes (until
+    /// then they are spoken to exactly as the original would be). Hellos are
+    /// answered inside [`Transport::recv_prev`].
+    pub fn neighbours_are_leap(&self) -> (bool, bool) {
+        (self.link.next_is_leap(), self.link.prev_is_leap())
     }
 }
 
