@@ -16,7 +16,8 @@
 //! interface = "eth0"              # where frames arrive
 //! xdp_mode = "auto"               # auto | drv | skb
 //! reliability = "reliable"        # reliable | best-effort
-//! peer_filter = true              # accept only the previous member
+//! peer_filter = true              # accept only the previous member (false: the first source, locked)
+//! crc = true                      # CRC32C on every frame between leap nodes
 //! recv_timeout_ms = 1000          # silent-neighbour deadline
 //!
 //! [node]
@@ -100,9 +101,13 @@ pub struct TransportSection {
     /// Loss recovery.
     #[serde(default)]
     pub reliability: Reliability,
-    /// Accept frames only from the previous member.
+    /// Accept frames only from the previous member (off: from the first
+    /// source, which is then locked).
     #[serde(default = "yes")]
     pub peer_filter: bool,
+    /// CRC32C on every frame between leap nodes.
+    #[serde(default = "yes")]
+    pub crc: bool,
     /// Receive deadline: a neighbour silent this long is reported.
     #[serde(default = "default_timeout")]
     pub recv_timeout_ms: u64,
@@ -121,6 +126,7 @@ impl Default for TransportSection {
             queues: None,
             reliability: Reliability::Reliable,
             peer_filter: true,
+            crc: true,
             recv_timeout_ms: default_timeout(),
             setup_timeout_s: default_setup(),
         }

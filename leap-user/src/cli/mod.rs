@@ -118,6 +118,10 @@ pub struct TransportArgs {
     /// Send one datagram per chunk even where UDP GSO is available.
     #[arg(long)]
     pub no_gso: bool,
+    /// No CRC32C on frames between leap nodes (on by default; a frame whose
+    /// CRC fails is never delivered).
+    #[arg(long)]
+    pub no_crc: bool,
     /// Pin to these CPUs (comma-separated): ring node i runs on the
     /// (i mod n)-th, `leap node` on all of them.
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
@@ -174,6 +178,7 @@ impl TransportArgs {
                 ReliabilityArg::BestEffort => crate::transport::datagram::Reliability::BestEffort,
             },
             gso: !self.no_gso,
+            crc: !self.no_crc,
             cpus: self.cpus.clone(),
         }
     }

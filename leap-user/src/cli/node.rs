@@ -145,6 +145,9 @@ fn resolve(args: &NodeArgs) -> Result<Resolved> {
         if args.transport_args.cpus.is_empty() {
             opts.cpus = f.node.cpus.clone();
         }
+        if !args.transport_args.no_crc {
+            opts.crc = t.crc;
+        }
         if args.transport_args.xdp_queues.0.is_none()
             && let Some(list) = t.queues.as_ref().and_then(|q| q.as_array())
         {
@@ -327,6 +330,7 @@ fn run(
                 progress: None,
                 telemetry: Some(tel.clone()),
                 stop: Some(stop.clone()),
+                pause: Duration::ZERO,
             };
             let mut rep = run_head(t, &hc)?;
             let rtt = Percentiles::of(&mut rep.rtts_ns);

@@ -420,6 +420,7 @@ pub fn run(cfg: &RingConfig) -> Result<RingReport, RingError> {
                     progress: cfg2.progress.clone(),
                     telemetry: None,
                     stop: None,
+                    pause: Duration::ZERO,
                 };
                 let cpu0 = crate::sys::thread_cpu_time();
                 let res = run_head(&mut *t, &hc).map_err(|e| e.to_string());

@@ -38,6 +38,8 @@ pub struct HeadConfig {
     pub telemetry: Option<Arc<Telemetry>>,
     /// Stop early when set (SIGTERM); the report covers what was done.
     pub stop: Option<Arc<AtomicBool>>,
+    /// Idle this long before sending each frame (a head between requests).
+    pub pause: Duration,
 }
 
 /// What the head measured.
@@ -135,6 +137,9 @@ pub fn run_head(t: &mut dyn Transport, cfg: &HeadConfig) -> Result<HeadReport, T
             tel.publish(&*t, rep.delivered, false);
         }
         while (next_pos as u64) < cfg.frames && in_flight.len() < cfg.inflight {
+            if !cfg.pause.is_zero() {
+                std::thread::sleep(cfg.pause);
+            }
             let pos = next_pos as i32;
             // The round trip includes our own send.
             let now = Instant::now();

@@ -70,7 +70,8 @@ pub struct Endpoint {
     pub listen: SocketAddr,
     /// The next node.
     pub next: SocketAddr,
-    /// The previous node's sending address, to filter on (`None`: any).
+    /// The previous node's sending address, to filter on (`None`: the
+    /// first source is locked in).
     pub prev: Option<SocketAddr>,
     /// The interface on which frames arrive (XDP attaches there).
     pub iface: Option<String>,
@@ -102,6 +103,8 @@ pub struct Options {
     /// Use UDP GSO where the kernel has it (one super-datagram per up to 44
     /// chunks); off, every chunk is its own datagram down to the device.
     pub gso: bool,
+    /// CRC32C on every frame between proven leap nodes.
+    pub crc: bool,
     /// CPUs to pin node threads to (empty: no pinning). A ring puts node
     /// `i` on the `i % len`-th; `leap node` runs on all of them.
     pub cpus: Vec<usize>,
@@ -121,6 +124,7 @@ impl Default for Options {
             xdp_queues: None,
             reliability: super::datagram::Reliability::Reliable,
             gso: true,
+            crc: true,
             cpus: Vec::new(),
         }
     }
@@ -137,6 +141,7 @@ pub fn udp_config(ep: &Endpoint, opts: &Options) -> UdpConfig {
     c.spin = opts.spin;
     c.reliability = opts.reliability;
     c.gso = opts.gso;
+    c.crc = opts.crc;
     c
 }
 
