@@ -1,13 +1,20 @@
 //! What a running node shows operators: its counters, the backend's (XDP
 //! program, kernel module) and a latency histogram, as JSON over a Unix
 //! socket (`leap stats`) and as Prometheus text over HTTP (`--metrics`).
+//!
+//! Both servers run on a thread of their own ([`serve`]), so a slow or
+//! hostile client never holds up the node's frame loop, and every
+//! connection is bounded in size, number and time ([`Limits`]).
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener};
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+mod client;
+mod prometheus;
+mod server;
+
+pub use client::{MAX_STATS_REPLY, STATS_TIMEOUT, StatsQueryError, query_stats, query_stats_within};
+pub use server::{Limits, Servers, TelemetryError, serve};
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
@@ -44,6 +51,26 @@ impl Histogram {
     }
 }
 
+/// The two servers a node may run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Server {
+    /// HTTP `/metrics`.
+    Metrics = 0,
+    /// The Unix stats socket.
+    Stats = 1,
+}
+
+impl Server {
+    const ALL: [Self; 2] = [Self::Metrics, Self::Stats];
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Metrics => "metrics",
+            Self::Stats => "stats",
+        }
+    }
+}
+
 /// The latest published state of a node.
 #[derive(Debug, Default, Clone)]
 struct Snapshot {
@@ -62,6 +89,8 @@ pub struct Telemetry {
     started: Instant,
     snap: Mutex<Snapshot>,
     last_publish: Mutex<Option<Instant>>,
+    /// Connections each [`Server`] refused for being over its limit.
+    refused: [AtomicU64; 2],
     /// Head: round trips; worker: receive-to-forwarded time per frame.
     pub latency: Histogram,
 }
@@ -76,6 +105,7 @@ impl Telemetry {
             started: Instant::now(),
             snap: Mutex::new(Snapshot::default()),
             last_publish: Mutex::new(None),
+            refused: [AtomicU64::new(0), AtomicU64::new(0)],
             latency: Histogram::default(),
         }
     }
@@ -112,70 +142,33 @@ impl Telemetry {
                 "counts": counts,
                 "sum_us": sum_ns as f64 / 1e3,
             },
+            "refused_connections": {
+                "metrics": self.refused(Server::Metrics),
+                "stats": self.refused(Server::Stats),
+            },
         })
     }
 
-    /// Prometheus text exposition format.
+    /// Prometheus text exposition format (version 0.0.4).
     pub fn to_prometheus(&self) -> String {
-        let j = self.to_json();
-        let labels = format!("node=\"{}\",role=\"{}\",transport=\"{}\"", self.node, self.role, self.transport);
-        let mut out = String::new();
-        let mut metric = |name: &str, help: &str, kind: &str, value: f64, extra: &str| {
-            if !out.contains(&format!("# TYPE {name} ")) {
-                out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
-            }
-            let sep = if extra.is_empty() { "" } else { "," };
-            out.push_str(&format!("{name}{{{labels}{sep}{extra}}} {value}\n"));
-        };
-        metric(
-            "leap_frames_total",
-            "Frames handled by this node's loop.",
-            "counter",
-            j["frames"].as_f64().unwrap_or(0.0),
-            "",
-        );
-        if let Some(stats) = j["stats"].as_object() {
-            for (k, v) in stats {
-                if let Some(n) = v.as_f64() {
-                    metric(&format!("leap_{k}_total"), &format!("Transport counter {k}."), "counter", n, "");
-                }
-            }
-            if let Some(drops) = stats.get("drops").and_then(Value::as_object) {
-                for (k, v) in drops {
-                    metric(
-                        "leap_drops_total",
-                        "Datagrams dropped, by reason.",
-                        "counter",
-                        v.as_f64().unwrap_or(0.0),
-                        &format!("reason=\"{k}\""),
-                    );
-                }
-            }
+        prometheus::encode(self)
+    }
+
+    /// Connections `server` refused so far.
+    fn refused(&self, server: Server) -> u64 {
+        self.refused[server as usize].load(Ordering::Relaxed)
+    }
+
+    /// Counts a connection a server refused because it had
+    /// [`Limits::max_connections`] open; says so in the log the first time.
+    fn refuse(&self, server: Server) {
+        if self.refused[server as usize].fetch_add(1, Ordering::Relaxed) == 0 {
+            log::warn!(
+                "{}: too many connections open, refusing more (counted in \
+                 leap_telemetry_refused_connections_total)",
+                server.name()
+            );
         }
-        if let Some(backend) = j["backend"].as_object() {
-            for (k, v) in flatten("", backend) {
-                metric(
-                    "leap_backend_total",
-                    "Counters of the XDP program or kernel module.",
-                    "counter",
-                    v,
-                    &format!("counter=\"{k}\""),
-                );
-            }
-        }
-        let (counts, sum_ns) = self.latency.snapshot();
-        let mut cum = 0;
-        let name = "leap_latency_seconds";
-        out.push_str(&format!(
-            "# HELP {name} Head: round trip; worker: receive to forwarded.\n# TYPE {name} histogram\n"
-        ));
-        for (i, c) in counts.iter().enumerate() {
-            cum += c;
-            let le = BUCKETS_US.get(i).map_or("+Inf".to_string(), |b| format!("{}", b / 1e6));
-            out.push_str(&format!("{name}_bucket{{{labels},le=\"{le}\"}} {cum}\n"));
-        }
-        out.push_str(&format!("{name}_sum{{{labels}}} {}\n{name}_count{{{labels}}} {cum}\n", sum_ns as f64 / 1e9));
-        out
     }
 }
 
@@ -190,86 +183,4 @@ fn flatten(prefix: &str, o: &serde_json::Map<String, Value>) -> Vec<(String, f64
         }
     }
     v
-}
-
-/// Serves `GET /metrics` on `addr` until `stop`; one short connection at a time.
-///
-/// # Errors
-///
-/// Binding the address.
-pub fn serve_metrics(
-    addr: SocketAddr,
-    tel: Arc<Telemetry>,
-    stop: Arc<AtomicBool>,
-) -> std::io::Result<std::thread::JoinHandle<()>> {
-    let l = TcpListener::bind(addr)?;
-    l.set_nonblocking(true)?;
-    Ok(std::thread::spawn(move || {
-        while !stop.load(Ordering::Relaxed) {
-            match l.accept() {
-                Ok((mut s, _)) => {
-                    let _ = s.set_nonblocking(false);
-                    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-                    let mut line = String::new();
-                    let _ = BufReader::new(&mut s).read_line(&mut line);
-                    let (status, body) = if line.starts_with("GET /metrics") {
-                        ("200 OK", tel.to_prometheus())
-                    } else {
-                        ("404 Not Found", "try /metrics\n".to_string())
-                    };
-                    let _ = write!(
-                        s,
-                        "HTTP/1.0 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\r\n{body}",
-                        body.len()
-                    );
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(50)),
-            }
-        }
-    }))
-}
-
-/// Answers every connection on the Unix socket `path` with the JSON
-/// counters, until `stop`; removes the socket file when done.
-///
-/// # Errors
-///
-/// Binding the socket (e.g. its directory does not exist).
-pub fn serve_stats(
-    path: &Path,
-    tel: Arc<Telemetry>,
-    stop: Arc<AtomicBool>,
-) -> std::io::Result<std::thread::JoinHandle<()>> {
-    if path.exists() && UnixStream::connect(path).is_err() {
-        // A stale socket of a crashed run.
-        std::fs::remove_file(path)?;
-    }
-    let l = UnixListener::bind(path)?;
-    l.set_nonblocking(true)?;
-    let path: PathBuf = path.into();
-    Ok(std::thread::spawn(move || {
-        while !stop.load(Ordering::Relaxed) {
-            match l.accept() {
-                Ok((mut s, _)) => {
-                    let _ = s.set_nonblocking(false);
-                    let _ = s.write_all(tel.to_json().to_string().as_bytes());
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(50)),
-            }
-        }
-        let _ = std::fs::remove_file(&path);
-    }))
-}
-
-/// Reads a node's counters from its stats socket.
-///
-/// # Errors
-///
-/// Connecting or parsing.
-pub fn query_stats(path: &Path) -> std::io::Result<Value> {
-    let mut s = UnixStream::connect(path)?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    let mut text = String::new();
-    s.read_to_string(&mut text)?;
-    serde_json::from_str(&text).map_err(std::io::Error::other)
 }
