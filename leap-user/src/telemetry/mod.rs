@@ -164,8 +164,8 @@ impl Telemetry {
     fn refuse(&self, server: Server) {
         if self.refused[server as usize].fetch_add(1, Ordering::Relaxed) == 0 {
             log::warn!(
-                "{}: too many connections open, refusing more (counted in \
-                 leap_telemetry_refused_connections_total)",
+                "{}: too many connections open; closing the oldest idle one or the newest \
+                 (counted in leap_telemetry_refused_connections_total)",
                 server.name()
             );
         }

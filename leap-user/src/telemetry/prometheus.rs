@@ -88,7 +88,7 @@ impl Collector for Scrape {
         family(
             &mut enc,
             "leap_telemetry_refused_connections",
-            "Connections to /metrics or the stats socket refused for being over the limit.",
+            "Connections to /metrics or the stats socket closed for being over the limit.",
             "server",
             self.refused,
         )?;

@@ -1,6 +1,7 @@
 //! The `/metrics` HTTP server and the stats socket, on one thread with its
 //! own tokio runtime, every connection bounded by [`Limits`].
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::fs::Permissions;
 use std::io;
@@ -9,6 +10,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -23,7 +25,8 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use socket2::{Domain, SockAddr, Socket, Type};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, UnixListener};
-use tokio::sync::{Semaphore, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio::task::AbortHandle;
 
 use super::{Server, Telemetry, prometheus};
 
@@ -35,8 +38,9 @@ pub const STATS_SOCKET_MODE: u32 = 0o600;
 /// How much each server lets one client take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// Connections open at once, per server; more are closed at once and
-    /// counted (`leap_telemetry_refused_connections_total`).
+    /// Connections open at once, per server. One more closes the oldest
+    /// that has not sent its request head yet, else itself is closed; both
+    /// are counted (`leap_telemetry_refused_connections_total`).
     pub max_connections: usize,
     /// Bytes of an HTTP request line and headers (hyper's minimum, 8 KiB,
     /// is also the floor here); a longer head is answered 431 and closed.
@@ -190,23 +194,54 @@ fn bind_tcp(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     Ok(l)
 }
 
-/// Accepts with a permit per connection; without one, closes at once.
-async fn accept_bounded<S>(
-    accepted: io::Result<S>,
-    permits: &Arc<Semaphore>,
-    tel: &Telemetry,
-    server: Server,
-) -> Option<(S, tokio::sync::OwnedSemaphorePermit)> {
-    match accepted {
-        Ok(s) => match permits.clone().try_acquire_owned() {
-            Ok(p) => Some((s, p)),
-            Err(_) => {
-                tel.refuse(server);
-                None
-            }
-        },
+/// The open connections of one server: at most [`Limits::max_connections`].
+#[derive(Debug)]
+struct Connections {
+    permits: Arc<Semaphore>,
+    /// Connections still waiting for their request head, oldest first, with
+    /// the flag their service clears when the head has arrived.
+    waiting: VecDeque<(AbortHandle, Arc<AtomicBool>)>,
+    max: usize,
+}
+
+impl Connections {
+    fn new(max: usize) -> Self {
+        Self { permits: Arc::new(Semaphore::new(max)), waiting: VecDeque::new(), max }
+    }
+
+    /// A permit for a connection just accepted. When all are taken, the
+    /// oldest connection still waiting for its request head is closed to
+    /// make room, so that idle clients cannot lock a scrape out; without
+    /// one, `None`: the new connection is to be closed. Either is counted.
+    async fn admit(&mut self, tel: &Telemetry, server: Server) -> Option<OwnedSemaphorePermit> {
+        if let Ok(p) = self.permits.clone().try_acquire_owned() {
+            return Some(p);
+        }
+        tel.refuse(server);
+        self.waiting.retain(|(task, waiting)| !task.is_finished() && waiting.load(Ordering::Relaxed));
+        let (task, _) = self.waiting.pop_front()?;
+        task.abort();
+        // The runtime drops the aborted task, and with it its permit, on its
+        // next turn.
+        let freed = tokio::time::timeout(Duration::from_millis(100), self.permits.clone().acquire_owned());
+        freed.await.ok()?.ok()
+    }
+
+    /// Remembers a connection that waits for its request head.
+    fn waiting(&mut self, task: AbortHandle, waiting: Arc<AtomicBool>) {
+        if self.waiting.len() >= 2 * self.max {
+            self.waiting.retain(|(task, waiting)| !task.is_finished() && waiting.load(Ordering::Relaxed));
+        }
+        self.waiting.push_back((task, waiting));
+    }
+}
+
+/// Waits for the next connection; on errors (out of descriptors, say) lets
+/// the open ones finish first.
+async fn next<S, A>(accept: impl Future<Output = io::Result<(S, A)>>, server: Server) -> Option<S> {
+    match accept.await {
+        Ok((s, _)) => Some(s),
         Err(e) => {
-            // Out of descriptors or memory: let connections finish first.
             log::debug!("{}: accept: {e}", server.name());
             tokio::time::sleep(Duration::from_millis(50)).await;
             None
@@ -215,7 +250,7 @@ async fn accept_bounded<S>(
 }
 
 async fn metrics_loop(l: TcpListener, tel: Arc<Telemetry>, limits: Limits) {
-    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let mut conns = Connections::new(limits.max_connections);
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.request_timeout)
@@ -223,23 +258,24 @@ async fn metrics_loop(l: TcpListener, tel: Arc<Telemetry>, limits: Limits) {
         .max_headers(64)
         .keep_alive(false);
     loop {
-        let accepted = l.accept().await.map(|(s, _)| s);
-        let Some((stream, permit)) = accept_bounded(accepted, &permits, &tel, Server::Metrics).await else {
-            continue;
-        };
-        let tel = tel.clone();
+        let Some(stream) = next(l.accept(), Server::Metrics).await else { continue };
+        let Some(permit) = conns.admit(&tel, Server::Metrics).await else { continue };
+        let waiting = Arc::new(AtomicBool::new(true));
+        let (tel, flag) = (tel.clone(), waiting.clone());
         let conn = http.serve_connection(
             TokioIo::new(stream),
             service_fn(move |req| {
+                flag.store(false, Ordering::Relaxed);
                 let tel = tel.clone();
                 async move { Ok::<_, Infallible>(answer(&req, &tel)) }
             }),
         );
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             let _permit = permit;
             // Over time or not, the connection is dropped, hence closed.
             let _ = tokio::time::timeout(limits.connection_timeout, conn).await;
         });
+        conns.waiting(task.abort_handle(), waiting);
     }
 }
 
@@ -264,12 +300,10 @@ fn answer(req: &Request<Incoming>, tel: &Telemetry) -> Response<Full<Bytes>> {
 
 /// The stats socket: reads nothing, writes the JSON, closes.
 async fn stats_loop(l: UnixListener, tel: Arc<Telemetry>, limits: Limits) {
-    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let mut conns = Connections::new(limits.max_connections);
     loop {
-        let accepted = l.accept().await.map(|(s, _)| s);
-        let Some((mut stream, permit)) = accept_bounded(accepted, &permits, &tel, Server::Stats).await else {
-            continue;
-        };
+        let Some(mut stream) = next(l.accept(), Server::Stats).await else { continue };
+        let Some(permit) = conns.admit(&tel, Server::Stats).await else { continue };
         let reply = tel.to_json().to_string();
         tokio::spawn(async move {
             let _permit = permit;
