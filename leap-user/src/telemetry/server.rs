@@ -160,6 +160,9 @@ pub fn serve(
         None => None,
     };
     let mut stats = stats.map(StatsSocket::bind).transpose()?;
+    if metrics.is_none() && stats.is_none() {
+        return Ok(Servers { shutdown: None, thread: None });
+    }
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(TelemetryError::Thread)?;
     let (tx, rx) = oneshot::channel();
     let thread = std::thread::Builder::new()
