@@ -7,9 +7,10 @@
 //! `i+1` (`rx`); each node routes its next node's address out of its `tx`
 //! veth and its previous node's address out of its `rx` veth.
 
+use std::io::Write;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 /// Errors building a topology.
 #[derive(Debug, thiserror::Error)]
@@ -84,6 +85,37 @@ pub fn exec_in(netns: &str, args: &[&str]) -> Result<(), NetnsError> {
     let mut all = vec!["netns", "exec", netns];
     all.extend_from_slice(args);
     ip(&all)
+}
+
+/// [`exec_in`], with `input` on the command's standard input.
+///
+/// # Errors
+///
+/// [`NetnsError::Command`] when it fails.
+pub fn exec_in_with_stdin(netns: &str, args: &[&str], input: &[u8]) -> Result<(), NetnsError> {
+    let cmd = || format!("ip netns exec {netns} {}", args.join(" "));
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", netns])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(NetnsError::NoIp)?;
+    // The input is a few hundred bytes: it fits the pipe, so writing before
+    // reading stderr cannot deadlock. Dropping stdin closes it: EOF.
+    let written = child.stdin.take().map(|mut i| i.write_all(input));
+    let out = child.wait_with_output().map_err(NetnsError::NoIp)?;
+    if !out.status.success() {
+        return Err(NetnsError::Command {
+            cmd: cmd(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    if let Some(Err(e)) = written {
+        return Err(NetnsError::Command { cmd: cmd(), stderr: format!("writing its input: {e}") });
+    }
+    Ok(())
 }
 
 /// The address of node `i` in a topology.
@@ -179,11 +211,8 @@ impl Topology {
                  }}\n}}\n",
                 dev = n.tx_iface
             );
-            let path = std::env::temp_dir().join(format!("leap-loss-{}.nft", n.netns));
-            std::fs::write(&path, &rules).map_err(NetnsError::NoIp)?;
-            let res = exec_in(&n.netns, &["nft", "-f", &path.to_string_lossy()]);
-            let _ = std::fs::remove_file(&path);
-            res?;
+            // On stdin: no file another user could plant or read.
+            exec_in_with_stdin(&n.netns, &["nft", "-f", "-"], rules.as_bytes())?;
             self.loss_tables.push(n.netns.clone());
         }
         Ok(())

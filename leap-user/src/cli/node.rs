@@ -274,26 +274,13 @@ pub fn main(args: &NodeArgs) -> Result<()> {
     let (kind, mut t) = open_first(&r)?;
     let role = if r.role == Role::Head { "head" } else { "worker" };
     let tel = Arc::new(Telemetry::new(&r.name, role, kind.as_str()));
-    let mut servers = Vec::new();
-    if let Some(addr) = r.metrics {
-        servers.push(
-            telemetry::serve_metrics(addr, tel.clone(), stop.clone()).with_context(|| format!("metrics on {addr}"))?,
-        );
-    }
-    if let Some(path) = &r.stats_socket {
-        servers.push(
-            telemetry::serve_stats(path, tel.clone(), stop.clone())
-                .with_context(|| format!("stats socket {}", path.display()))?,
-        );
-    }
+    // Its own thread: a slow client never holds up the frame loop.
+    let servers = telemetry::serve(tel.clone(), r.metrics, r.stats_socket.as_deref(), telemetry::Limits::default())?;
     let res = run(&r, kind, &mut *t, &tel, &stop, args.json, args.workers);
     tel.publish(&*t, 0, true);
     // Detach (XDP), close sockets and the device before the servers go.
     drop(t);
-    stop.store(true, Ordering::SeqCst);
-    for s in servers {
-        let _ = s.join();
-    }
+    servers.stop();
     res
 }
 

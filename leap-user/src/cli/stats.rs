@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
 
 /// Arguments of `leap stats`.
@@ -22,8 +22,9 @@ pub struct StatsArgs {
 ///
 /// The node is not running or the socket is not a leap node's.
 pub fn main(args: &StatsArgs) -> Result<()> {
-    let v = crate::telemetry::query_stats(&args.socket).with_context(|| {
-        format!("no leap node answers on {} (is it running with that --stats-socket?)", args.socket.display())
+    let v = crate::telemetry::query_stats(&args.socket).map_err(|e| match e {
+        e @ crate::telemetry::StatsQueryError::Connect { .. } => anyhow::anyhow!(e),
+        e => anyhow::anyhow!("{}: {e}", args.socket.display()),
     })?;
     if args.json {
         println!("{v}");

@@ -1,0 +1,186 @@
+//! What a running node shows operators: its counters, the backend's (XDP
+//! program, kernel module) and a latency histogram, as JSON over a Unix
+//! socket (`leap stats`) and as Prometheus text over HTTP (`--metrics`).
+//!
+//! Both servers run on a thread of their own ([`serve`]), so a slow or
+//! hostile client never holds up the node's frame loop, and every
+//! connection is bounded in size, number and time ([`Limits`]).
+
+mod client;
+mod prometheus;
+mod server;
+
+pub use client::{MAX_STATS_REPLY, STATS_TIMEOUT, StatsQueryError, query_stats, query_stats_within};
+pub use server::{Limits, Servers, TelemetryError, serve};
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+
+use crate::transport::{Stats, Transport};
+
+/// Upper bounds of the latency buckets, microseconds.
+pub const BUCKETS_US: [f64; 14] = [5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1e3, 2e3, 5e3, 1e4, 5e4, 1e5, 1e6];
+
+/// A fixed-bucket latency histogram, updated without locks.
+#[derive(Debug)]
+pub struct Histogram {
+    counts: [AtomicU64; BUCKETS_US.len() + 1],
+    sum_ns: AtomicU64,
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Self { counts: std::array::from_fn(|_| AtomicU64::new(0)), sum_ns: AtomicU64::new(0) }
+    }
+}
+
+impl Histogram {
+    /// Records one latency.
+    pub fn record(&self, d: Duration) {
+        let us = d.as_secs_f64() * 1e6;
+        let i = BUCKETS_US.iter().position(|&b| us <= b).unwrap_or(BUCKETS_US.len());
+        self.counts[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_ns.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> (Vec<u64>, u64) {
+        (self.counts.iter().map(|c| c.load(Ordering::Relaxed)).collect(), self.sum_ns.load(Ordering::Relaxed))
+    }
+}
+
+/// The two servers a node may run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Server {
+    /// HTTP `/metrics`.
+    Metrics = 0,
+    /// The Unix stats socket.
+    Stats = 1,
+}
+
+impl Server {
+    const ALL: [Self; 2] = [Self::Metrics, Self::Stats];
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Metrics => "metrics",
+            Self::Stats => "stats",
+        }
+    }
+}
+
+/// The latest published state of a node.
+#[derive(Debug, Default, Clone)]
+struct Snapshot {
+    stats: Stats,
+    backend: Option<Value>,
+    frames: u64,
+    published: Option<SystemTime>,
+}
+
+/// Shared between the node's loop (which publishes) and the servers.
+#[derive(Debug)]
+pub struct Telemetry {
+    node: String,
+    role: String,
+    transport: String,
+    started: Instant,
+    snap: Mutex<Snapshot>,
+    last_publish: Mutex<Option<Instant>>,
+    /// Connections each [`Server`] refused for being over its limit.
+    refused: [AtomicU64; 2],
+    /// Head: round trips; worker: receive-to-forwarded time per frame.
+    pub latency: Histogram,
+}
+
+impl Telemetry {
+    /// Telemetry of node `node` in `role` over `transport`.
+    pub fn new(node: &str, role: &str, transport: &str) -> Self {
+        Self {
+            node: node.into(),
+            role: role.into(),
+            transport: transport.into(),
+            started: Instant::now(),
+            snap: Mutex::new(Snapshot::default()),
+            last_publish: Mutex::new(None),
+            refused: [AtomicU64::new(0), AtomicU64::new(0)],
+            latency: Histogram::default(),
+        }
+    }
+
+    /// Takes the transport's counters, at most every 100 ms unless `force`.
+    pub fn publish(&self, t: &dyn Transport, frames: u64, force: bool) {
+        {
+            let mut last = self.last_publish.lock().unwrap_or_else(|p| p.into_inner());
+            if !force && last.is_some_and(|l| l.elapsed() < Duration::from_millis(100)) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        let snap =
+            Snapshot { stats: t.stats(), backend: t.backend_counters(), frames, published: Some(SystemTime::now()) };
+        *self.snap.lock().unwrap_or_else(|p| p.into_inner()) = snap;
+    }
+
+    /// Everything as JSON (what `leap stats --json` prints).
+    pub fn to_json(&self) -> Value {
+        let s = self.snap.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let (counts, sum_ns) = self.latency.snapshot();
+        json!({
+            "node": self.node,
+            "role": self.role,
+            "transport": self.transport,
+            "uptime_s": self.started.elapsed().as_secs_f64(),
+            "frames": s.frames,
+            "published_unix_s": s.published.and_then(|p| p.duration_since(UNIX_EPOCH).ok()).map(|d| d.as_secs_f64()),
+            "stats": s.stats,
+            "backend": s.backend,
+            "latency_us": {
+                "buckets_le": BUCKETS_US,
+                "counts": counts,
+                "sum_us": sum_ns as f64 / 1e3,
+            },
+            "refused_connections": {
+                "metrics": self.refused(Server::Metrics),
+                "stats": self.refused(Server::Stats),
+            },
+        })
+    }
+
+    /// Prometheus text exposition format (version 0.0.4).
+    pub fn to_prometheus(&self) -> String {
+        prometheus::encode(self)
+    }
+
+    /// Connections `server` refused so far.
+    fn refused(&self, server: Server) -> u64 {
+        self.refused[server as usize].load(Ordering::Relaxed)
+    }
+
+    /// Counts a connection a server refused because it had
+    /// [`Limits::max_connections`] open; says so in the log the first time.
+    fn refuse(&self, server: Server) {
+        if self.refused[server as usize].fetch_add(1, Ordering::Relaxed) == 0 {
+            log::warn!(
+                "{}: too many connections open; closing the oldest idle one or the newest \
+                 (counted in leap_telemetry_refused_connections_total)",
+                server.name()
+            );
+        }
+    }
+}
+
+fn flatten(prefix: &str, o: &serde_json::Map<String, Value>) -> Vec<(String, f64)> {
+    let mut v = Vec::new();
+    for (k, val) in o {
+        let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}_{k}") };
+        match val {
+            Value::Object(inner) => v.extend(flatten(&key, inner)),
+            Value::Number(n) => v.push((key, n.as_f64().unwrap_or(0.0))),
+            _ => {}
+        }
+    }
+    v
+}

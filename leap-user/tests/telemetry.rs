@@ -1,0 +1,332 @@
+//! A node's operator surfaces under abuse: `/metrics` and the stats socket
+//! stay answering, small and prompt to stop while clients hold idle
+//! connections, send endless request lines or garbage; the stats socket
+//! never replaces a file that is not a socket and is private to its user;
+//! `leap stats` bounds what it reads. Loopback only, no privileges.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use support::{Reaper, terminate, wait_bounded};
+
+fn leap() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_leap"))
+}
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("leap-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Two free UDP ports and a free TCP port on 127.0.0.1.
+fn ports() -> (u16, u16, u16) {
+    let a = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let b = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let t = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    (a.local_addr().unwrap().port(), b.local_addr().unwrap().port(), t.local_addr().unwrap().port())
+}
+
+/// Runs `cmd` at most `limit`, then kills it (and fails the test).
+fn output_bounded(mut cmd: Command, limit: Duration) -> (Output, Duration) {
+    let start = Instant::now();
+    let mut c = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let _reaper = Reaper(vec![c.id()]);
+    wait_bounded(&mut c, limit);
+    (c.wait_with_output().unwrap(), start.elapsed())
+}
+
+fn worker(listen: u16, next: u16, extra: &[&str]) -> Child {
+    let mut cmd = leap();
+    cmd.args(["node", "--transport", "udp", "--role", "worker"])
+        .args(["--listen", &format!("127.0.0.1:{listen}"), "--next", &format!("127.0.0.1:{next}")])
+        .args(extra)
+        .stdout(Stdio::null());
+    cmd.spawn().unwrap()
+}
+
+fn wait_for(path: &Path) {
+    let start = Instant::now();
+    while !path.exists() {
+        assert!(start.elapsed() < Duration::from_secs(10), "{} never appeared", path.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn wait_for_tcp(addr: SocketAddr) {
+    let start = Instant::now();
+    while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+        assert!(start.elapsed() < Duration::from_secs(10), "nothing listens on {addr}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A `/proc/PID/status` field, in kB.
+fn status_kb(pid: u32, field: &str) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = s.lines().find(|l| l.starts_with(field)).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+}
+
+/// One HTTP exchange with a read deadline; the status line and the body.
+fn http(addr: SocketAddr, request: &[u8]) -> std::io::Result<(String, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
+    s.set_read_timeout(Some(Duration::from_secs(3)))?;
+    s.set_write_timeout(Some(Duration::from_secs(3)))?;
+    s.write_all(request)?;
+    let mut reply = Vec::new();
+    s.take(16 << 20).read_to_end(&mut reply)?;
+    let text = String::from_utf8_lossy(&reply).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").ok_or(std::io::ErrorKind::InvalidData)?;
+    Ok((head.lines().next().unwrap_or_default().to_string(), body.to_string()))
+}
+
+/// `GET /metrics`, retried until it answers 200 or `limit` passes; the body
+/// and how long it took.
+fn scrape_within(addr: SocketAddr, limit: Duration) -> (String, Duration) {
+    let start = Instant::now();
+    loop {
+        if let Ok((status, body)) = http(addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            && status.contains(" 200 ")
+        {
+            return (body, start.elapsed());
+        }
+        assert!(start.elapsed() < limit, "no answer on /metrics within {limit:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `leap stats --json`, retried until it succeeds or `limit` passes.
+fn stats_within(sock: &Path, limit: Duration) -> serde_json::Value {
+    let start = Instant::now();
+    loop {
+        let mut cmd = leap();
+        cmd.args(["stats", "--json", "--socket"]).arg(sock);
+        let (out, _) = output_bounded(cmd, Duration::from_secs(15));
+        if out.status.success() {
+            return serde_json::from_slice(&out.stdout).unwrap();
+        }
+        assert!(start.elapsed() < limit, "leap stats: {}", String::from_utf8_lossy(&out.stderr));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Writes an endless request line (at most `max` bytes) until the server
+/// hangs up; the bytes it took.
+fn endless_request_line(addr: SocketAddr, max: usize) -> usize {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).unwrap();
+    s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+    let chunk = vec![b'a'; 64 * 1024];
+    let mut sent = s.write(b"GET /").unwrap();
+    while sent < max {
+        match s.write(&chunk) {
+            Ok(n) => sent += n,
+            Err(_) => break,
+        }
+    }
+    sent
+}
+
+#[test]
+fn stats_socket_refuses_a_regular_file_and_leaves_it_alone() {
+    let dir = tmpdir("notasocket");
+    let file = dir.join("precious.txt");
+    std::fs::write(&file, "not a socket\n").unwrap();
+    let (a, b, _) = ports();
+    let mut cmd = leap();
+    cmd.args(["node", "--transport", "udp", "--role", "worker"])
+        .args(["--listen", &format!("127.0.0.1:{a}"), "--next", &format!("127.0.0.1:{b}")])
+        .arg("--stats-socket")
+        .arg(&file);
+    let (out, _) = output_bounded(cmd, Duration::from_secs(10));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the node started over a regular file");
+    assert!(err.contains(&file.display().to_string()) && err.contains("not a socket"), "{err}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "not a socket\n");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn stats_socket_is_private_and_a_stale_one_is_replaced() {
+    let dir = tmpdir("mode");
+    let sock = dir.join("w.sock");
+    // A crashed run's socket: bound, then nobody listening.
+    drop(UnixListener::bind(&sock).unwrap());
+    let (a, b, _) = ports();
+    let mut w = worker(a, b, &["--stats-socket", sock.to_str().unwrap()]);
+    let _reaper = Reaper(vec![w.id()]);
+    let start = Instant::now();
+    while UnixStream::connect(&sock).is_err() {
+        assert!(start.elapsed() < Duration::from_secs(10), "the node never answered on {}", sock.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "stats socket mode {mode:o}");
+    terminate(&w);
+    assert!(wait_bounded(&mut w, Duration::from_secs(5)).success());
+    assert!(!sock.exists(), "stats socket left behind");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn prometheus_label_values_are_escaped() {
+    let tel = leap::telemetry::Telemetry::new("a\"b\\c\nd", "worker", "udp");
+    let text = tel.to_prometheus();
+    assert!(text.contains(r#"node="a\"b\\c\nd""#), "{text}");
+    for line in text.lines() {
+        assert!(line.starts_with("# ") || line.starts_with("leap_"), "broken line {line:?} in:\n{text}");
+    }
+}
+
+#[test]
+fn stats_client_stops_reading_an_endless_reply() {
+    let dir = tmpdir("endless-reply");
+    let sock = dir.join("fake.sock");
+    let l = UnixListener::bind(&sock).unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        s.set_write_timeout(Some(Duration::from_secs(15))).unwrap();
+        let chunk = vec![b' '; 64 * 1024];
+        let mut sent = 0;
+        while sent < 64 << 20 {
+            match s.write(&chunk) {
+                Ok(n) => sent += n,
+                Err(_) => break,
+            }
+        }
+        sent
+    });
+    let mut cmd = leap();
+    cmd.args(["stats", "--json", "--socket"]).arg(&sock);
+    let (out, _) = output_bounded(cmd, Duration::from_secs(20));
+    let sent = server.join().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("larger than"), "{err}");
+    assert!(sent < 16 << 20, "leap stats read {sent} bytes");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn stats_client_gives_up_on_a_trickling_reply() {
+    let dir = tmpdir("slow-reply");
+    let sock = dir.join("fake.sock");
+    let l = UnixListener::bind(&sock).unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        // One byte every 200 ms, for at most 30 s.
+        for _ in 0..150 {
+            if s.write_all(b" ").is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    });
+    let mut cmd = leap();
+    cmd.args(["stats", "--json", "--socket"]).arg(&sock);
+    let (out, took) = output_bounded(cmd, Duration::from_secs(12));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("within"), "{err}");
+    assert!(took < Duration::from_secs(8), "leap stats took {took:?}");
+    server.join().unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn node_serves_metrics_and_stats_under_abuse_and_stops_promptly() {
+    let dir = tmpdir("abuse");
+    let (a, b, m) = ports();
+    let sock = dir.join("b.sock");
+    let metrics: SocketAddr = format!("127.0.0.1:{m}").parse().unwrap();
+    let mut w = worker(b, a, &["--metrics", &metrics.to_string(), "--stats-socket", sock.to_str().unwrap()]);
+    let mut head = leap()
+        .args(["node", "--transport", "udp", "--role", "head", "--frames", "0"])
+        .args(["--listen", &format!("127.0.0.1:{a}"), "--next", &format!("127.0.0.1:{b}")])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _reaper = Reaper(vec![w.id(), head.id()]);
+    wait_for(&sock);
+    wait_for_tcp(metrics);
+    let (body, _) = scrape_within(metrics, Duration::from_secs(5));
+    assert!(body.contains("leap_frames_total{"), "{body}");
+    let rss0 = status_kb(w.id(), "VmRSS:");
+    let frames0 = stats_within(&sock, Duration::from_secs(5))["frames"].as_u64().unwrap();
+
+    // An endless request line: cut off long before 64 MiB, nothing kept.
+    let sent = endless_request_line(metrics, 64 << 20);
+    assert!(sent < 32 << 20, "the server read {sent} bytes of one request line");
+    // Garbage: a clear error or a hang-up, and the server carries on.
+    if let Ok((status, _)) = http(metrics, b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03garbage\r\n\r\n") {
+        assert!(status.contains(" 400 "), "{status}");
+    }
+    let (status, _) = http(metrics, b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n").unwrap();
+    assert!(status.contains(" 405 "), "{status}");
+    let (status, _) = http(metrics, b"GET /secret HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    assert!(status.contains(" 404 "), "{status}");
+
+    // A slow-loris client, one byte a second, is cut off.
+    let loris = std::thread::spawn(move || {
+        let start = Instant::now();
+        let mut s = TcpStream::connect_timeout(&metrics, Duration::from_secs(1)).unwrap();
+        for _ in 0..30 {
+            if s.write_all(b"G").is_err() {
+                return start.elapsed();
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        start.elapsed()
+    });
+    // 200 idle connections on each server.
+    let mut idle_tcp = Vec::new();
+    let mut idle_unix = Vec::new();
+    for _ in 0..200 {
+        if let Ok(s) = TcpStream::connect_timeout(&metrics, Duration::from_millis(200)) {
+            idle_tcp.push(s);
+        }
+        if let Ok(s) = UnixStream::connect(&sock) {
+            idle_unix.push(s);
+        }
+    }
+    // Idle clients make room for a scrape, and are counted.
+    let (body, took) = scrape_within(metrics, Duration::from_secs(3));
+    eprintln!("GET /metrics answered in {took:?} under {} idle connections", idle_tcp.len());
+    let refused = body
+        .lines()
+        .find(|l| l.starts_with("leap_telemetry_refused_connections_total{") && l.contains("server=\"metrics\""))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok());
+    assert!(refused > Some(0), "{body}");
+    let frames1 = stats_within(&sock, Duration::from_secs(5))["frames"].as_u64().unwrap();
+    assert!(frames1 > frames0, "the ring stalled: {frames0} -> {frames1} frames");
+    let fds = open_fds(w.id());
+    assert!(fds < 200, "the node holds {fds} descriptors");
+    let rss = status_kb(w.id(), "VmRSS:");
+    assert!(rss < rss0 + 32 * 1024, "VmRSS grew from {rss0} kB to {rss} kB");
+    let cut = loris.join().unwrap();
+    assert!(cut < Duration::from_secs(15), "a slow-loris client kept its connection {cut:?}");
+
+    // SIGTERM with the idle connections still open: out at once.
+    let start = Instant::now();
+    terminate(&w);
+    let s = wait_bounded(&mut w, Duration::from_secs(10));
+    assert!(s.success(), "worker exited with {s}");
+    assert!(start.elapsed() < Duration::from_secs(3), "SIGTERM took {:?}", start.elapsed());
+    drop((idle_tcp, idle_unix));
+    terminate(&head);
+    let _ = wait_bounded(&mut head, Duration::from_secs(10));
+    assert!(!sock.exists(), "stats socket left behind");
+    let _ = std::fs::remove_dir_all(dir);
+}
