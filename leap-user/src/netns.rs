@@ -60,10 +60,13 @@ pub struct Topology {
     nodes: Vec<NodeNet>,
     created: Vec<String>,
     loss_tables: Vec<String>,
+    fault_tables: Vec<String>,
 }
 
 /// nftables table that `set_loss` creates in each namespace.
 const LOSS_TABLE: &str = "leap_loss";
+/// nftables table that `set_send_fault` creates in each namespace.
+const FAULT_TABLE: &str = "leap_fault";
 
 fn ip(args: &[&str]) -> Result<(), NetnsError> {
     let out = Command::new("ip").args(args).output().map_err(NetnsError::NoIp)?;
@@ -138,7 +141,7 @@ impl Topology {
         if unsafe { libc::geteuid() } != 0 {
             return Err(NetnsError::NotRoot);
         }
-        let mut t = Self { nodes: Vec::new(), created: Vec::new(), loss_tables: Vec::new() };
+        let mut t = Self { nodes: Vec::new(), created: Vec::new(), loss_tables: Vec::new(), fault_tables: Vec::new() };
         for i in 0..n {
             let ns = format!("{prefix}n{i}");
             // A stale namespace of a crashed run with the same name goes first.
@@ -218,6 +221,27 @@ impl Topology {
         Ok(())
     }
 
+    /// Makes `pct` percent of the UDP datagrams every node sends to `port`
+    /// fail at the `output` hook (an nftables drop there returns EPERM to
+    /// the sender, as a host firewall would): a frame's send then fails
+    /// part-way. In a table of our own, removed with the topology.
+    ///
+    /// # Errors
+    ///
+    /// [`NetnsError::Command`] when `nft` fails.
+    pub fn set_send_fault(&mut self, pct: f64, port: u16) -> Result<(), NetnsError> {
+        let per_10k = (pct * 100.0).round().clamp(0.0, 10_000.0) as u32;
+        for n in &self.nodes {
+            let rules = format!(
+                "table inet {FAULT_TABLE} {{\n chain output {{\n  type filter hook output priority 0; policy accept;\n  \
+                 udp dport {port} numgen random mod 10000 < {per_10k} counter drop\n }}\n}}\n"
+            );
+            exec_in_with_stdin(&n.netns, &["nft", "-f", "-"], rules.as_bytes())?;
+            self.fault_tables.push(n.netns.clone());
+        }
+        Ok(())
+    }
+
     /// The nodes, in ring order.
     pub fn nodes(&self) -> &[NodeNet] {
         &self.nodes
@@ -228,6 +252,9 @@ impl Drop for Topology {
     fn drop(&mut self) {
         for ns in self.loss_tables.drain(..) {
             let _ = exec_in(&ns, &["nft", "delete", "table", "netdev", LOSS_TABLE]);
+        }
+        for ns in self.fault_tables.drain(..) {
+            let _ = exec_in(&ns, &["nft", "delete", "table", "inet", FAULT_TABLE]);
         }
         // Deleting a namespace deletes its veths (and their XDP programs).
         for ns in self.created.drain(..).rev() {

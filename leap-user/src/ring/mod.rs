@@ -60,6 +60,9 @@ pub struct RingConfig {
     pub progress: Option<Progress>,
     /// Percent of datagrams dropped on every link (namespaces only).
     pub loss_pct: f64,
+    /// Percent of datagram sends that fail with EPERM at the output hook
+    /// (namespaces only): sends that fail part-way, for tests.
+    pub send_fault_pct: f64,
 }
 
 /// A callback told how many frames are done.
@@ -89,6 +92,7 @@ impl RingConfig {
             control: true,
             progress: None,
             loss_pct: 0.0,
+            send_fault_pct: 0.0,
         }
     }
 
@@ -117,6 +121,9 @@ impl RingConfig {
         }
         if self.loss_pct != 0.0 && self.placement != Placement::Netns {
             return Err(format!("--loss {}: loss is injected on veth links; add --netns", self.loss_pct));
+        }
+        if self.send_fault_pct != 0.0 && self.placement != Placement::Netns {
+            return Err("send faults are injected by nftables in the nodes' namespaces; use namespaces".into());
         }
         if !(0.0..=50.0).contains(&self.loss_pct) {
             return Err(format!("--loss {}: must be 0..=50 percent", self.loss_pct));
@@ -330,6 +337,9 @@ fn layout(cfg: &RingConfig) -> Result<(Vec<Endpoint>, Option<Topology>), RingErr
             let port = if cfg.port == 0 { leap_common::DEFAULT_PORT } else { cfg.port };
             if cfg.loss_pct > 0.0 {
                 topo.set_loss(cfg.loss_pct, port)?;
+            }
+            if cfg.send_fault_pct > 0.0 {
+                topo.set_send_fault(cfg.send_fault_pct, port)?;
             }
             let nodes = topo.nodes();
             let addr = |i: usize| SocketAddr::new(IpAddr::V4(nodes[i % n].addr), port);
