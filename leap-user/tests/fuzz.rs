@@ -186,3 +186,201 @@ fn fuzz_control_decoder() {
     }
     assert!(valid > 0);
 }
+
+#[test]
+fn fuzz_nack_answering_is_bounded_by_the_frame() {
+    use leap::frame::reliable::{RETX_BURST, RetransmitBuffer, decode_nack};
+    let mut rng = Rng(0x1EA9_0004);
+    let start = Instant::now();
+    let mut nacks = 0u64;
+    let mut buf = RetransmitBuffer::new(4);
+    let mut ids = [0u16; RETX_BURST];
+    let t0 = Instant::now();
+    while start.elapsed() < budget() {
+        let len = 1 + rng.below(200_000);
+        let total = leap_common::chunk::chunks_for(len).unwrap();
+        let seq = rng.next() as u16;
+        buf.store(seq, flags::LEAP, &vec![0u8; len], &[], &[]);
+        // Ranges at the boundaries and anywhere, as many as fit a datagram.
+        let n = 1 + rng.below(leap::frame::reliable::NACK_MAX_RANGES);
+        let mut payload = Vec::with_capacity(n * 4);
+        for _ in 0..n {
+            let pick = |rng: &mut Rng| match rng.below(5) {
+                0 => 0u16,
+                1 => u16::MAX,
+                2 => total,
+                3 => total.wrapping_sub(1),
+                _ => rng.next() as u16,
+            };
+            let (first, count) = (pick(&mut rng), pick(&mut rng));
+            payload.extend_from_slice(&first.to_be_bytes());
+            payload.extend_from_slice(&count.to_be_bytes());
+        }
+        let mut bytes = payload.clone();
+        if rng.below(10) == 0 {
+            mutate(&mut rng, &mut bytes);
+        }
+        let hdr = ChunkHeader { seq, chunk_id: 0, total_chunks: (bytes.len() / 4) as u16, reserved: 0 };
+        let Some(ranges) = decode_nack(&hdr, &bytes) else { continue };
+        // A second NACK for the same frame right away adds nothing new.
+        let now = t0 + Duration::from_secs(nacks);
+        buf.request(seq, ranges, now);
+        let mut seen = vec![false; usize::from(total)];
+        let mut sent = 0usize;
+        while let Some((s, k)) = buf.next_burst(&mut ids, now) {
+            assert_eq!(s, seq);
+            for &id in &ids[..k] {
+                assert!(id < total, "chunk {id} of a {total}-chunk frame");
+                assert!(!seen[usize::from(id)], "chunk {id} queued twice by one NACK");
+                seen[usize::from(id)] = true;
+                sent += 1;
+            }
+        }
+        assert!(sent <= usize::from(total));
+        nacks += 1;
+    }
+    eprintln!("nack answering: {nacks} NACKs");
+    assert!(nacks > 0);
+}
+
+#[test]
+fn fuzz_sender_and_receiver_recover_every_frame_exactly_once() {
+    use leap::frame::reliable::{NackAnswer, RETX_BURST, RetransmitBuffer, decode_nack, encode_nack, ranges};
+    use leap_common::chunk::{CHUNK_DATAGRAM_MAX, CHUNK_HEADER_LEN};
+    let mut rng = Rng(0x1EA9_0005);
+    let start = Instant::now();
+    let (mut runs, mut complete, mut frames_total, mut corrupted_total) = (0u64, 0u64, 0u64, 0u64);
+    while start.elapsed() < budget() {
+        let len = 1 + rng.below(20_000);
+        let n = 1 + rng.below(12);
+        let seq0 = if rng.below(3) == 0 { u16::MAX - rng.below(6) as u16 } else { rng.next() as u16 };
+        let frames: Vec<Vec<u8>> = (0..n).map(|_| (0..len).map(|_| rng.next() as u8).collect()).collect();
+        let window: u16 = 1 << rng.below(4);
+        let reserved = flags::LEAP | flags::RELIABLE | flags::CRC;
+        let mut sender = RetransmitBuffer::new(32);
+        let mut rx = Reassembler::with_window(len + rng.below(100), window);
+        let mut out = vec![0u8; len + rng.below(3000)];
+        let (loss, dup, flip) = (rng.below(20), rng.below(10), rng.below(6));
+        let channel = |rng: &mut Rng, wire: &mut Vec<Vec<u8>>, d: Vec<u8>, corrupted: &mut u64| {
+            if rng.below(100) < loss {
+                return;
+            }
+            let mut d = d;
+            if rng.below(100) < flip && d.len() > CHUNK_HEADER_LEN {
+                let i = CHUNK_HEADER_LEN + rng.below(d.len() - CHUNK_HEADER_LEN);
+                d[i] ^= 1 << rng.below(8);
+                *corrupted += 1;
+            }
+            if rng.below(100) < dup {
+                wire.push(d.clone());
+            }
+            let at = wire.len().saturating_sub(rng.below(4));
+            wire.insert(at, d);
+        };
+        let mut wire = Vec::new();
+        let mut corrupted = 0;
+        let encode = |seq: u16, f: &[u8], id: Option<u16>| -> Vec<Vec<u8>> {
+            let crc = crc32c::crc32c(f).to_le_bytes();
+            let r = if id.is_some() { reserved | flags::RETRANSMIT } else { reserved };
+            let c = Chunker::with_trailer(seq, r, f, &[], &crc).unwrap();
+            let one = id.and_then(|i| c.chunk(i));
+            let all: Vec<_> = match id {
+                Some(_) => one.into_iter().collect(),
+                None => c.collect(),
+            };
+            all.into_iter()
+                .map(|c| {
+                    let mut d = c.header.to_bytes().to_vec();
+                    c.extend_payload(&mut d);
+                    d
+                })
+                .collect()
+        };
+        // The sender sends the frames `window` at a time at most.
+        let mut next_to_send = 0usize;
+        let mut delivered = 0usize;
+        let mut last_delivered: Option<usize> = None;
+        let mut refused = false;
+        let mut ids = [0u16; RETX_BURST];
+        let mut nack_buf = [0u8; CHUNK_DATAGRAM_MAX];
+        let t0 = Instant::now();
+        'rounds: for round in 0..400u64 {
+            while next_to_send < n && next_to_send < delivered + usize::from(window) {
+                let seq = seq0.wrapping_add(next_to_send as u16);
+                let f = &frames[next_to_send];
+                let crc = crc32c::crc32c(f).to_le_bytes();
+                sender.store(seq, reserved, f, &[], &crc);
+                for d in encode(seq, f, None) {
+                    channel(&mut rng, &mut wire, d, &mut corrupted);
+                }
+                next_to_send += 1;
+            }
+            if rx.begin(&mut out).is_some() {
+                unreachable!("complete frames are delivered by push");
+            }
+            for d in std::mem::take(&mut wire) {
+                let Ok((h, p)) = ChunkHeader::parse_data(&d) else { continue };
+                // The receiver locks onto the first seq it sees (frames
+                // before it are lost to it): check each delivery by seq.
+                let mut seq = rx.expected().unwrap_or(h.seq);
+                let mut res = rx.push(&h, p, &mut out);
+                while let Push::Complete(got) = res {
+                    let i = usize::from(seq.wrapping_sub(seq0));
+                    assert!(i < n && last_delivered.is_none_or(|l| i > l), "frame {i} delivered out of order or twice");
+                    assert_eq!(out[..got.len], frames[i][..], "frame {i} delivered wrong");
+                    last_delivered = Some(i);
+                    delivered = i + 1;
+                    if delivered == n {
+                        break 'rounds;
+                    }
+                    seq = seq.wrapping_add(1);
+                    res = match rx.begin(&mut out) {
+                        Some(got) => Push::Complete(got),
+                        None => Push::Stored,
+                    };
+                }
+            }
+            // The receiver NACKs what the expected frame misses (all of it
+            // after a CRC failure or when nothing came); the sender answers.
+            let exp = rx.expected().unwrap_or(seq0.wrapping_add(delivered as u16));
+            let all = rx.take_corrupt().is_some() || rx.progress().1 == 0;
+            let k = if all {
+                encode_nack(exp, [leap::frame::reliable::NACK_ALL], &mut nack_buf)
+            } else {
+                encode_nack(exp, ranges(rx.missing()), &mut nack_buf)
+            };
+            rx.suspend(&out);
+            if k > 0 && rng.below(100) >= loss {
+                let (h, p) = ChunkHeader::parse(&nack_buf[..k]).unwrap();
+                let now = t0 + Duration::from_millis(round);
+                if sender.request(h.seq, decode_nack(&h, p).unwrap(), now) == NackAnswer::Refused {
+                    // The sender's limit per frame: a real receiver gives
+                    // the frame up after a while and the head re-sends it.
+                    refused = true;
+                    break;
+                }
+                while let Some((seq, m)) = sender.next_burst(&mut ids, now) {
+                    let i = usize::from(seq.wrapping_sub(seq0));
+                    for &id in &ids[..m] {
+                        for d in encode(seq, &frames[i], Some(id)) {
+                            channel(&mut rng, &mut wire, d, &mut corrupted);
+                        }
+                    }
+                }
+            }
+        }
+        if delivered == n {
+            complete += 1;
+        } else {
+            assert!(refused, "frames lost for good (loss {loss}%, flips {flip}%, window {window}, len {len})");
+        }
+        runs += 1;
+        frames_total += n as u64;
+        corrupted_total += corrupted;
+    }
+    eprintln!(
+        "two parties: {runs} runs ({complete} recovered every frame), {frames_total} frames, \
+         {corrupted_total} chunks corrupted in flight"
+    );
+    assert!(runs > 0 && corrupted_total > 0 && complete * 10 >= runs * 9, "too few runs recovered everything");
+}
