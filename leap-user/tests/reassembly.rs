@@ -401,3 +401,107 @@ proptest! {
         }
     }
 }
+
+/// Values at the edges of a u16 field and of the frame.
+fn edge_u16(around: u16) -> impl Strategy<Value = u16> {
+    prop_oneof![
+        Just(0u16),
+        Just(1),
+        Just(around.saturating_sub(1)),
+        Just(around),
+        Just(around.saturating_add(1)),
+        Just(u16::MAX - 1),
+        Just(u16::MAX),
+        any::<u16>(),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(500))]
+
+    /// Structured chunks at the boundaries: a chunk at the buffer's end,
+    /// totals at the bitmap's capacity and beyond, buffers larger and
+    /// smaller than `max_frame_len`, seqs wrapping near 65535, every flag
+    /// (CRC included), payloads of every edge length. Never a panic, never
+    /// a frame longer than the smaller of the buffer and `max_frame_len`.
+    #[test]
+    fn chunks_at_the_boundaries_are_bounded(
+        max_len in prop_oneof![Just(1usize), Just(1400), Just(1401), Just(16_392), 1usize..200_000],
+        buf_len in prop_oneof![Just(0usize), Just(1400), Just(16_392), Just(100_000), 0usize..300_000],
+        window in 1u16..17,
+        chunks in prop::collection::vec(
+            (edge_u16(65_535), edge_u16(64), edge_u16(64), prop_oneof![
+                Just(0u16), Just(flags::LEAP), Just(flags::LEAP | flags::RELIABLE | flags::CRC),
+                Just(flags::LEAP | flags::CRC | 1), any::<u16>()],
+             prop_oneof![Just(1usize), Just(3), Just(4), Just(5), Just(1399), Just(1400), 1usize..1400]),
+            1..120),
+        ops in prop::collection::vec(0u8..8, 120),
+    ) {
+        let mut r = Reassembler::with_window(max_len, window);
+        let mut out = vec![0u8; buf_len];
+        let limit = buf_len.min(max_len);
+        r.begin(&mut out);
+        for (i, &(seq, id, total, reserved, plen)) in chunks.iter().enumerate() {
+            let h = ChunkHeader { seq, chunk_id: id, total_chunks: total, reserved };
+            let mut d = h.to_bytes().to_vec();
+            d.extend(std::iter::repeat_n(seq as u8, plen));
+            let res = push(&mut r, &d, &mut out);
+            if let Push::Complete(got) = res {
+                prop_assert!(got.len <= limit, "{} bytes delivered, limit {limit}", got.len);
+            }
+            match ops[i] {
+                0 => r.suspend(&out),
+                1 => {
+                    if let Some(got) = r.begin(&mut out) {
+                        prop_assert!(got.len <= limit);
+                    }
+                }
+                2 => { r.abandon(); }
+                3 => { r.resync_if_restarted(); }
+                4 => { r.take_corrupt(); }
+                _ => {}
+            }
+        }
+    }
+
+    /// Control messages with every field at an extreme: encoded only when
+    /// valid, decoded back exactly, never a panic; a decoded frame always
+    /// validates.
+    #[test]
+    fn control_messages_at_the_extremes(
+        kind in 0u8..4,
+        fields in prop::collection::vec(
+            prop_oneof![Just(i32::MIN), Just(-1i32), Just(0), Just(1), Just(15), Just(16), Just(17), Just(i32::MAX)], 4),
+        ranges in prop::collection::vec(
+            (prop_oneof![Just(i32::MIN), Just(0i32), Just(1), Just(i32::MAX)],
+             prop_oneof![Just(i32::MIN), Just(0i32), Just(1), Just(i32::MAX)], any::<bool>()), 16),
+        tail in any::<bool>(),
+        frame_len in prop_oneof![Just(0usize), Just(163), Just(164), Just(165), Just(16_392)],
+    ) {
+        use leap_common::control::LayerRange;
+        let kind = match kind {
+            0 => ControlType::ResizeLayers,
+            1 => ControlType::ResizeChain,
+            _ => ControlType::Ack,
+        };
+        let mut m = ControlMessage::new(kind);
+        (m.split_layer, m.end_layer, m.worker_index, m.total_workers) = (fields[0], fields[1], fields[2], fields[3]);
+        m.is_tail = tail;
+        for (r, &(s, e, t)) in m.ranges.iter_mut().zip(&ranges) {
+            *r = LayerRange { start_layer: s, end_layer: e, is_tail: t };
+        }
+        let mut f = vec![0u8; frame_len];
+        match m.encode(&mut f) {
+            Ok(()) => {
+                let back = ControlMessage::decode(&f).unwrap();
+                prop_assert_eq!(back, m);
+                prop_assert!(ControlMessage::decode_frame(&f).is_ok());
+            }
+            Err(_) => {
+                if let Ok(d) = ControlMessage::decode(&f) {
+                    prop_assert!(d.validate().is_ok());
+                }
+            }
+        }
+    }
+}
