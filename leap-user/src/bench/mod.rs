@@ -96,6 +96,28 @@ pub struct Floor {
     pub hops: usize,
 }
 
+/// What the CRC32C on every frame costs: the same ring with and without
+/// it, runs interleaved, at the first frame size, one frame in flight.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CrcCost {
+    /// Backend.
+    pub transport: String,
+    /// Where.
+    pub site: String,
+    /// Bytes per frame.
+    pub frame_size: usize,
+    /// Pairs of runs behind the medians.
+    pub repeats: usize,
+    /// Median round trip p50 with the CRC (the default).
+    pub p50_crc_us: f64,
+    /// ... and without (`--no-crc`).
+    pub p50_no_crc_us: f64,
+    /// Median CPU per frame, all nodes, with and without.
+    pub cpu_crc_us: f64,
+    /// ... without.
+    pub cpu_no_crc_us: f64,
+}
+
 /// A transport not measured, and why.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Skipped {
@@ -127,6 +149,9 @@ pub struct BenchReport {
     /// Where the CPU went, per transport (`--profile`).
     #[serde(default)]
     pub profiles: Vec<profile::Profile>,
+    /// What the CRC32C costs, per datagram transport.
+    #[serde(default)]
+    pub crc_costs: Vec<CrcCost>,
     /// Remarks for the reader (e.g. which figures come from an emulated VM).
     pub notes: Vec<String>,
 }
@@ -203,7 +228,9 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(usize, usize, &str)) -> Result<B
     }
     let modes = [("latency", 1usize), ("throughput", THROUGHPUT_INFLIGHT)];
     let profiled = usize::from(cfg.profile.is_some());
-    let total = kinds.len() * (cfg.sizes.len() * modes.len() * cfg.repeat + profiled) + 1;
+    let crc_kinds = kinds.iter().filter(|k| has_crc(**k)).count();
+    let crc_pairs = if cfg.options.crc { crc_runs(cfg) } else { 0 };
+    let total = kinds.len() * (cfg.sizes.len() * modes.len() * cfg.repeat + profiled) + crc_kinds * 2 * crc_pairs + 1;
     let mut done = 0;
     progress(done, total, "floor");
     let topo = match cfg.placement {
@@ -266,6 +293,18 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(usize, usize, &str)) -> Result<B
                 });
             }
         }
+        if let Some(&size) = cfg.sizes.first()
+            && has_crc(kind)
+            && crc_pairs > 0
+        {
+            match crc_cost(cfg, kind, size, crc_pairs, &mut |label| {
+                progress(done, total, label);
+                done += 1;
+            }) {
+                Ok(c) => rep.crc_costs.push(c),
+                Err(e) => rep.notes.push(format!("no CRC cost of {kind} at {}: {e}", cfg.site)),
+            }
+        }
         if let (Some((perf, dir)), Some(&size)) = (&cfg.profile, cfg.sizes.first()) {
             progress(done, total, &format!("{kind} {size} B latency under perf"));
             // Long enough for a few thousand samples whatever the latency.
@@ -280,6 +319,53 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(usize, usize, &str)) -> Result<B
     progress(total, total, "done");
     rep.compute_ratios();
     Ok(rep)
+}
+
+/// Backends whose frames carry the CRC32C between leap nodes.
+fn has_crc(kind: TransportKind) -> bool {
+    matches!(kind, TransportKind::Udp | TransportKind::Xdp | TransportKind::XdpRingbuf)
+}
+
+/// Pairs of runs (with, without) for the CRC's cost: small differences
+/// need more samples than the other rows.
+fn crc_runs(cfg: &BenchConfig) -> usize {
+    if cfg.quick { 3 } else { cfg.repeat.max(3) }
+}
+
+/// Measures the CRC's cost: `pairs` latency runs with and without it,
+/// interleaved so that the machine's drift hits both alike.
+fn crc_cost(
+    cfg: &BenchConfig,
+    kind: TransportKind,
+    size: usize,
+    pairs: usize,
+    step: &mut dyn FnMut(&str),
+) -> Result<CrcCost, String> {
+    let frames = frames_for(size, cfg.quick, false);
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for r in 0..pairs {
+        for crc in [true, false] {
+            step(&format!("{kind} {size} B latency, CRC {} #{}", if crc { "on" } else { "off" }, r + 1));
+            let mut rc = ring_config(cfg, kind, size, frames, 1);
+            rc.options.crc = crc;
+            let rep = crate::ring::run(&rc).map_err(|e| e.to_string())?;
+            if rep.frames_corrupt > 0 {
+                return Err(format!("{} corrupt frames", rep.frames_corrupt));
+            }
+            if crc { with.push(rep) } else { without.push(rep) }
+        }
+    }
+    let m = |v: &[RingReport], f: &dyn Fn(&RingReport) -> f64| median(v.iter().map(f).collect());
+    Ok(CrcCost {
+        transport: kind.to_string(),
+        site: cfg.site.clone(),
+        frame_size: size,
+        repeats: pairs,
+        p50_crc_us: m(&with, &|r| r.rtt_us.p50),
+        p50_no_crc_us: m(&without, &|r| r.rtt_us.p50),
+        cpu_crc_us: m(&with, &|r| r.cpu_us_per_frame),
+        cpu_no_crc_us: m(&without, &|r| r.cpu_us_per_frame),
+    })
 }
 
 impl BenchReport {
@@ -304,6 +390,7 @@ impl BenchReport {
         self.floors.extend(other.floors);
         self.skipped.extend(other.skipped);
         self.profiles.extend(other.profiles);
+        self.crc_costs.extend(other.crc_costs);
         self.notes.extend(other.notes);
         self.compute_ratios();
     }

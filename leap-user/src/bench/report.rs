@@ -110,6 +110,7 @@ pub fn markdown(r: &BenchReport) -> String {
     for site in r.floors.iter().map(|f| f.site.clone()) {
         targets(&mut s, r, &site);
     }
+    crc_costs(&mut s, r);
     profiles(&mut s, r);
     if !r.skipped.is_empty() {
         let _ = writeln!(s, "## Not measured\n");
@@ -129,6 +130,29 @@ pub fn markdown(r: &BenchReport) -> String {
 
 /// The `--profile` section: the ring threads' CPU by kind of work, one
 /// column per profiled transport, then each one's hottest symbols.
+fn crc_costs(s: &mut String, r: &BenchReport) {
+    if r.crc_costs.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "## What the CRC32C costs\n\n\
+         Every frame between leap nodes carries a CRC32C, checked before delivery (`--no-crc` turns it off). \
+         The same ring with and without it, runs interleaved, one frame in flight (medians):\n\n\
+         | transport | site | frame | p50 with | p50 without | ratio | CPU/frame with | without |\n\
+         |---|---|---|---|---|---|---|---|"
+    );
+    for c in &r.crc_costs {
+        let ratio = if c.p50_no_crc_us > 0.0 { c.p50_crc_us / c.p50_no_crc_us } else { f64::NAN };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} B | {:.1} us | {:.1} us | {ratio:.3} | {:.1} us | {:.1} us |",
+            c.transport, c.site, c.frame_size, c.p50_crc_us, c.p50_no_crc_us, c.cpu_crc_us, c.cpu_no_crc_us
+        );
+    }
+    let _ = writeln!(s);
+}
+
 fn profiles(s: &mut String, r: &BenchReport) {
     if r.profiles.is_empty() {
         return;

@@ -70,6 +70,8 @@ struct Assembly {
     /// 0 while no chunk has arrived.
     total: u16,
     received: u16,
+    /// One past the highest chunk id received.
+    high: u16,
     /// Length of the frame once its last chunk arrived.
     len: Option<usize>,
     kind: FrameKind,
@@ -94,6 +96,7 @@ impl Assembly {
             seq: 0,
             total: 0,
             received: 0,
+            high: 0,
             len: None,
             kind: FrameKind::Data,
             from_leap: false,
@@ -120,6 +123,7 @@ impl Assembly {
         self.seq = seq;
         self.total = 0;
         self.received = 0;
+        self.high = 0;
         self.len = None;
         self.kind = FrameKind::Data;
         self.from_leap = false;
@@ -212,6 +216,7 @@ impl Assembly {
         }
         self.bitmap[usize::from(hdr.chunk_id) / 64] |= 1 << (hdr.chunk_id % 64);
         self.received += 1;
+        self.high = self.high.max(hdr.chunk_id + 1);
         if len.is_some() {
             self.len = len;
         }
@@ -356,6 +361,14 @@ impl Reassembler {
     /// Chunk ids still missing from the expected frame (for a NACK).
     pub fn missing(&self) -> impl Iterator<Item = u16> + '_ {
         self.cur.missing()
+    }
+
+    /// Chunk ids missing from the expected frame below the highest one
+    /// received: on an in-order path these are lost, while those above may
+    /// still be on their way.
+    pub fn holes(&self) -> impl Iterator<Item = u16> + '_ {
+        let high = self.cur.high;
+        self.cur.missing().take_while(move |&id| id < high)
     }
 
     /// Starts a receive call with the caller's buffer: moves whatever arrived

@@ -333,6 +333,11 @@ pub enum NackDecision {
 }
 
 impl NackTimer {
+    /// NACKs sent for the current frame so far.
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
     /// Notes the expected frame's progress; returns how long it has made none.
     pub fn track(&mut self, now: Instant, seq: u16, progress: (u16, u16)) -> Duration {
         if self.seq != Some(seq) {
@@ -354,10 +359,12 @@ impl NackTimer {
         if !(incomplete || (total == 0 && ahead)) {
             return NackDecision::Wait(None);
         }
-        let due = self.next_due.unwrap_or_else(|| {
-            let last = self.last_progress.unwrap_or(now);
-            if ahead { now } else { last + t.nack_delay }
-        });
+        // Chunks of later frames arriving first do not make the missing ones
+        // lost at once: receive queues and batches reorder by tens of
+        // microseconds, and a NACK for chunks still on their way costs a
+        // burst of useless retransmissions. Only a frame that made no
+        // progress for `nack_delay` is NACKed.
+        let due = self.next_due.unwrap_or_else(|| self.last_progress.unwrap_or(now) + t.nack_delay);
         if now < due {
             return NackDecision::Wait(Some(due));
         }
@@ -464,9 +471,10 @@ mod tests {
         assert!(matches!(n.poll(t0, &t, 5, (3, 12), false), NackDecision::Wait(Some(_))));
         assert_eq!(n.poll(t0 + t.nack_delay, &t, 5, (3, 12), false), NackDecision::Send);
         assert!(matches!(n.poll(t0 + t.nack_delay, &t, 5, (3, 12), false), NackDecision::Wait(Some(_))));
-        // Chunks of a later frame: NACK at once.
+        // Chunks of a later frame, none of this one: NACK once it stayed so.
         let mut m = NackTimer::default();
-        assert_eq!(m.poll(t0, &t, 6, (0, 0), true), NackDecision::Send);
+        assert!(matches!(m.poll(t0, &t, 6, (0, 0), true), NackDecision::Wait(Some(_))));
+        assert_eq!(m.poll(t0 + t.nack_delay, &t, 6, (0, 0), true), NackDecision::Send);
         assert_eq!(n.poll(t0 + t.give_up * 2, &t, 5, (3, 12), false), NackDecision::GiveUp);
         // A complete or untouched frame needs nothing.
         assert_eq!(NackTimer::default().poll(t0, &t, 1, (0, 0), false), NackDecision::Wait(None));

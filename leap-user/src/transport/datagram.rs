@@ -107,6 +107,11 @@ pub struct DatagramLink {
     pace_due: Instant,
     burst: Box<[u16; RETX_BURST]>,
     send_log: LogLimit,
+    /// Datagrams taken so far, and whether the last look at the receive
+    /// path found it empty: a frame counts as stalled only then (a node
+    /// that was not scheduled for a while has its chunks queued, not lost).
+    taken: u64,
+    drained: bool,
     nack_buf: Box<[u8; CHUNK_DATAGRAM_MAX]>,
 }
 
@@ -141,6 +146,8 @@ impl DatagramLink {
             pace_due: Instant::now(),
             burst: Box::new([0; RETX_BURST]),
             send_log: LogLimit::default(),
+            taken: 0,
+            drained: true,
             nack_buf: Box::new([0; CHUNK_DATAGRAM_MAX]),
             cfg,
         }
@@ -313,6 +320,7 @@ impl DatagramLink {
     }
 
     fn take(&mut self, src: Option<SocketAddr>, datagram: &[u8], out: Option<&mut [u8]>) {
+        self.taken += 1;
         if Hello::is_hello(datagram) {
             return self.hello(src, datagram);
         }
@@ -527,6 +535,10 @@ impl DatagramLink {
         let Some(to) = self.prev else { return };
         let len = if all || self.reasm.progress().1 == 0 {
             encode_nack(seq, [NACK_ALL], &mut self.nack_buf)
+        } else if self.nack.attempts() <= 1 && !self.reasm.saw_ahead() {
+            // First ask only for the holes: the tail may still be coming
+            // (the next NACK, or the sender's probe, covers it).
+            encode_nack(seq, ranges(self.reasm.holes()), &mut self.nack_buf)
         } else {
             encode_nack(seq, ranges(self.reasm.missing()), &mut self.nack_buf)
         };
@@ -562,7 +574,10 @@ impl DatagramLink {
                 return Err(self.lost());
             }
         }
-        if let Some(exp) = self.reasm.expected()
+        if self.reasm.expected().is_some() && !self.drained {
+            // Chunks may be waiting in the receive path: look there first.
+            next = Some(now);
+        } else if let Some(exp) = self.reasm.expected()
             && self.recovering()
         {
             match self.nack.poll(now, &self.cfg.timers, exp, self.reasm.progress(), self.reasm.saw_ahead()) {
@@ -654,7 +669,9 @@ impl DatagramLink {
                 let until = earliest(earliest(timer, deadline), Some(now + WAKE_TICK)).unwrap_or(now);
                 Some(until.saturating_duration_since(now).max(Duration::from_micros(50)))
             };
+            let before = self.taken;
             pump(self, out, wait).map_err(|e| TransportError::io(call, e))?;
+            self.drained = self.taken == before;
         }
     }
 
