@@ -362,3 +362,32 @@ fn spoofed_stale_and_far_ahead_chunks_from_the_previous_node_cost_nothing() {
     // Generous for a shared machine; a stall costs seconds.
     assert!(t1 < t0 * 2 + Duration::from_millis(200), "{t0:?} clean, {t1:?} spoofed");
 }
+
+#[test]
+fn datagrams_the_kernel_drops_before_leap_sees_them_are_counted() {
+    let (a_addr, b_addr) = (free_addr(), free_addr());
+    let mut cb = UdpConfig::new(b_addr, a_addr);
+    cb.prev = Some(a_addr);
+    cb.recv_timeout = Some(Duration::from_millis(50));
+    let mut b = UdpTransport::bind(cb).unwrap();
+    // A flood larger than any socket buffer, while B does not read.
+    let flood = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let junk = [0u8; 1400];
+    for _ in 0..20_000 {
+        let _ = flood.send_to(&junk, b_addr);
+    }
+    let mut out = vec![0u8; 4096];
+    // The kernel stamps its drop count on datagrams queued after the drops.
+    for i in 0..400 {
+        if i % 4 == 0 {
+            let _ = flood.send_to(&junk, b_addr);
+        }
+        let _ = b.recv_prev(&mut out);
+        if b.stats().kernel_drops > 0 {
+            break;
+        }
+    }
+    let s = b.stats();
+    assert!(s.kernel_drops > 0, "{s:?}");
+    assert!(s.drops.bad_magic + s.kernel_drops >= 20_000, "{s:?}");
+}

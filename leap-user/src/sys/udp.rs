@@ -20,7 +20,7 @@ pub const GSO_MAX_SEGMENTS: usize = 44;
 
 #[repr(C, align(8))]
 #[derive(Clone, Copy)]
-struct CmsgBuf([u8; 32]);
+struct CmsgBuf([u8; 64]);
 
 /// A piece of a datagram to send.
 pub type Piece<'a> = &'a [u8];
@@ -100,7 +100,7 @@ impl TxBatch {
             }
         }
         self.msgs.clear();
-        self.ctrl.resize(self.groups.len(), CmsgBuf([0; 32]));
+        self.ctrl.resize(self.groups.len(), CmsgBuf([0; 64]));
         for (i, &(first, count, seg)) in self.groups.iter().enumerate() {
             // SAFETY: mmsghdr is plain data; all-zero is a valid value.
             let mut m: libc::mmsghdr = unsafe { zeroed() };
@@ -170,6 +170,8 @@ pub struct RxBatch {
     ctrl: Vec<CmsgBuf>,
     meta: Vec<RxMeta>,
     filled: usize,
+    /// The socket's drop counter (`SO_RXQ_OVFL`), as last reported.
+    kernel_drops: Option<u32>,
 }
 
 // SAFETY: the raw pointers point into the batch's own heap buffers, which
@@ -194,8 +196,9 @@ impl RxBatch {
             iov: vec![libc::iovec { iov_base: ptr::null_mut(), iov_len: 0 }; count],
             msgs: vec![msg; count],
             names: vec![name; count],
-            ctrl: vec![CmsgBuf([0; 32]); count],
+            ctrl: vec![CmsgBuf([0; 64]); count],
             meta: vec![RxMeta { len: 0, segment: None, truncated: false }; count],
+            kernel_drops: None,
             filled: 0,
         }
     }
@@ -256,6 +259,9 @@ impl RxBatch {
                     if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == UDP_GRO {
                         let seg = ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>());
                         segment = u16::try_from(seg).ok();
+                    } else if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SO_RXQ_OVFL {
+                        let drops = ptr::read_unaligned(libc::CMSG_DATA(c).cast::<u32>());
+                        self.kernel_drops = Some(drops);
                     }
                     c = libc::CMSG_NXTHDR(&m.msg_hdr, c);
                 }
@@ -268,6 +274,12 @@ impl RxBatch {
         }
         self.filled = n;
         Ok(n)
+    }
+
+    /// Datagrams the kernel dropped on this socket (receive buffer full)
+    /// since [`enable_drop_count`], as the last datagram reported it.
+    pub fn kernel_drops(&self) -> Option<u32> {
+        self.kernel_drops
     }
 
     /// Datagrams received by the last [`Self::recv`].
@@ -293,6 +305,13 @@ fn sockaddr_to_std(ss: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<
     // `len`; SockAddr::new takes ownership of a copy.
     let addr = unsafe { SockAddr::new(*ss, len) };
     addr.as_socket()
+}
+
+/// Asks the kernel to report with every datagram how many it dropped on
+/// this socket (`SO_RXQ_OVFL`): losses before leap sees a packet become a
+/// counter. False if the kernel refuses.
+pub fn enable_drop_count(fd: BorrowedFd<'_>) -> bool {
+    set_int(fd, libc::SOL_SOCKET, libc::SO_RXQ_OVFL, 1).is_ok()
 }
 
 /// Enables `UDP_GRO` on a socket; false if the kernel lacks it.

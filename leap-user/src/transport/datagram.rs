@@ -214,6 +214,9 @@ impl DatagramLink {
     /// As [`Self::take_batch`]; without a buffer every chunk goes to a side
     /// slot of the reassembly.
     fn take_batch_into(&mut self, rx: &crate::sys::udp::RxBatch, gro: bool, mut out: Option<&mut [u8]>) -> u64 {
+        if let Some(d) = rx.kernel_drops() {
+            self.stats.kernel_drops = u64::from(d);
+        }
         let mut taken = 0;
         for i in 0..rx.len() {
             let (bytes, meta, src) = rx.get(i);

@@ -211,6 +211,9 @@ pub struct Stats {
     pub hellos_sent: u64,
     /// Hellos taken from a neighbour.
     pub hellos_received: u64,
+    /// Datagrams the kernel dropped on the node's UDP socket (receive buffer
+    /// full) before leap saw them.
+    pub kernel_drops: u64,
     /// Dropped datagrams by reason.
     pub drops: Drops,
 }
@@ -235,6 +238,7 @@ impl Stats {
         self.send_errors += o.send_errors;
         self.hellos_sent += o.hellos_sent;
         self.hellos_received += o.hellos_received;
+        self.kernel_drops += o.kernel_drops;
         let (d, e) = (&mut self.drops, &o.drops);
         d.short += e.short;
         d.bad_magic += e.bad_magic;

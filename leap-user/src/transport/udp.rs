@@ -125,6 +125,9 @@ pub fn bind_socket(addr: SocketAddr) -> Result<Socket, UdpError> {
         let _ = s.set_send_buffer_size(SOCKET_BUFFER);
     }
     s.bind(&addr.into()).map_err(err("bind"))?;
+    if !crate::sys::udp::enable_drop_count(s.as_fd()) {
+        log::debug!("{addr}: the kernel does not report socket drops (SO_RXQ_OVFL)");
+    }
     Ok(s)
 }
 
