@@ -4,6 +4,8 @@
 //! leap nodes; to the receiver it *is* the previous node, so whatever the
 //! relay injects comes from the previous node's address.
 
+mod support;
+
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -287,15 +289,7 @@ fn through_relay(fault: Fault, budget: u64, frames: u32, len: usize) -> (leap::S
     cb.recv_timeout = Some(Duration::from_millis(2));
     let mut a = UdpTransport::bind(ca).unwrap();
     let mut b = UdpTransport::bind(cb).unwrap();
-    let mut scratch = vec![0u8; 64];
-    for _ in 0..500 {
-        if a.neighbours_are_leap().0 && b.neighbours_are_leap().1 {
-            break;
-        }
-        let _ = a.recv_prev(&mut scratch);
-        let _ = b.recv_prev(&mut scratch);
-    }
-    assert!(a.neighbours_are_leap().0 && b.neighbours_are_leap().1, "no proof through the relay");
+    support::prove_link(&mut a, &mut b, Duration::from_millis(2));
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
     let sender = std::thread::spawn(move || {
         let mut scratch = vec![0u8; 64];

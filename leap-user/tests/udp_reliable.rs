@@ -1,6 +1,8 @@
 //! Loss recovery over loopback through a relay that loses, duplicates and
 //! reorders chunks on purpose (a test-only sender crafting packets).
 
+mod support;
+
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -110,19 +112,7 @@ fn run(fault: Fault, reliability: Reliability, frames: u32) -> (u32, u32, leap::
     cb.recv_timeout = Some(Duration::from_millis(300));
     let mut a = UdpTransport::bind(ca).unwrap();
     let mut b = UdpTransport::bind(cb).unwrap();
-    // Let A and B prove to each other that they are leap nodes (hellos are
-    // answered inside recv_prev, as in a ring).
-    b.set_recv_timeout(Some(Duration::from_millis(2)));
-    let mut scratch = vec![0u8; 64];
-    for _ in 0..500 {
-        if a.neighbours_are_leap().0 && b.neighbours_are_leap().1 {
-            break;
-        }
-        let _ = a.recv_prev(&mut scratch);
-        let _ = b.recv_prev(&mut scratch);
-    }
-    assert!(a.neighbours_are_leap().0 && b.neighbours_are_leap().1, "no proof through the relay");
-    b.set_recv_timeout(Some(Duration::from_millis(300)));
+    support::prove_link(&mut a, &mut b, Duration::from_millis(300));
     let (next_tx, next_rx) = std::sync::mpsc::channel::<()>();
     let sender = std::thread::spawn(move || {
         let mut scratch = vec![0u8; 16392];

@@ -72,3 +72,25 @@ unsafe impl GlobalAlloc for Counting {
 pub fn allocations() -> usize {
     ALLOCS.load(Ordering::Relaxed)
 }
+
+/// Lets leap node `a` and its next node `b` prove to each other that they
+/// are leap nodes (hellos are answered inside `recv_prev`, as in a ring),
+/// then restores `b`'s receive deadline to `b_timeout`.
+pub fn prove_link(
+    a: &mut leap::transport::udp::UdpTransport,
+    b: &mut leap::transport::udp::UdpTransport,
+    b_timeout: Duration,
+) {
+    use leap::Transport;
+    b.set_recv_timeout(Some(Duration::from_millis(2)));
+    let mut scratch = vec![0u8; 64];
+    for _ in 0..500 {
+        if a.neighbours_are_leap().0 && b.neighbours_are_leap().1 {
+            break;
+        }
+        let _ = a.recv_prev(&mut scratch);
+        let _ = b.recv_prev(&mut scratch);
+    }
+    assert!(a.neighbours_are_leap().0 && b.neighbours_are_leap().1, "the two nodes did not prove each other");
+    b.set_recv_timeout(Some(b_timeout));
+}
