@@ -109,7 +109,7 @@ fn attach(a: &AttachArgs) -> Result<()> {
     // No AF_XDP socket is bound until a leap node opens one: chunks are
     // counted and passed to the kernel (`no_socket`) meanwhile.
     let flags = if a.drop_malformed { cfg::DROP_REJECTED } else { 0 };
-    prog.configure(&XdpConfig { delivery: delivery::XSK, flags, wakeup_every: 0, _reserved: 0 })?;
+    prog.configure(&XdpConfig { delivery: delivery::XSK, flags, ..XdpConfig::default() })?;
     let mode = prog.attach(&a.iface, a.mode)?;
     let dir = prog.pin().with_context(|| format!("pinning the program on {}", a.iface))?;
     println!("attached leap's XDP program to {} in {mode} mode; pinned at {}", a.iface, dir.display());
