@@ -181,6 +181,7 @@ pub fn open_endpoint(
     cfg.mode = mode;
     cfg.object = ObjectSource::from_option(opts.xdp_object.clone());
     (cfg.xsk, cfg.ring_bytes) = buffers_for(opts.frame_len);
+    cfg.vlans = opts.xdp_vlans.clone();
     cfg.queues = match &opts.xdp_queues {
         Some(q) => q.clone(),
         None => (0..rx_queue_count(iface).min(8)).collect(),
@@ -223,19 +224,36 @@ pub fn rx_queue_count(iface: &str) -> u32 {
 ///
 /// # Errors
 ///
+/// As [`host_filter_for`].
+pub fn host_filter(cfg: &XdpTransportConfig) -> Result<RxFilter, XdpError> {
+    host_filter_for(&cfg.iface, Some(cfg.udp.listen.ip()), &cfg.vlans, cfg.partial_checksums)
+}
+
+/// What a socket bound to `listen` on a host whose chunks arrive on
+/// `iface` accepts: `iface`'s MAC, `listen` (or, for a wildcard address or
+/// `None`, every address of the current network namespace of its family;
+/// both families for `None` and `::`), the VLANs `vlans`, and partial UDP
+/// checksums as `partial` says. Logs what it chose, once.
+///
+/// # Errors
+///
 /// [`XdpError::Syscall`] when the interface's MAC or the host's addresses
 /// cannot be read, [`XdpError::Config`] for more addresses or VLANs than
-/// the program's maps hold.
-pub fn host_filter(cfg: &XdpTransportConfig) -> Result<RxFilter, XdpError> {
-    let iface = cfg.iface.as_str();
+/// the program's maps hold, or a VLAN ID beyond 4095.
+pub fn host_filter_for(
+    iface: &str,
+    listen: Option<std::net::IpAddr>,
+    vlans: &[u16],
+    partial: PartialChecksums,
+) -> Result<RxFilter, XdpError> {
     let mac = sys::if_hwaddr(iface).map_err(|source| XdpError::Syscall { call: "ioctl(SIOCGIFHWADDR)", source })?;
-    let listen = cfg.udp.listen.ip();
-    let local = if listen.is_unspecified() {
-        let all = sys::host_addrs().map_err(|source| XdpError::Syscall { call: "getifaddrs", source })?;
-        // A wildcard IPv4 socket takes IPv4 only; a wildcard IPv6 one both.
-        all.into_iter().filter(|a| listen.is_ipv6() || a.is_ipv4()).collect()
-    } else {
-        vec![listen]
+    let local = match listen {
+        Some(ip) if !ip.is_unspecified() => vec![ip],
+        _ => {
+            let all = sys::host_addrs().map_err(|source| XdpError::Syscall { call: "getifaddrs", source })?;
+            // A wildcard IPv4 socket takes IPv4 only; a wildcard IPv6 one both.
+            all.into_iter().filter(|a| !listen.is_some_and(|l| l.is_ipv4()) || a.is_ipv4()).collect()
+        }
     };
     if local.len() > map::MAX_LOCAL_ADDRS as usize {
         return Err(XdpError::Config(format!(
@@ -244,14 +262,17 @@ pub fn host_filter(cfg: &XdpTransportConfig) -> Result<RxFilter, XdpError> {
             map::MAX_LOCAL_ADDRS
         )));
     }
-    if cfg.vlans.len() > map::MAX_VLANS as usize {
+    if vlans.len() > map::MAX_VLANS as usize {
         return Err(XdpError::Config(format!("more than {} VLANs", map::MAX_VLANS)));
+    }
+    if let Some(v) = vlans.iter().find(|&&v| v > map::wire::VLAN_VID_MASK) {
+        return Err(XdpError::Config(format!("VLAN ID {v} out of range (0..=4095)")));
     }
     let driver = sys::if_driver(iface).unwrap_or_else(|e| {
         log::debug!("{iface}: no driver name ({e})");
         String::new()
     });
-    let partial_checksums = match cfg.partial_checksums {
+    let partial_checksums = match partial {
         PartialChecksums::Auto => driver == "veth",
         PartialChecksums::Accept => true,
         PartialChecksums::Refuse => false,
@@ -260,10 +281,10 @@ pub fn host_filter(cfg: &XdpTransportConfig) -> Result<RxFilter, XdpError> {
         "{iface}: XDP takes chunks to {} at {:?}, VLANs {:?}; partial UDP checksums {} (driver {driver:?})",
         mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":"),
         local,
-        cfg.vlans,
+        vlans,
         if partial_checksums { "accepted" } else { "refused" },
     );
-    Ok(RxFilter { mac: Some(mac), local: Some(local), vlans: cfg.vlans.clone(), partial_checksums })
+    Ok(RxFilter { mac: Some(mac), local: Some(local), vlans: vlans.to_vec(), partial_checksums })
 }
 
 enum Rx {
@@ -335,12 +356,7 @@ impl XdpTransport {
         let ring_bytes = if cfg.delivery == Delivery::RingBuf { cfg.ring_bytes } else { None };
         let mut program = XdpProgram::load_sized(&cfg.object, ring_bytes)?;
         program.add_port(port)?;
-        for ip in filter.local.iter().flatten() {
-            program.add_local_addr(*ip)?;
-        }
-        for &vid in &filter.vlans {
-            program.allow_vlan(vid)?;
-        }
+        program.accept_only(&filter)?;
         let mut flags = cfg::LOCAL_ONLY | if cfg.drop_rejected { cfg::DROP_REJECTED } else { 0 };
         if let Some(prev) = udp.prev {
             flags |= cfg::PEER_FILTER;

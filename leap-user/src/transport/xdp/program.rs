@@ -258,6 +258,23 @@ impl XdpProgram {
         ports.insert(port, PortRule { enabled: 1 }, 0).map_err(XdpError::map(MAP_PORTS))
     }
 
+    /// Fills the maps behind `cfg::LOCAL_ONLY` from `filter`: its local
+    /// addresses and VLANs. The caller sets the flag and
+    /// [`XdpConfig::mac`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::add_local_addr`] and [`Self::allow_vlan`].
+    pub fn accept_only(&mut self, filter: &super::RxFilter) -> Result<(), XdpError> {
+        for ip in filter.local.iter().flatten() {
+            self.add_local_addr(*ip)?;
+        }
+        for &vid in &filter.vlans {
+            self.allow_vlan(vid)?;
+        }
+        Ok(())
+    }
+
     /// Accepts chunks to `ip` (with `cfg::LOCAL_ONLY`; IPv4 and IPv6 are
     /// told apart, so `::ffff:a.b.c.d` does not stand for `a.b.c.d`).
     ///
