@@ -48,7 +48,7 @@ fn leap_chunk(hdr: ChunkHeader, payload_len: usize) -> Vec<u8> {
 #[ignore = "needs root + BPF: run by cargo xtask ci"]
 fn every_datagram_is_delivered_passed_or_dropped_as_configured() {
     // Namespaces and veths named after the process: parallel runs do not clash.
-    let topo = Topology::ring(&format!("lxf{}", std::process::id() % 100_000), 2).unwrap();
+    let topo = Topology::ring(&xdp_common::unique("lxf"), 2).unwrap();
     let (rx_node, tx_node) = (topo.nodes()[0].clone(), topo.nodes()[1].clone());
     let local = SocketAddr::from((rx_node.addr, PORT));
     let sender_addr = SocketAddr::from((tx_node.addr, 7000));

@@ -104,7 +104,7 @@ impl Report {
 
 fn run(delivery: Delivery) {
     // Named after the process: parallel runs of other tests do not clash.
-    let prefix = format!("lxh{}{}", std::process::id() % 100_000, if delivery == Delivery::Xsk { "a" } else { "r" });
+    let prefix = xdp_common::unique(if delivery == Delivery::Xsk { "lxh" } else { "lxi" });
     let topo = Topology::ring(&prefix, 2).unwrap();
     let (rx, tx) = (topo.nodes()[0].clone(), topo.nodes()[1].clone());
     let local = SocketAddr::from((rx.addr, PORT));

@@ -20,7 +20,7 @@ fn program_passes_the_verifier() {
 #[test]
 #[ignore = "needs root + BPF: run by cargo xtask ci"]
 fn program_attaches_to_veth_in_both_modes_and_detaches_on_drop() {
-    let topo = Topology::ring("lxv", 2).unwrap();
+    let topo = Topology::ring(&xdp_common::unique("lxv"), 2).unwrap();
     let node = topo.nodes()[0].clone();
     for (mode, want, kernel) in
         [(AttachMode::Drv, AttachedMode::Drv, "xdp"), (AttachMode::Skb, AttachedMode::Skb, "xdpgeneric")]
@@ -45,7 +45,7 @@ fn program_attaches_to_veth_in_both_modes_and_detaches_on_drop() {
 #[test]
 #[ignore = "needs root + BPF: run by cargo xtask ci"]
 fn auto_mode_falls_back_to_generic_where_native_is_missing() {
-    let topo = Topology::ring("lxa", 2).unwrap();
+    let topo = Topology::ring(&xdp_common::unique("lxa"), 2).unwrap();
     let node = topo.nodes()[0].clone();
     let ns = node.netns.clone();
     let obj = object();
