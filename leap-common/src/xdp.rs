@@ -268,7 +268,8 @@ pub enum Counter {
     /// [`cfg::LOCAL_ONLY`]: a unicast destination MAC not this interface's
     /// (the kernel's `PACKET_OTHERHOST`).
     ForeignMac = 8,
-    /// [`cfg::LOCAL_ONLY`]: a VLAN tag not in `LEAP_VLANS`.
+    /// [`cfg::LOCAL_ONLY`]: a VLAN tag not in `LEAP_VLANS` (VLAN 0, a
+    /// priority tag, passes as untagged).
     ForeignVlan = 9,
     /// An IPv6 source address `::ffff:a.b.c.d` (the kernel drops these; it
     /// must not pass for an IPv4 peer).

@@ -290,7 +290,11 @@ fn verdict(config: &XdpConfig, l2: &L2, mapped_src: bool, dst: &LocalAddr, ip_cs
         if l2.dst_mac[0] & 1 == 0 && !mac_eq(&l2.dst_mac, &config.mac) {
             return Some(Counter::ForeignMac);
         }
-        if let Some(vid) = l2.vlan {
+        // VLAN 0 only carries a priority: the kernel takes such a frame as
+        // untagged.
+        if let Some(vid) = l2.vlan
+            && vid != 0
+        {
             // SAFETY: plain lookup of a Pod value; the reference does not
             // outlive this statement.
             if unsafe { LEAP_VLANS.get(&vid) }.is_none() {

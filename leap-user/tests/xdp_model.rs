@@ -109,7 +109,7 @@ fn spec() -> impl Strategy<Value = Spec> {
         (prop_oneof![4 => Just(0usize), 1 => 0usize..30], prop_oneof![8 => Just(0usize), 1 => 0usize..64]),
         (
             mac,
-            prop_oneof![3 => Just(HOST_VLAN), 1 => Just(8u16)],
+            prop_oneof![3 => Just(HOST_VLAN), 1 => Just(8u16), 1 => Just(0u16)],
             dst4,
             dst6,
             prop_oneof![9 => Just(true), 1 => Just(false)],
@@ -297,7 +297,7 @@ fn model(p: &[u8], c: &XdpConfig, peers: &[(PeerKey, PeerRule)]) -> (Counter, u3
     if local_only && p[0] & 1 == 0 && p[..6] != c.mac {
         return (Counter::ForeignMac, rejected, None);
     }
-    if local_only && vlan.is_some_and(|v| v != HOST_VLAN) {
+    if local_only && vlan.is_some_and(|v| v != 0 && v != HOST_VLAN) {
         return (Counter::ForeignVlan, rejected, None);
     }
     if let IpAddr::V6(v6) = src

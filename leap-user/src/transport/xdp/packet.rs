@@ -257,7 +257,8 @@ pub struct RxFilter {
     pub mac: Option<[u8; 6]>,
     /// The destination addresses accepted. `None`: any.
     pub local: Option<Vec<IpAddr>>,
-    /// VLAN IDs a tagged frame may carry; untagged frames always pass.
+    /// VLAN IDs a tagged frame may carry; untagged frames (and
+    /// priority-tagged ones, VLAN 0) always pass.
     pub vlans: Vec<u16>,
     /// Whether a UDP checksum field holding only the pseudo-header sum is
     /// accepted (see the module documentation).
@@ -278,7 +279,9 @@ impl RxFilter {
         {
             return Err(Reject::ForeignMac);
         }
+        // VLAN 0 only carries a priority: the kernel takes it as untagged.
         if let Some(vid) = d.vlan
+            && vid != 0
             && !self.vlans.contains(&vid)
         {
             return Err(Reject::ForeignVlan);
@@ -588,6 +591,8 @@ mod tests {
         let f = FrameSpec { vlan: Some(5), ..spec(b"LEAP") }.build();
         assert_eq!(untagged_only.admit_frame(&f), Err(Reject::ForeignVlan));
         assert!(untagged_only.admit_frame(&spec(b"LEAP").build()).is_ok());
+        let priority_tagged = FrameSpec { vlan: Some(0), ..spec(b"LEAP") }.build();
+        assert!(untagged_only.admit_frame(&priority_tagged).is_ok());
     }
 
     #[test]
