@@ -3,8 +3,10 @@
 //!
 //! The program reads [`XdpConfig`] from `LEAP_CONFIG[0]`, the listening
 //! ports from `LEAP_PORTS`, the allowed senders from `LEAP_PEERS` (only when
-//! [`cfg::PEER_FILTER`] is set) and counts every decision in the per-CPU
-//! array `LEAP_COUNTERS`, indexed by [`Counter`].
+//! [`cfg::PEER_FILTER`] is set), this host's addresses and VLANs from
+//! `LEAP_LOCAL_ADDRS` and `LEAP_VLANS` (only when [`cfg::LOCAL_ONLY`] is
+//! set) and counts every decision in the per-CPU array `LEAP_COUNTERS`,
+//! indexed by [`Counter`].
 //!
 //! ```
 //! use core::net::SocketAddr;

@@ -1,5 +1,6 @@
-//! The few raw system calls the XDP backend makes itself: interface lookup,
-//! the BPF file system mount, and the page-aligned UMEM area of AF_XDP.
+//! The few raw system calls the XDP backend makes itself: interface lookup
+//! (index, MAC, driver), the host's addresses, the BPF file system mount,
+//! and the page-aligned UMEM area of AF_XDP.
 //! Every `unsafe` of the backend outside `xsk.rs` is here.
 
 use std::ffi::CString;
@@ -362,4 +363,23 @@ pub fn host_addrs() -> io::Result<Vec<std::net::IpAddr>> {
     out.sort();
     out.dedup();
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_has_no_mac_and_unknown_interfaces_are_errors() {
+        assert_eq!(if_hwaddr("lo").unwrap(), [0; 6]);
+        assert_eq!(if_hwaddr("no-such-if0").unwrap_err().raw_os_error(), Some(libc::ENODEV));
+        assert!(if_hwaddr("a-name-too-long-for-ifreq").is_err());
+        assert!(if_driver("no-such-if0").is_err());
+    }
+
+    #[test]
+    fn host_addresses_are_sorted_and_unique() {
+        let a = host_addrs().unwrap();
+        assert!(a.windows(2).all(|w| w[0] < w[1]), "{a:?}");
+    }
 }
