@@ -3,8 +3,10 @@
 //!
 //! The program reads [`XdpConfig`] from `LEAP_CONFIG[0]`, the listening
 //! ports from `LEAP_PORTS`, the allowed senders from `LEAP_PEERS` (only when
-//! [`cfg::PEER_FILTER`] is set) and counts every decision in the per-CPU
-//! array `LEAP_COUNTERS`, indexed by [`Counter`].
+//! [`cfg::PEER_FILTER`] is set), this host's addresses and VLANs from
+//! `LEAP_LOCAL_ADDRS` and `LEAP_VLANS` (only when [`cfg::LOCAL_ONLY`] is
+//! set) and counts every decision in the per-CPU array `LEAP_COUNTERS`,
+//! indexed by [`Counter`].
 //!
 //! ```
 //! use core::net::SocketAddr;
@@ -37,6 +39,12 @@ pub const MAP_COUNTERS: &str = "LEAP_COUNTERS";
 pub const MAP_XSKS: &str = "LEAP_XSKS";
 /// `RingBuf` of [`RingRecord`]s.
 pub const MAP_RING: &str = "LEAP_RING";
+/// `HashMap<LocalAddr, u32>`: destination addresses of this host (with
+/// [`cfg::LOCAL_ONLY`]).
+pub const MAP_LOCAL_ADDRS: &str = "LEAP_LOCAL_ADDRS";
+/// `HashMap<u16, u32>`: VLAN IDs a tagged chunk may carry (with
+/// [`cfg::LOCAL_ONLY`]; untagged chunks always may).
+pub const MAP_VLANS: &str = "LEAP_VLANS";
 
 /// The Ethernet, IP and UDP constants the program (and the user-space
 /// parser of AF_XDP frames) work with.
@@ -63,12 +71,20 @@ pub mod wire {
     pub const IPV6_HLEN: usize = 40;
     /// Bytes of a UDP header.
     pub const UDP_HLEN: usize = 8;
+    /// The VLAN ID bits of an 802.1Q tag control field.
+    pub const VLAN_VID_MASK: u16 = 0x0FFF;
+    /// Bytes of an IPv4 header with the most options.
+    pub const IPV4_HLEN_MAX: usize = 60;
 }
 
 /// Capacity of `LEAP_PORTS`.
 pub const MAX_PORTS: u32 = 64;
 /// Capacity of `LEAP_PEERS`.
 pub const MAX_PEERS: u32 = 256;
+/// Capacity of `LEAP_LOCAL_ADDRS`.
+pub const MAX_LOCAL_ADDRS: u32 = 16;
+/// Capacity of `LEAP_VLANS`.
+pub const MAX_VLANS: u32 = 64;
 /// Capacity of `LEAP_XSKS`: receive queues an AF_XDP socket can be bound to.
 pub const MAX_QUEUES: u32 = 64;
 /// Bytes of `LEAP_RING` (a power of two, a multiple of the page size).
@@ -90,11 +106,15 @@ pub mod cfg {
     pub const LOG: u32 = 1 << 0;
     /// Only accept chunks whose source is in `LEAP_PEERS` for their kind.
     pub const PEER_FILTER: u32 = 1 << 1;
-    /// Drop malformed chunks and chunks from the wrong source instead of
-    /// passing them to the kernel.
+    /// Drop rejected chunks (malformed, wrong source, bad checksum, not for
+    /// this host) instead of passing them to the kernel.
     pub const DROP_REJECTED: u32 = 1 << 2;
+    /// Only chunks for this host: a unicast destination MAC must be
+    /// [`super::XdpConfig::mac`], the destination address one of
+    /// `LEAP_LOCAL_ADDRS`, a VLAN tag one of `LEAP_VLANS`.
+    pub const LOCAL_ONLY: u32 = 1 << 3;
     /// Every flag this version knows.
-    pub const ALL: u32 = LOG | PEER_FILTER | DROP_REJECTED;
+    pub const ALL: u32 = LOG | PEER_FILTER | DROP_REJECTED | LOCAL_ONLY;
 }
 
 /// The single entry of `LEAP_CONFIG`, written by user space.
@@ -111,8 +131,40 @@ pub struct XdpConfig {
     pub wakeup_every: u32,
     /// Zero.
     pub _reserved: u32,
+    /// With [`cfg::LOCAL_ONLY`]: the interface's MAC address, the only
+    /// unicast destination MAC accepted (group addresses pass, as in the
+    /// kernel, which drops only `PACKET_OTHERHOST`).
+    pub mac: [u8; 6],
+    /// Zero.
+    pub _pad: [u8; 2],
 }
-const _: () = assert!(core::mem::size_of::<XdpConfig>() == 16);
+const _: () = assert!(core::mem::size_of::<XdpConfig>() == 24);
+const _: () = assert!(core::mem::align_of::<XdpConfig>() == 4);
+
+/// Key of `LEAP_LOCAL_ADDRS`: a destination address of this host.
+///
+/// IPv4 is stored as `::ffff:a.b.c.d` with [`FAMILY_V4`]; an IPv6 packet to
+/// a v4-mapped address never matches it, because the family is part of the
+/// key.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[repr(C)]
+pub struct LocalAddr {
+    /// The address: IPv6, or IPv4 as `::ffff:a.b.c.d`.
+    pub addr: [u8; 16],
+    /// [`FAMILY_V4`] or [`FAMILY_V6`].
+    pub family: u16,
+    /// Zero.
+    pub _pad: u16,
+}
+const _: () = assert!(core::mem::size_of::<LocalAddr>() == 20);
+
+impl LocalAddr {
+    /// The key for `ip`.
+    pub const fn new(ip: IpAddr) -> Self {
+        let family = if matches!(ip, IpAddr::V4(_)) { FAMILY_V4 } else { FAMILY_V6 };
+        Self { addr: addr16(ip), family, _pad: 0 }
+    }
+}
 
 /// Value of `LEAP_PORTS`: the key is the UDP destination port, host order.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -215,10 +267,23 @@ pub enum Counter {
     WrongSource = 6,
     /// AF_XDP delivery but no socket bound at the receive queue: passed.
     NoSocket = 7,
+    /// [`cfg::LOCAL_ONLY`]: a unicast destination MAC not this interface's
+    /// (the kernel's `PACKET_OTHERHOST`).
+    ForeignMac = 8,
+    /// [`cfg::LOCAL_ONLY`]: a VLAN tag not in `LEAP_VLANS` (VLAN 0, a
+    /// priority tag, passes as untagged).
+    ForeignVlan = 9,
+    /// An IPv6 source address `::ffff:a.b.c.d` (the kernel drops these; it
+    /// must not pass for an IPv4 peer).
+    MappedSource = 10,
+    /// [`cfg::LOCAL_ONLY`]: a destination address not in `LEAP_LOCAL_ADDRS`.
+    ForeignDst = 11,
+    /// The IPv4 header checksum is wrong.
+    BadIpChecksum = 12,
 }
 
 /// Number of [`Counter`]s (entries of `LEAP_COUNTERS`).
-pub const COUNTERS: u32 = 8;
+pub const COUNTERS: u32 = 13;
 
 impl Counter {
     /// Every counter, in index order.
@@ -231,6 +296,11 @@ impl Counter {
         Self::Malformed,
         Self::WrongSource,
         Self::NoSocket,
+        Self::ForeignMac,
+        Self::ForeignVlan,
+        Self::MappedSource,
+        Self::ForeignDst,
+        Self::BadIpChecksum,
     ];
 
     /// The name used in `leap xdp stats` and the `--json` output.
@@ -244,6 +314,11 @@ impl Counter {
             Self::Malformed => "malformed",
             Self::WrongSource => "wrong_source",
             Self::NoSocket => "no_socket",
+            Self::ForeignMac => "foreign_mac",
+            Self::ForeignVlan => "foreign_vlan",
+            Self::MappedSource => "mapped_source",
+            Self::ForeignDst => "foreign_dst",
+            Self::BadIpChecksum => "bad_ip_checksum",
         }
     }
 }
@@ -254,7 +329,8 @@ pub const FAMILY_V4: u16 = 4;
 pub const FAMILY_V6: u16 = 6;
 
 /// One chunk copied into `LEAP_RING`: the UDP payload (LEAP header and
-/// data) and who sent it.
+/// data), who sent it to which address, and the UDP checksum field, so that
+/// user space can verify the checksum (the program does not).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(C)]
 pub struct RingRecord {
@@ -268,21 +344,34 @@ pub struct RingRecord {
     pub family: u16,
     /// Source address: IPv6, or IPv4 as `::ffff:a.b.c.d`.
     pub src_addr: [u8; 16],
+    /// Destination address: IPv6, or IPv4 as `::ffff:a.b.c.d`.
+    pub dst_addr: [u8; 16],
     /// Receive queue the packet arrived on.
     pub rx_queue: u32,
+    /// The UDP checksum field as it was on the wire (network byte order
+    /// read as big-endian, i.e. the 16-bit value).
+    pub udp_check: u16,
     /// Zero.
-    pub _reserved: u32,
+    pub _reserved: u16,
     /// The UDP payload; bytes past `len` are unspecified.
     pub data: [u8; CHUNK_DATAGRAM_MAX],
 }
-const _: () = assert!(core::mem::size_of::<RingRecord>() == 1444);
+const _: () = assert!(core::mem::size_of::<RingRecord>() == 1460);
 const _: () = assert!(core::mem::align_of::<RingRecord>() == 4);
-const _: () = assert!(core::mem::offset_of!(RingRecord, data) == 32);
+const _: () = assert!(core::mem::offset_of!(RingRecord, data) == 48);
 
 impl RingRecord {
-    /// The sender of the chunk.
+    /// The sender of the chunk. An IPv4 source is `::ffff:a.b.c.d` with
+    /// [`FAMILY_V4`]; with any other family the address stays IPv6, so that
+    /// an IPv6 packet from `::ffff:a.b.c.d` never passes for the IPv4 peer
+    /// `a.b.c.d`.
     pub const fn source(&self) -> SocketAddr {
-        SocketAddr::new(ip_from16(self.src_addr), self.src_port)
+        SocketAddr::new(ip_of_family(self.src_addr, self.family), self.src_port)
+    }
+
+    /// The destination address, by the same rule as [`Self::source`].
+    pub const fn destination(&self) -> IpAddr {
+        ip_of_family(self.dst_addr, self.family)
     }
 
     /// The chunk bytes, `None` when `len` is out of range.
@@ -299,7 +388,9 @@ impl Default for RingRecord {
             dst_port: 0,
             family: 0,
             src_addr: [0; 16],
+            dst_addr: [0; 16],
             rx_queue: 0,
+            udp_check: 0,
             _reserved: 0,
             data: [0; CHUNK_DATAGRAM_MAX],
         }
@@ -323,6 +414,29 @@ pub const fn ip_from16(addr: [u8; 16]) -> IpAddr {
     }
 }
 
+/// An address of a packet of `family`: IPv4 only for [`FAMILY_V4`] and a
+/// v4-mapped address, IPv6 otherwise.
+pub const fn ip_of_family(addr: [u8; 16], family: u16) -> IpAddr {
+    let v6 = Ipv6Addr::from_octets(addr);
+    match (family, v6.to_ipv4_mapped()) {
+        (FAMILY_V4, Some(v4)) => IpAddr::V4(v4),
+        _ => IpAddr::V6(v6),
+    }
+}
+
+/// Whether a 16-byte address is `::ffff:a.b.c.d`.
+#[inline(always)]
+pub const fn is_v4_mapped(addr: &[u8; 16]) -> bool {
+    let mut i = 0;
+    while i < 10 {
+        if addr[i] != 0 {
+            return false;
+        }
+        i += 1;
+    }
+    addr[10] == 0xff && addr[11] == 0xff
+}
+
 /// `::ffff:a.b.c.d` from the four bytes of an IPv4 address.
 #[inline(always)]
 pub const fn v4_mapped(octets: [u8; 4]) -> [u8; 16] {
@@ -334,7 +448,7 @@ const _: () = assert!(matches!(ip_from16(v4_mapped([10, 0, 0, 1])), IpAddr::V4(_
 
 #[cfg(feature = "user")]
 mod pod {
-    use super::{PeerKey, PeerRule, PortRule, RingRecord, XdpConfig};
+    use super::{LocalAddr, PeerKey, PeerRule, PortRule, RingRecord, XdpConfig};
 
     // SAFETY: all of these are `#[repr(C)]`, made of fixed-width integers
     // and byte arrays only, without padding (their sizes are asserted above),
@@ -346,6 +460,8 @@ mod pod {
     unsafe impl aya::Pod for PeerKey {}
     // SAFETY: as above.
     unsafe impl aya::Pod for PeerRule {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for LocalAddr {}
     // SAFETY: as above.
     unsafe impl bytemuck::Zeroable for RingRecord {}
     // SAFETY: as above; `RingRecord` is `Copy + 'static`.
@@ -391,6 +507,25 @@ mod tests {
         for (i, c) in Counter::ALL.iter().enumerate() {
             assert_eq!(*c as usize, i);
         }
+    }
+
+    #[test]
+    fn ring_record_keeps_mapped_ipv6_sources_ipv6() {
+        let mapped = v4_mapped([10, 0, 0, 1]);
+        let v4 = RingRecord { family: FAMILY_V4, src_addr: mapped, src_port: 7, ..RingRecord::default() };
+        assert_eq!(v4.source(), "10.0.0.1:7".parse().unwrap());
+        let v6 = RingRecord { family: FAMILY_V6, src_addr: mapped, src_port: 7, ..RingRecord::default() };
+        assert_eq!(v6.source(), "[::ffff:10.0.0.1]:7".parse().unwrap());
+        assert!(is_v4_mapped(&mapped));
+        assert!(!is_v4_mapped(&Ipv6Addr::LOCALHOST.octets()));
+    }
+
+    #[test]
+    fn local_addrs_keep_the_family() {
+        let v4 = LocalAddr::new("10.0.0.1".parse().unwrap());
+        let v6 = LocalAddr::new("::ffff:10.0.0.1".parse().unwrap());
+        assert_eq!(v4.addr, v6.addr);
+        assert_ne!(v4, v6);
     }
 
     #[test]

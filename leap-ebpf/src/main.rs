@@ -4,9 +4,14 @@
 //!
 //! Ethernet (one VLAN tag) → IPv4 (no fragments) or IPv6 (no extension
 //! headers) → UDP to a port in `LEAP_PORTS` → LEAP header. A chunk goes to
-//! user space when its header is sane and, with the peer filter on, its
-//! source may send its kind; everything else is passed untouched. Every
-//! decision is counted in `LEAP_COUNTERS` (see `leap_common::xdp::Counter`).
+//! user space only when the kernel would have accepted it too (a unicast
+//! destination MAC of this interface, an allowed VLAN, a local destination
+//! address with `cfg::LOCAL_ONLY`; no v4-mapped IPv6 source; a correct IPv4
+//! header checksum), its header is sane and, with the peer filter on, its
+//! source may send its kind; everything else is passed untouched or, with
+//! `cfg::DROP_REJECTED`, dropped. The UDP checksum is verified in user
+//! space, which gets the checksum field and both addresses. Every decision
+//! is counted in `LEAP_COUNTERS` (see `leap_common::xdp::Counter`).
 //!
 //! Built by `cargo xtask build-ebpf` for `bpfel-unknown-none`; the maps and
 //! their types are defined in `leap_common::xdp`.
@@ -24,8 +29,8 @@ use aya_ebpf::programs::XdpContext;
 use aya_log_ebpf::debug;
 use leap_common::chunk::{CHUNK_DATAGRAM_MAX, CHUNK_HEADER_LEN, CHUNK_PAYLOAD_MAX, ChunkKind, LEAP_MAGIC, flags};
 use leap_common::xdp::{
-    COUNTERS, Counter, FAMILY_V4, FAMILY_V6, MAX_PEERS, MAX_PORTS, MAX_QUEUES, PeerKey, PeerRule, PortRule, RING_BYTES,
-    RingRecord, XdpConfig, cfg, delivery, kind_bit, v4_mapped,
+    COUNTERS, Counter, FAMILY_V4, FAMILY_V6, LocalAddr, MAX_LOCAL_ADDRS, MAX_PEERS, MAX_PORTS, MAX_QUEUES, MAX_VLANS,
+    PeerKey, PeerRule, PortRule, RING_BYTES, RingRecord, XdpConfig, cfg, delivery, is_v4_mapped, kind_bit, v4_mapped,
 };
 
 #[map]
@@ -40,10 +45,14 @@ static LEAP_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTERS,
 static LEAP_XSKS: XskMap = XskMap::with_max_entries(MAX_QUEUES, 0);
 #[map]
 static LEAP_RING: RingBuf = RingBuf::with_byte_size(RING_BYTES, 0);
+#[map]
+static LEAP_LOCAL_ADDRS: HashMap<LocalAddr, u32> = HashMap::with_max_entries(MAX_LOCAL_ADDRS, 0);
+#[map]
+static LEAP_VLANS: HashMap<u16, u32> = HashMap::with_max_entries(MAX_VLANS, 0);
 
 use leap_common::xdp::wire::{
-    ETH_HLEN, ETH_P_8021AD, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6, IP_MF_OFFSET, IPPROTO_UDP, IPV4_HLEN, IPV6_HLEN,
-    UDP_HLEN as UDP_HDR_LEN, VLAN_HLEN,
+    ETH_HLEN, ETH_P_8021AD, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6, IP_MF_OFFSET, IPPROTO_UDP, IPV4_HLEN, IPV4_HLEN_MAX,
+    IPV6_HLEN, UDP_HLEN as UDP_HDR_LEN, VLAN_HLEN, VLAN_VID_MASK,
 };
 
 // Wire headers as byte arrays: alignment 1, so a pointer into the packet at
@@ -109,6 +118,10 @@ const _: () = assert!(size_of::<Ipv6Hdr>() == IPV6_HLEN);
 const _: () = assert!(size_of::<UdpHdr>() == UDP_HDR_LEN);
 const _: () = assert!(size_of::<LeapHdr>() == CHUNK_HEADER_LEN);
 
+/// Offsets of the destination address in the IPv4 and IPv6 headers.
+const IPV4_DADDR_OFF: usize = core::mem::offset_of!(Ipv4Hdr, daddr);
+const IPV6_DADDR_OFF: usize = core::mem::offset_of!(Ipv6Hdr, daddr);
+
 /// A pointer to a `T` at `offset` in the packet, checked against `data_end`.
 #[inline(always)]
 fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Option<*const T> {
@@ -141,8 +154,11 @@ fn decide(counter: Counter, action: xdp_action::Type) -> u32 {
     action
 }
 
-/// Where the UDP header is and who sent the packet.
+/// A UDP datagram to a leap port: where its parts are, who sent it, and
+/// what the kernel would think of it.
 struct L3 {
+    /// Offset of the IP header from the start of the packet.
+    l3: usize,
     /// Offset of the UDP header from the start of the packet.
     l4: usize,
     /// Bytes of IP payload, from the IP header.
@@ -150,6 +166,14 @@ struct L3 {
     /// Source address, IPv4 mapped into IPv6.
     src: [u8; 16],
     family: u16,
+    sport: u16,
+    dport: u16,
+    udp_len: u16,
+    /// The UDP checksum field.
+    udp_check: u16,
+    /// Why the kernel's receive path would drop the packet before any
+    /// socket saw it, or `None`.
+    verdict: Option<Counter>,
 }
 
 #[xdp]
@@ -159,24 +183,16 @@ pub fn leap_xdp(ctx: XdpContext) -> u32 {
 
 #[inline(always)]
 fn try_leap_xdp(ctx: &XdpContext) -> u32 {
-    let Some(l3) = parse_l3(ctx) else {
+    let Some(config) = LEAP_CONFIG.get(0) else {
         return decide(Counter::Passed, xdp_action::XDP_PASS);
     };
-    let Some(udp) = ptr_at::<UdpHdr>(ctx, l3.l4) else {
-        return decide(Counter::Passed, xdp_action::XDP_PASS);
-    };
-    // SAFETY: `ptr_at` checked the whole header against `data_end`.
-    let (sport, dport, udp_len) = unsafe { (be16((*udp).sport), be16((*udp).dport), be16((*udp).len)) };
-    // SAFETY: plain lookup of a Pod value; the reference does not outlive
-    // this statement.
-    let port_on = unsafe { LEAP_PORTS.get(dport) }.is_some_and(|r| r.enabled != 0);
-    if !port_on {
-        return decide(Counter::Passed, xdp_action::XDP_PASS);
-    }
-    let config = LEAP_CONFIG.get(0).copied().unwrap_or_default();
     if config.delivery == delivery::PASS {
         return decide(Counter::Passed, xdp_action::XDP_PASS);
     }
+    let Some(l3) = parse_l3(ctx, config) else {
+        return decide(Counter::Passed, xdp_action::XDP_PASS);
+    };
+    let (sport, dport) = (l3.sport, l3.dport);
     let rejected = if config.flags & cfg::DROP_REJECTED != 0 { xdp_action::XDP_DROP } else { xdp_action::XDP_PASS };
 
     let leap_off = l3.l4 + UDP_HDR_LEN;
@@ -192,9 +208,17 @@ fn try_leap_xdp(ctx: &XdpContext) -> u32 {
     let total_chunks = be16(hdr.total_chunks);
     let reserved = be16(hdr.reserved);
 
+    // What the kernel's receive path would drop before any socket sees it.
+    if let Some(counter) = l3.verdict {
+        if config.flags & cfg::LOG != 0 {
+            debug!(ctx, "leap: chunk from port {} not for this host (counter {})", sport, counter as u32);
+        }
+        return decide(counter, rejected);
+    }
+
     // The UDP length must be the IP payload, fit in the packet (which may
     // carry Ethernet padding after it) and leave 0..=1400 bytes of data.
-    let udp_len = usize::from(udp_len);
+    let udp_len = usize::from(l3.udp_len);
     let in_packet = ctx.data_end() - ctx.data() - l3.l4;
     let datagram = udp_len.wrapping_sub(UDP_HDR_LEN);
     if udp_len != l3.ip_payload
@@ -227,23 +251,142 @@ fn try_leap_xdp(ctx: &XdpContext) -> u32 {
             // The reader sleeps until a record wakes it: the end of a frame,
             // and anything recovering a loss (retransmissions, NACKs), must.
             let urgent = chunk_id + 1 == total_chunks || is_urgent(reserved);
-            to_ring(ctx, &config, &l3, sport, dport, leap_off, datagram, urgent)
+            to_ring(ctx, config.wakeup_every, &l3, leap_off, datagram, urgent)
         }
         _ => decide(Counter::Passed, xdp_action::XDP_PASS),
     }
 }
 
-/// Ethernet (+ one VLAN tag) and IPv4/IPv6 up to a UDP header.
+/// Byte-wise MAC comparison (no `memcmp` call for the BPF linker).
 #[inline(always)]
-fn parse_l3(ctx: &XdpContext) -> Option<L3> {
+fn mac_eq(a: &[u8; 6], b: &[u8; 6]) -> bool {
+    let mut diff = 0u8;
+    let mut i = 0;
+    while i < 6 {
+        diff |= a[i] ^ b[i];
+        i += 1;
+    }
+    diff == 0
+}
+
+/// What [`verdict`] needs of the link layer.
+struct L2 {
+    dst_mac: [u8; 6],
+    vlan: Option<u16>,
+}
+
+/// Why the kernel would drop a packet before any socket sees it, in the
+/// order of the checks: a unicast destination MAC of another host, a VLAN
+/// the interface does not carry, a v4-mapped IPv6 source, a destination
+/// address that is not ours, a wrong IPv4 header checksum. `None`: it would
+/// reach a socket. The destination lookup runs only for leap ports.
+#[inline(always)]
+fn verdict(config: &XdpConfig, l2: &L2, mapped_src: bool, dst: &LocalAddr, ip_csum_ok: bool) -> Option<Counter> {
+    let local_only = config.flags & cfg::LOCAL_ONLY != 0;
+    if local_only {
+        // Group addresses (broadcast, multicast) have the I/G bit set; the
+        // kernel takes them (PACKET_BROADCAST/MULTICAST) and then routes by
+        // the destination address, checked below.
+        if l2.dst_mac[0] & 1 == 0 && !mac_eq(&l2.dst_mac, &config.mac) {
+            return Some(Counter::ForeignMac);
+        }
+        // VLAN 0 only carries a priority: the kernel takes such a frame as
+        // untagged.
+        if let Some(vid) = l2.vlan
+            && vid != 0
+        {
+            // SAFETY: plain lookup of a Pod value; the reference does not
+            // outlive this statement.
+            if unsafe { LEAP_VLANS.get(&vid) }.is_none() {
+                return Some(Counter::ForeignVlan);
+            }
+        }
+    }
+    if mapped_src {
+        return Some(Counter::MappedSource);
+    }
+    // SAFETY: as above.
+    if local_only && unsafe { LEAP_LOCAL_ADDRS.get(dst) }.is_none() {
+        return Some(Counter::ForeignDst);
+    }
+    if !ip_csum_ok {
+        return Some(Counter::BadIpChecksum);
+    }
+    None
+}
+
+/// The UDP header at `l4` when its destination port is a leap port:
+/// `(sport, dport, len, check)`.
+#[inline(always)]
+fn udp_to_leap_port(ctx: &XdpContext, l4: usize) -> Option<(u16, u16, u16, u16)> {
+    let udp = ptr_at::<UdpHdr>(ctx, l4)?;
+    // SAFETY: `ptr_at` checked the whole header against `data_end`.
+    let u = unsafe { &*udp };
+    let dport = be16(u.dport);
+    // SAFETY: plain lookup of a Pod value; the reference does not outlive
+    // this statement.
+    if !unsafe { LEAP_PORTS.get(dport) }.is_some_and(|r| r.enabled != 0) {
+        return None;
+    }
+    Some((be16(u.sport), dport, be16(u.len), be16(u.check)))
+}
+
+/// The ones'-complement sum of the 20 bytes of an IPv4 header without
+/// options (not folded).
+#[inline(always)]
+fn ipv4_fixed_sum(ip: &Ipv4Hdr) -> u32 {
+    let w = |b: [u8; 2]| u32::from(be16(b));
+    let pair = |b: [u8; 4]| w([b[0], b[1]]) + w([b[2], b[3]]);
+    w([ip.version_ihl, ip.tos])
+        + w(ip.tot_len)
+        + w(ip.id)
+        + w(ip.frag_off)
+        + w([ip.ttl, ip.proto])
+        + w(ip.check)
+        + pair(ip.saddr)
+        + pair(ip.daddr)
+}
+
+/// Whether the IPv4 header at `off`, `ihl` bytes (20..=60) long, sums to
+/// 0xFFFF, as the kernel's `ip_fast_csum` checks; `fixed` is the sum of
+/// its first 20 bytes.
+#[inline(always)]
+fn ipv4_checksum_ok(ctx: &XdpContext, off: usize, ihl: usize, fixed: u32) -> bool {
+    let mut sum = fixed;
+    let words = ihl / 2;
+    let mut i = IPV4_HLEN / 2;
+    // Options, if any: a bounded loop over at most 20 16-bit words.
+    while i < IPV4_HLEN_MAX / 2 {
+        if i >= words {
+            break;
+        }
+        let Some(w) = ptr_at::<[u8; 2]>(ctx, off + 2 * i) else {
+            return false;
+        };
+        // SAFETY: `ptr_at` checked both bytes against `data_end`.
+        sum += u32::from(be16(unsafe { *w }));
+        i += 1;
+    }
+    sum = (sum & 0xFFFF) + (sum >> 16);
+    sum = (sum & 0xFFFF) + (sum >> 16);
+    sum == 0xFFFF
+}
+
+/// Ethernet (+ one VLAN tag), IPv4/IPv6 and a UDP header to a leap port;
+/// `None` for anything else.
+#[inline(always)]
+fn parse_l3(ctx: &XdpContext, config: &XdpConfig) -> Option<L3> {
     let eth = ptr_at::<EthHdr>(ctx, 0)?;
     let mut off = size_of::<EthHdr>();
     // SAFETY: `ptr_at` checked the header against `data_end`.
-    let mut proto = be16(unsafe { (*eth).proto });
+    let (mut proto, dst_mac) = unsafe { (be16((*eth).proto), (*eth).dst) };
+    let mut l2 = L2 { dst_mac, vlan: None };
     if proto == ETH_P_8021Q || proto == ETH_P_8021AD {
         let vlan = ptr_at::<VlanHdr>(ctx, off)?;
         // SAFETY: as above.
-        proto = be16(unsafe { (*vlan).proto });
+        let (tci, inner) = unsafe { (be16((*vlan).tci), be16((*vlan).proto)) };
+        l2.vlan = Some(tci & VLAN_VID_MASK);
+        proto = inner;
         off += size_of::<VlanHdr>();
     }
     match proto {
@@ -263,7 +406,25 @@ fn parse_l3(ctx: &XdpContext) -> Option<L3> {
             if tot_len < ihl {
                 return None;
             }
-            Some(L3 { l4: off + ihl, ip_payload: tot_len - ihl, src: v4_mapped(ip.saddr), family: FAMILY_V4 })
+            let (saddr, daddr) = (ip.saddr, ip.daddr);
+            // Before the UDP header is checked against `data_end`, so that
+            // the compiler cannot prove the options' own checks redundant
+            // (the verifier needs them).
+            let csum_ok = ipv4_checksum_ok(ctx, off, ihl, ipv4_fixed_sum(ip));
+            let (sport, dport, udp_len, udp_check) = udp_to_leap_port(ctx, off + ihl)?;
+            let dst = LocalAddr { addr: v4_mapped(daddr), family: FAMILY_V4, _pad: 0 };
+            Some(L3 {
+                l3: off,
+                l4: off + ihl,
+                ip_payload: tot_len - ihl,
+                src: v4_mapped(saddr),
+                family: FAMILY_V4,
+                sport,
+                dport,
+                udp_len,
+                udp_check,
+                verdict: verdict(config, &l2, false, &dst, csum_ok),
+            })
         }
         ETH_P_IPV6 => {
             let ip = ptr_at::<Ipv6Hdr>(ctx, off)?;
@@ -273,11 +434,20 @@ fn parse_l3(ctx: &XdpContext) -> Option<L3> {
             if ip.vtc_flow[0] >> 4 != 6 || ip.next_hdr != IPPROTO_UDP {
                 return None;
             }
+            let l4 = off + size_of::<Ipv6Hdr>();
+            let (sport, dport, udp_len, udp_check) = udp_to_leap_port(ctx, l4)?;
+            let dst = LocalAddr { addr: ip.daddr, family: FAMILY_V6, _pad: 0 };
             Some(L3 {
-                l4: off + size_of::<Ipv6Hdr>(),
+                l3: off,
+                l4,
                 ip_payload: usize::from(be16(ip.payload_len)),
                 src: ip.saddr,
                 family: FAMILY_V6,
+                sport,
+                dport,
+                udp_len,
+                udp_check,
+                verdict: verdict(config, &l2, is_v4_mapped(&ip.saddr), &dst, true),
             })
         }
         _ => None,
@@ -304,17 +474,7 @@ fn to_xsk(ctx: &XdpContext) -> u32 {
 
 /// Copies the UDP payload into a ring-buffer record and drops the packet.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn to_ring(
-    ctx: &XdpContext,
-    config: &XdpConfig,
-    l3: &L3,
-    sport: u16,
-    dport: u16,
-    leap_off: usize,
-    datagram: usize,
-    urgent: bool,
-) -> u32 {
+fn to_ring(ctx: &XdpContext, wakeup_every: u32, l3: &L3, leap_off: usize, datagram: usize, urgent: bool) -> u32 {
     let Some(mut entry) = LEAP_RING.reserve::<RingRecord>(0) else {
         return decide(Counter::RingBufFull, xdp_action::XDP_DROP);
     };
@@ -345,17 +505,34 @@ fn to_ring(
         entry.discard(0);
         return decide(Counter::Malformed, xdp_action::XDP_DROP);
     }
+    // The destination address, straight from the packet into the record.
+    // SAFETY: `dst_addr` is 16 writable bytes of the reserved record; the
+    // lengths are constants within it; the helper bounds-checks the packet.
+    let copied = unsafe {
+        let dst = addr_of_mut!((*rec).dst_addr).cast::<u8>();
+        if l3.family == FAMILY_V4 {
+            dst.cast::<[u8; 12]>().write([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]);
+            bpf_xdp_load_bytes(ctx.ctx, (l3.l3 + IPV4_DADDR_OFF) as u32, dst.add(12).cast(), 4)
+        } else {
+            bpf_xdp_load_bytes(ctx.ctx, (l3.l3 + IPV6_DADDR_OFF) as u32, dst.cast(), 16)
+        }
+    };
+    if copied != 0 {
+        entry.discard(0);
+        return decide(Counter::Malformed, xdp_action::XDP_DROP);
+    }
     // SAFETY: as above; plain stores of integer fields into the record.
     unsafe {
         addr_of_mut!((*rec).len).write(len as u16);
-        addr_of_mut!((*rec).src_port).write(sport);
-        addr_of_mut!((*rec).dst_port).write(dport);
+        addr_of_mut!((*rec).src_port).write(l3.sport);
+        addr_of_mut!((*rec).dst_port).write(l3.dport);
         addr_of_mut!((*rec).family).write(l3.family);
         addr_of_mut!((*rec).src_addr).write(l3.src);
         addr_of_mut!((*rec).rx_queue).write(ctx.rx_queue_index());
+        addr_of_mut!((*rec).udp_check).write(l3.udp_check);
         addr_of_mut!((*rec)._reserved).write(0);
     }
-    let every = u64::from(config.wakeup_every);
+    let every = u64::from(wakeup_every);
     let nth = LEAP_COUNTERS.get(Counter::ToRingBuf as u32).copied().unwrap_or_default();
     let wake = urgent || every <= 1 || (nth + 1) % every == 0;
     entry.submit(u64::from(if wake { BPF_RB_FORCE_WAKEUP } else { BPF_RB_NO_WAKEUP }));

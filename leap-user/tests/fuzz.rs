@@ -1,6 +1,7 @@
 //! Bounded-time fuzzing of everything that parses bytes from the network:
-//! the chunk parser, the reassembly (with a model of what may come out) and
-//! the control decoder. A small mutation fuzzer, so that it runs on the
+//! the chunk parser, the reassembly (with a model of what may come out),
+//! the control decoder and the XDP frame parser (against an independent
+//! checksum oracle). A small mutation fuzzer, so that it runs on the
 //! stable toolchain in CI; `LEAP_FUZZ_SECS` sets the time per target
 //! (default 2 s here, CI runs longer).
 
@@ -383,4 +384,86 @@ fn fuzz_sender_and_receiver_recover_every_frame_exactly_once() {
          {corrupted_total} chunks corrupted in flight"
     );
     assert!(runs > 0 && corrupted_total > 0 && complete * 10 >= runs * 9, "too few runs recovered everything");
+}
+
+/// Folded ones'-complement sum of big-endian words, written apart from the
+/// parser's own so that it is an independent oracle.
+fn oracle_sum(parts: &[&[u8]]) -> u16 {
+    let bytes: Vec<u8> = parts.concat();
+    let mut sum: u64 = bytes.chunks(2).map(|w| u64::from(w[0]) << 8 | u64::from(*w.get(1).unwrap_or(&0))).sum();
+    while sum > 0xFFFF {
+        sum = (sum & 0xFFFF) + (sum >> 16);
+    }
+    sum as u16
+}
+
+#[test]
+fn fuzz_frame_parser_accepts_only_what_the_kernel_would() {
+    use std::net::{IpAddr, SocketAddr};
+
+    use leap::transport::xdp::RxFilter;
+    use leap::transport::xdp::packet::{ChecksumFill, FrameSpec, UdpChecksum};
+
+    let mut rng = Rng(0x1EA9_0004);
+    let start = Instant::now();
+    let (mut accepted, mut n) = (0u64, 0u64);
+    let mac = [0x02, 0, 0, 0, 0, 1];
+    let local: Vec<IpAddr> = vec!["10.0.0.2".parse().unwrap(), "fd00::2".parse().unwrap()];
+    while start.elapsed() < budget() {
+        let v6 = rng.below(2) == 0;
+        let (src, dst): (SocketAddr, SocketAddr) = if v6 {
+            ("[fd00::1]:7000".parse().unwrap(), "[fd00::2]:9999".parse().unwrap())
+        } else {
+            ("10.0.0.1:7000".parse().unwrap(), "10.0.0.2:9999".parse().unwrap())
+        };
+        let payload: Vec<u8> = (0..rng.below(1500)).map(|_| rng.next() as u8).collect();
+        let checksum = [ChecksumFill::Full, ChecksumFill::Partial, ChecksumFill::Zero][rng.below(3)];
+        let vlan = [None, Some(5), Some(6)][rng.below(3)];
+        let spec =
+            FrameSpec { src_mac: [0x02, 0, 0, 0, 0, 2], dst_mac: mac, vlan, src, dst, checksum, payload: &payload };
+        let mut f = spec.build();
+        let partial_checksums = rng.below(2) == 0;
+        let filter = RxFilter { mac: Some(mac), local: Some(local.clone()), vlans: vec![5], partial_checksums };
+        let pristine = rng.below(8) == 0;
+        if !pristine {
+            mutate(&mut rng, &mut f);
+        }
+        n += 1;
+        let Ok(d) = filter.admit_frame(&f) else {
+            let expected_ok = vlan != Some(6) && (checksum != ChecksumFill::Partial || partial_checksums);
+            assert!(!pristine || !expected_ok || (v6 && checksum == ChecksumFill::Zero), "a well-formed frame refused");
+            continue;
+        };
+        accepted += 1;
+        // Everything accepted is for this host and checksummed right.
+        assert!(d.vlan.is_none_or(|v| v == 5));
+        assert!(local.contains(&d.dst.ip()));
+        let l3 = if d.vlan.is_some() { 18 } else { 14 };
+        // The UDP header sits right before the payload.
+        let payload_at = d.payload.as_ptr() as usize - f.as_ptr() as usize;
+        let udp = &f[payload_at - 8..payload_at];
+        let (s, t) = match (d.src.ip(), d.dst.ip()) {
+            (IpAddr::V4(s), IpAddr::V4(t)) => {
+                let ihl = usize::from(f[l3] & 15) * 4;
+                assert_eq!(oracle_sum(&[&f[l3..l3 + ihl]]), 0xFFFF, "bad IPv4 header accepted");
+                (s.octets().to_vec(), t.octets().to_vec())
+            }
+            (IpAddr::V6(s), IpAddr::V6(t)) => {
+                assert!(s.to_ipv4_mapped().is_none(), "v4-mapped source accepted");
+                (s.octets().to_vec(), t.octets().to_vec())
+            }
+            _ => unreachable!("mixed families"),
+        };
+        let len = ((d.payload.len() + 8) as u16).to_be_bytes();
+        let pseudo = [&s[..], &t[..], &[0, 17], &len[..]];
+        let check = u16::from_be_bytes([udp[6], udp[7]]);
+        let full = oracle_sum(&[&pseudo.concat()[..], udp, d.payload]) == 0xFFFF;
+        match d.checksum {
+            UdpChecksum::Valid => assert!(full),
+            UdpChecksum::Absent => assert!(check == 0 && d.src.is_ipv4()),
+            UdpChecksum::Partial => assert!(partial_checksums && check == oracle_sum(&pseudo)),
+        }
+    }
+    eprintln!("frame parser: {n} inputs, {accepted} accepted");
+    assert!(accepted > 0, "the fuzzer never built an acceptable frame: it tests nothing");
 }

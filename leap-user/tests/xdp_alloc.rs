@@ -70,7 +70,7 @@ fn transport(node: &NodeNet, peer: &NodeNet, delivery: Delivery) -> XdpTransport
 }
 
 fn no_allocations_per_frame(delivery: Delivery) {
-    let topo = Topology::ring("lxm", 2).unwrap();
+    let topo = Topology::ring(&xdp_common::unique("lxm"), 2).unwrap();
     let (n0, n1) = (topo.nodes()[0].clone(), topo.nodes()[1].clone());
     let ready = Arc::new(Barrier::new(2));
     ALLOCS.store(0, Ordering::SeqCst);

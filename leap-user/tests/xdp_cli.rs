@@ -34,7 +34,7 @@ impl Drop for PinGuard {
 #[test]
 #[ignore = "needs root + BPF: run by cargo xtask ci"]
 fn attach_persists_until_detach_and_leaves_nothing_behind() {
-    let topo = Topology::ring("lxc", 2).unwrap();
+    let topo = Topology::ring(&xdp_common::unique("lxc"), 2).unwrap();
     let (rx, tx) = (topo.nodes()[0].clone(), topo.nodes()[1].clone());
     let iface = rx.rx_iface.clone();
     let _guard = PinGuard(pin_dir(&iface));
@@ -50,6 +50,7 @@ fn attach_persists_until_detach_and_leaves_nothing_behind() {
         ports: vec![9999],
         drop_malformed: false,
         xdp_object: Some(obj),
+        vlans: Vec::new(),
     }))
     .unwrap();
     // The attaching thread is gone; the pinned link keeps the program.
@@ -57,6 +58,10 @@ fn attach_persists_until_detach_and_leaves_nothing_behind() {
     let pinned = PinnedProgram::open(&iface).unwrap();
     assert_eq!(pinned.mode(), AttachedMode::Drv);
     assert_eq!(pinned.ports().unwrap(), vec![9999]);
+    // Only chunks for this host, as the kernel would take them.
+    let config = pinned.config().unwrap();
+    assert_ne!(config.flags & leap_common::xdp::cfg::LOCAL_ONLY, 0, "{config:?}");
+    assert_ne!(config.mac, [0; 6], "{config:?}");
     // Attaching twice is refused.
     let again = run(XdpCmd::Attach(AttachArgs {
         iface: iface.clone(),
@@ -64,6 +69,7 @@ fn attach_persists_until_detach_and_leaves_nothing_behind() {
         ports: vec![9999],
         drop_malformed: false,
         xdp_object: None,
+        vlans: Vec::new(),
     }));
     assert!(again.is_err());
 
@@ -101,7 +107,7 @@ fn a_running_node_is_visible_and_its_stale_pins_can_be_removed() {
     use leap::transport::udp::UdpConfig;
     use leap::transport::xdp::{Delivery, XdpTransport, XdpTransportConfig};
 
-    let topo = Topology::ring("lxs", 2).unwrap();
+    let topo = Topology::ring(&xdp_common::unique("lxs"), 2).unwrap();
     let (rx, tx) = (topo.nodes()[0].clone(), topo.nodes()[1].clone());
     let iface = rx.rx_iface.clone();
     let _guard = PinGuard(pin_dir(&iface));

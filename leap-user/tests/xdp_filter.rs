@@ -47,7 +47,8 @@ fn leap_chunk(hdr: ChunkHeader, payload_len: usize) -> Vec<u8> {
 #[test]
 #[ignore = "needs root + BPF: run by cargo xtask ci"]
 fn every_datagram_is_delivered_passed_or_dropped_as_configured() {
-    let topo = Topology::ring("lxf", 2).unwrap();
+    // Namespaces and veths named after the process: parallel runs do not clash.
+    let topo = Topology::ring(&xdp_common::unique("lxf"), 2).unwrap();
     let (rx_node, tx_node) = (topo.nodes()[0].clone(), topo.nodes()[1].clone());
     let local = SocketAddr::from((rx_node.addr, PORT));
     let sender_addr = SocketAddr::from((tx_node.addr, 7000));
@@ -125,7 +126,7 @@ fn every_datagram_is_delivered_passed_or_dropped_as_configured() {
         cmd_tx.send(Cmd::Report).unwrap();
         seen_rx.recv().unwrap()
     };
-    let xsk_cfg = |flags| XdpConfig { delivery: delivery::XSK, flags, wakeup_every: 0, _reserved: 0 };
+    let xsk_cfg = |flags| XdpConfig { delivery: delivery::XSK, flags, ..XdpConfig::default() };
     let good = leap_chunk(ChunkHeader::data(1, 0, 1), 100);
 
     // Not configured yet: everything passes to the kernel (ARP too).

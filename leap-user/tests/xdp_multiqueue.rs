@@ -36,7 +36,7 @@ fn two_queue_link(n0: &NodeNet, n1: &NodeNet, rx_if: &str, tx_if: &str, net: &st
 #[test]
 #[ignore = "needs root + BPF: run by cargo xtask ci"]
 fn every_receive_queue_gets_its_own_socket() {
-    let topo = Topology::ring("lxq", 2).unwrap();
+    let topo = Topology::ring(&xdp_common::unique("lxq"), 2).unwrap();
     let (n0, n1) = (topo.nodes()[0].clone(), topo.nodes()[1].clone());
     // A two-queue veth pair between the test's namespaces; it goes with them.
     let (rx_if, tx_if) = ("lxqm0", "lxqm1");
@@ -92,7 +92,7 @@ fn flows_spread_over_queues_all_reach_their_queues_socket() {
     use leap_common::chunk::ChunkHeader;
     use leap_common::xdp::{XdpConfig, delivery};
 
-    let topo = Topology::ring("lxp", 2).unwrap();
+    let topo = Topology::ring(&xdp_common::unique("lxp"), 2).unwrap();
     let (n0, n1) = (topo.nodes()[0].clone(), topo.nodes()[1].clone());
     let (rx_if, tx_if) = ("lxpm0", "lxpm1");
     two_queue_link(&n0, &n1, rx_if, tx_if, "10.79.0");

@@ -42,7 +42,7 @@ fn transport(node: &NodeNet, peer: &NodeNet, delivery: Delivery, mode: AttachMod
 /// Node 0 sends `frames` frames; node 1 sends each back; node 0 checks
 /// them. Returns both nodes' counters and the attach mode.
 fn ping_pong(delivery: Delivery, mode: AttachMode, frames: usize) -> (XdpCounters, XdpCounters, AttachedMode, u64) {
-    let topo = Topology::ring("lxr", 2).unwrap();
+    let topo = Topology::ring(&xdp_common::unique("lxr"), 2).unwrap();
     let (n0, n1) = (topo.nodes()[0].clone(), topo.nodes()[1].clone());
     let ready = Arc::new(Barrier::new(2));
 
@@ -134,7 +134,7 @@ fn ring_buffer_delivers_every_frame_intact_in_generic_mode() {
 #[test]
 #[ignore = "needs root + BPF: run by cargo xtask ci"]
 fn chunks_the_program_passes_still_arrive_through_the_udp_socket() {
-    let topo = Topology::ring("lxk", 2).unwrap();
+    let topo = Topology::ring(&xdp_common::unique("lxk"), 2).unwrap();
     let (n0, n1) = (topo.nodes()[0].clone(), topo.nodes()[1].clone());
     let ready = Arc::new(Barrier::new(2));
     let frames = 50;

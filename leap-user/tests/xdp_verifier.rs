@@ -20,7 +20,7 @@ fn program_passes_the_verifier() {
 #[test]
 #[ignore = "needs root + BPF: run by cargo xtask ci"]
 fn program_attaches_to_veth_in_both_modes_and_detaches_on_drop() {
-    let topo = Topology::ring("lxv", 2).unwrap();
+    let topo = Topology::ring(&xdp_common::unique("lxv"), 2).unwrap();
     let node = topo.nodes()[0].clone();
     for (mode, want, kernel) in
         [(AttachMode::Drv, AttachedMode::Drv, "xdp"), (AttachMode::Skb, AttachedMode::Skb, "xdpgeneric")]
@@ -45,7 +45,7 @@ fn program_attaches_to_veth_in_both_modes_and_detaches_on_drop() {
 #[test]
 #[ignore = "needs root + BPF: run by cargo xtask ci"]
 fn auto_mode_falls_back_to_generic_where_native_is_missing() {
-    let topo = Topology::ring("lxa", 2).unwrap();
+    let topo = Topology::ring(&xdp_common::unique("lxa"), 2).unwrap();
     let node = topo.nodes()[0].clone();
     let ns = node.netns.clone();
     let obj = object();
@@ -90,14 +90,16 @@ fn debug_events_are_logged_only_when_enabled() {
     // Ethernet + IPv4 + UDP to 9999 + a LEAP header with chunk_id >= total.
     let mut chunk = ChunkHeader::data(1, 5, 2).to_bytes().to_vec();
     chunk.extend_from_slice(&[0; 20]);
-    let mut p = vec![0u8; 12];
-    p.extend_from_slice(&[0x08, 0x00, 0x45, 0, 0, (20 + 8 + chunk.len()) as u8, 0, 0, 0x40, 0, 64, 17, 0, 0]);
-    p.extend_from_slice(&[10, 1, 0, 1, 10, 1, 0, 2]);
-    p.extend_from_slice(&7000u16.to_be_bytes());
-    p.extend_from_slice(&9999u16.to_be_bytes());
-    p.extend_from_slice(&((8 + chunk.len()) as u16).to_be_bytes());
-    p.extend_from_slice(&[0, 0]);
-    p.extend_from_slice(&chunk);
+    let p = leap::transport::xdp::packet::FrameSpec {
+        src_mac: [0x02, 0, 0, 0, 0, 2],
+        dst_mac: [0x02, 0, 0, 0, 0, 1],
+        vlan: None,
+        src: "10.1.0.1:7000".parse().unwrap(),
+        dst: "10.1.0.2:9999".parse().unwrap(),
+        checksum: leap::transport::xdp::packet::ChecksumFill::Zero,
+        payload: &chunk,
+    }
+    .build();
 
     let mut malformed_logged = |flags: u32| {
         prog.configure(&XdpConfig { delivery: delivery::XSK, flags, ..XdpConfig::default() }).unwrap();

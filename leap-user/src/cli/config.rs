@@ -15,6 +15,7 @@
 //! order = ["xdp", "kmod", "udp"]  # first that works here
 //! interface = "eth0"              # where frames arrive
 //! xdp_mode = "auto"               # auto | drv | skb
+//! vlans = []                      # VLAN IDs tagged chunks may carry (XDP)
 //! reliability = "reliable"        # reliable | best-effort
 //! peer_filter = true              # accept only the previous member (false: the first source, locked)
 //! crc = true                      # CRC32C on every frame between leap nodes
@@ -98,6 +99,10 @@ pub struct TransportSection {
     pub xdp_object: Option<PathBuf>,
     /// AF_XDP receive queues: "all" or a list.
     pub queues: Option<toml::Value>,
+    /// VLAN IDs a tagged chunk may carry on the XDP path (empty: untagged
+    /// chunks only).
+    #[serde(default)]
+    pub vlans: Vec<u16>,
     /// Loss recovery.
     #[serde(default)]
     pub reliability: Reliability,
@@ -124,6 +129,7 @@ impl Default for TransportSection {
             xdp_mode: default_mode(),
             xdp_object: None,
             queues: None,
+            vlans: Vec::new(),
             reliability: Reliability::Reliable,
             peer_filter: true,
             crc: true,
@@ -302,6 +308,12 @@ pub fn validate(file: NodeFile) -> Result<NodePlan, ConfigError> {
         if !ok {
             return Err(err("transport.queues", "`all` or a list of up to 8 queue numbers, e.g. [0, 1]"));
         }
+    }
+    if let Some(v) = t.vlans.iter().find(|&&v| v > 4095) {
+        return Err(err("transport.vlans", format!("VLAN ID {v} out of range: 0 to 4095")));
+    }
+    if t.vlans.len() > leap_common::xdp::MAX_VLANS as usize {
+        return Err(err("transport.vlans", format!("at most {} VLANs", leap_common::xdp::MAX_VLANS)));
     }
     if let Some(p) = &t.xdp_object
         && !p.is_file()

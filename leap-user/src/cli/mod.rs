@@ -112,6 +112,10 @@ pub struct TransportArgs {
     /// AF_XDP receive queues: `all` or a list such as `0,1`.
     #[arg(long, default_value = "all", value_parser = parse_queues)]
     pub xdp_queues: Queues,
+    /// VLAN ID a tagged chunk may carry on the XDP path (repeat for
+    /// several; default: untagged chunks only).
+    #[arg(long = "xdp-vlan", value_name = "ID", value_parser = clap::value_parser!(u16).range(0..=4095))]
+    pub xdp_vlans: Vec<u16>,
     /// Loss recovery of the datagram transports.
     #[arg(long, value_enum, default_value = "reliable")]
     pub reliability: ReliabilityArg,
@@ -173,6 +177,7 @@ impl TransportArgs {
             xdp_object: self.xdp_object.clone(),
             xdp_mode: self.xdp_mode.clone(),
             xdp_queues: self.xdp_queues.0.clone(),
+            xdp_vlans: self.xdp_vlans.clone(),
             reliability: match self.reliability {
                 ReliabilityArg::Reliable => crate::transport::datagram::Reliability::Reliable,
                 ReliabilityArg::BestEffort => crate::transport::datagram::Reliability::BestEffort,

@@ -139,6 +139,9 @@ fn resolve(args: &NodeArgs) -> Result<Resolved> {
         if args.transport_args.xdp_object.is_none() {
             opts.xdp_object = t.xdp_object.clone();
         }
+        if args.transport_args.xdp_vlans.is_empty() {
+            opts.xdp_vlans = t.vlans.clone();
+        }
         if args.transport_args.reliability == super::ReliabilityArg::Reliable {
             opts.reliability = t.reliability;
         }

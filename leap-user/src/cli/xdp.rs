@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use leap_common::xdp::{XdpConfig, cfg, delivery};
 
-use crate::transport::xdp::{AttachMode, ObjectSource, PinnedProgram, XdpProgram};
+use crate::transport::xdp::{AttachMode, ObjectSource, PartialChecksums, PinnedProgram, XdpProgram, host_filter_for};
 
 /// Arguments of `leap xdp`.
 #[derive(Debug, Clone, Args)]
@@ -68,6 +68,10 @@ pub struct AttachArgs {
     /// XDP object to load instead of the embedded one.
     #[arg(long, value_name = "PATH")]
     pub xdp_object: Option<PathBuf>,
+    /// VLAN ID a tagged chunk may carry (repeat for several; default:
+    /// untagged chunks only).
+    #[arg(long = "vlan", value_name = "ID", value_parser = clap::value_parser!(u16).range(0..=4095))]
+    pub vlans: Vec<u16>,
 }
 
 /// Runs `leap xdp ...`.
@@ -106,10 +110,15 @@ fn attach(a: &AttachArgs) -> Result<()> {
     for &p in &a.ports {
         prog.add_port(p)?;
     }
+    // Only chunks for this host (its MAC on the interface, any of its
+    // addresses, the VLANs given), as the kernel would take them.
+    let host = host_filter_for(&a.iface, None, &a.vlans, PartialChecksums::Auto)?;
+    prog.accept_only(&host)?;
     // No AF_XDP socket is bound until a leap node opens one: chunks are
     // counted and passed to the kernel (`no_socket`) meanwhile.
-    let flags = if a.drop_malformed { cfg::DROP_REJECTED } else { 0 };
-    prog.configure(&XdpConfig { delivery: delivery::XSK, flags, wakeup_every: 0, _reserved: 0 })?;
+    let flags = cfg::LOCAL_ONLY | if a.drop_malformed { cfg::DROP_REJECTED } else { 0 };
+    let mac = host.mac.unwrap_or_default();
+    prog.configure(&XdpConfig { delivery: delivery::XSK, flags, mac, ..XdpConfig::default() })?;
     let mode = prog.attach(&a.iface, a.mode)?;
     let dir = prog.pin().with_context(|| format!("pinning the program on {}", a.iface))?;
     println!("attached leap's XDP program to {} in {mode} mode; pinned at {}", a.iface, dir.display());
@@ -152,6 +161,7 @@ fn status(iface: Option<&str>, json: bool) -> Result<()> {
             "delivery": delivery,
             "peer_filter": config.flags & cfg::PEER_FILTER != 0,
             "drop_rejected": config.flags & cfg::DROP_REJECTED != 0,
+            "local_only": config.flags & cfg::LOCAL_ONLY != 0,
             "pinned": p.dir(),
             "owner": owner,
         }));

@@ -233,6 +233,12 @@ impl DatagramLink {
         taken
     }
 
+    /// The drop counters of the receive path, for refusals before a
+    /// datagram reaches [`Self::datagram`].
+    pub fn drops_mut(&mut self) -> &mut super::Drops {
+        self.reasm.drops_mut()
+    }
+
     /// Counts datagrams the receive path could not even parse as UDP.
     pub fn count_foreign(&mut self, n: u64) {
         self.reasm.drops_mut().short += n;

@@ -142,6 +142,19 @@ pub struct Drops {
     /// A complete frame whose CRC32C did not match (dropped; fetched again
     /// in reliable mode).
     pub bad_crc: u64,
+    /// A wrong IPv4 header checksum (XDP receive path).
+    pub bad_ip_checksum: u64,
+    /// A wrong UDP checksum (XDP receive path; partial ones where they
+    /// cannot be legitimate).
+    pub bad_udp_checksum: u64,
+    /// A unicast destination MAC of another host (XDP receive path).
+    pub foreign_mac: u64,
+    /// A VLAN the interface is not configured for (XDP receive path).
+    pub foreign_vlan: u64,
+    /// A destination address that is not this host's (XDP receive path).
+    pub foreign_dst: u64,
+    /// An IPv6 source `::ffff:a.b.c.d` (XDP receive path).
+    pub mapped_source: u64,
 }
 
 impl Drops {
@@ -159,6 +172,12 @@ impl Drops {
             + self.out_of_window
             + self.too_large
             + self.bad_crc
+            + self.bad_ip_checksum
+            + self.bad_udp_checksum
+            + self.foreign_mac
+            + self.foreign_vlan
+            + self.foreign_dst
+            + self.mapped_source
     }
 
     /// Counts a chunk-header parse error.
@@ -252,6 +271,12 @@ impl Stats {
         d.out_of_window += e.out_of_window;
         d.too_large += e.too_large;
         d.bad_crc += e.bad_crc;
+        d.bad_ip_checksum += e.bad_ip_checksum;
+        d.bad_udp_checksum += e.bad_udp_checksum;
+        d.foreign_mac += e.foreign_mac;
+        d.foreign_vlan += e.foreign_vlan;
+        d.foreign_dst += e.foreign_dst;
+        d.mapped_source += e.mapped_source;
     }
 }
 

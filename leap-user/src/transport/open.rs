@@ -98,6 +98,9 @@ pub struct Options {
     pub xdp_mode: String,
     /// AF_XDP receive queues (`None`: every receive queue of the interface).
     pub xdp_queues: Option<Vec<u32>>,
+    /// VLAN IDs a tagged chunk may carry on the XDP path (empty: untagged
+    /// chunks only).
+    pub xdp_vlans: Vec<u16>,
     /// Loss recovery of the datagram backends.
     pub reliability: super::datagram::Reliability,
     /// Use UDP GSO where the kernel has it (one super-datagram per up to 44
@@ -122,6 +125,7 @@ impl Default for Options {
             xdp_object: None,
             xdp_mode: "auto".into(),
             xdp_queues: None,
+            xdp_vlans: Vec::new(),
             reliability: super::datagram::Reliability::Reliable,
             gso: true,
             crc: true,

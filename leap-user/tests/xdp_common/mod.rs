@@ -52,6 +52,14 @@ pub fn xdp_attachment(netns: &str, iface: &str) -> Option<&'static str> {
     }
 }
 
+/// A namespace/interface name prefix that includes the process id, so that
+/// test runs of several developers on one machine do not clash (veth and
+/// pin names are global to the host's bpffs). At most 8 characters for a
+/// 3-character `prefix`.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}{}", std::process::id() % 100_000)
+}
+
 /// A frame whose bytes depend on `seed` and position.
 pub fn pattern(seed: u32, len: usize) -> Vec<u8> {
     (0..len).map(|i| (i as u32).wrapping_mul(2654435761).wrapping_add(seed).to_le_bytes()[1]).collect()

@@ -7,6 +7,12 @@
 //! (reassembly, loss recovery), and frames leave through its UDP sending
 //! path (GSO / `sendmmsg`).
 //!
+//! Only what the kernel would accept reaches reassembly: the program drops
+//! chunks to another host's MAC or address, on a VLAN the node was not
+//! given, from a v4-mapped IPv6 source, or with a bad IPv4 header checksum
+//! (counted in its counters); user space checks every frame and record
+//! again and verifies the UDP checksum ([`packet`], counted in the drops).
+//!
 //! ```no_run
 //! use leap::transport::Transport;
 //! use leap::transport::udp::UdpConfig;
@@ -39,6 +45,7 @@ use leap_common::xdp::{self as map, PeerRule, RingRecord, cfg};
 pub use self::counters::XdpCounters;
 pub use self::error::XdpError;
 pub use self::object::ObjectSource;
+pub use self::packet::{Reject, RxFilter};
 pub use self::program::{AttachMode, AttachedMode, PinnedProgram, XdpProgram};
 pub use self::ringbuf::RingReader;
 pub use self::xsk::{XskConfig, XskSocket, ZeroCopy};
@@ -71,6 +78,22 @@ impl Delivery {
             Self::RingBuf => map::delivery::RING_BUF,
         }
     }
+}
+
+/// Whether a UDP checksum field holding only the pseudo-header sum (what a
+/// `CHECKSUM_PARTIAL` sender leaves there) is accepted; see [`packet`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PartialChecksums {
+    /// Accepted on veth, whose peer hands over what its sender wrote, and
+    /// refused on every other driver, where a correct sender's packet
+    /// carries a complete checksum.
+    #[default]
+    Auto,
+    /// Always accepted.
+    Accept,
+    /// Always refused.
+    Refuse,
 }
 
 /// Settings of an [`XdpTransport`].
@@ -108,6 +131,11 @@ pub struct XdpTransportConfig {
     /// Pin the program and its maps under `/sys/fs/bpf/leap/<iface>/`
     /// while the transport lives, for `leap xdp status|stats`.
     pub pin: bool,
+    /// VLAN IDs a tagged chunk may carry (the interface's VLANs, when the
+    /// program sits on their parent). Empty: untagged chunks only.
+    pub vlans: Vec<u16>,
+    /// Partial UDP checksums.
+    pub partial_checksums: PartialChecksums,
 }
 
 impl XdpTransportConfig {
@@ -126,6 +154,8 @@ impl XdpTransportConfig {
             drop_rejected: true,
             log: false,
             pin: false,
+            vlans: Vec::new(),
+            partial_checksums: PartialChecksums::Auto,
         }
     }
 }
@@ -151,6 +181,7 @@ pub fn open_endpoint(
     cfg.mode = mode;
     cfg.object = ObjectSource::from_option(opts.xdp_object.clone());
     (cfg.xsk, cfg.ring_bytes) = buffers_for(opts.frame_len);
+    cfg.vlans = opts.xdp_vlans.clone();
     cfg.queues = match &opts.xdp_queues {
         Some(q) => q.clone(),
         None => (0..rx_queue_count(iface).min(8)).collect(),
@@ -187,6 +218,75 @@ pub fn rx_queue_count(iface: &str) -> u32 {
         .max(1)
 }
 
+/// What the node accepts, as its kernel would: the interface's MAC, the
+/// listening address (every address of the namespace when it listens on
+/// the wildcard), the configured VLANs, and partial checksums on veth.
+///
+/// # Errors
+///
+/// As [`host_filter_for`].
+pub fn host_filter(cfg: &XdpTransportConfig) -> Result<RxFilter, XdpError> {
+    host_filter_for(&cfg.iface, Some(cfg.udp.listen.ip()), &cfg.vlans, cfg.partial_checksums)
+}
+
+/// What a socket bound to `listen` on a host whose chunks arrive on
+/// `iface` accepts: `iface`'s MAC, `listen` (or, for a wildcard address or
+/// `None`, every address of the current network namespace of its family;
+/// both families for `None` and `::`), the VLANs `vlans`, and partial UDP
+/// checksums as `partial` says. Logs what it chose, once.
+///
+/// # Errors
+///
+/// [`XdpError::Syscall`] when the interface's MAC or the host's addresses
+/// cannot be read, [`XdpError::Config`] for more addresses or VLANs than
+/// the program's maps hold, or a VLAN ID beyond 4095.
+pub fn host_filter_for(
+    iface: &str,
+    listen: Option<std::net::IpAddr>,
+    vlans: &[u16],
+    partial: PartialChecksums,
+) -> Result<RxFilter, XdpError> {
+    let mac = sys::if_hwaddr(iface).map_err(|source| XdpError::Syscall { call: "ioctl(SIOCGIFHWADDR)", source })?;
+    let local = match listen {
+        Some(ip) if !ip.is_unspecified() => vec![ip],
+        _ => {
+            let all = sys::host_addrs().map_err(|source| XdpError::Syscall { call: "getifaddrs", source })?;
+            // A wildcard IPv4 socket takes IPv4 only; a wildcard IPv6 one both.
+            all.into_iter().filter(|a| !listen.is_some_and(|l| l.is_ipv4()) || a.is_ipv4()).collect()
+        }
+    };
+    if local.len() > map::MAX_LOCAL_ADDRS as usize {
+        return Err(XdpError::Config(format!(
+            "{} local addresses, more than the {} the XDP program holds: listen on one address",
+            local.len(),
+            map::MAX_LOCAL_ADDRS
+        )));
+    }
+    if vlans.len() > map::MAX_VLANS as usize {
+        return Err(XdpError::Config(format!("more than {} VLANs", map::MAX_VLANS)));
+    }
+    if let Some(v) = vlans.iter().find(|&&v| v > map::wire::VLAN_VID_MASK) {
+        return Err(XdpError::Config(format!("VLAN ID {v} out of range (0..=4095)")));
+    }
+    let driver = sys::if_driver(iface).unwrap_or_else(|e| {
+        log::debug!("{iface}: no driver name ({e})");
+        String::new()
+    });
+    let partial_checksums = match partial {
+        PartialChecksums::Auto => driver == "veth",
+        PartialChecksums::Accept => true,
+        PartialChecksums::Refuse => false,
+    };
+    log::info!(
+        "{iface}: XDP takes chunks to {} at {:?}, VLANs {:?}; partial UDP checksums {} (driver {driver:?})",
+        mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":"),
+        local,
+        vlans,
+        if partial_checksums { "accepted" } else { "refused" },
+    );
+    Ok(RxFilter { mac: Some(mac), local: Some(local), vlans: vlans.to_vec(), partial_checksums })
+}
+
 enum Rx {
     Xsk(Vec<XskSocket>),
     Ring(RingReader),
@@ -207,6 +307,8 @@ pub struct XdpTransport {
     rx: Rx,
     program: XdpProgram,
     link: DatagramLink,
+    /// What user space checks every chunk against.
+    filter: RxFilter,
     cfg: XdpTransportConfig,
     mode: AttachedMode,
     zero_copy: bool,
@@ -248,12 +350,14 @@ impl XdpTransport {
         if cfg.queues.is_empty() || cfg.queues.len() > 8 {
             return Err(XdpError::Config("between 1 and 8 receive queues".into()).into());
         }
+        let filter = host_filter(&cfg)?;
         let socket = bind_socket(udp.listen)?;
         let port = udp.listen.port();
         let ring_bytes = if cfg.delivery == Delivery::RingBuf { cfg.ring_bytes } else { None };
         let mut program = XdpProgram::load_sized(&cfg.object, ring_bytes)?;
         program.add_port(port)?;
-        let mut flags = if cfg.drop_rejected { cfg::DROP_REJECTED } else { 0 };
+        program.accept_only(&filter)?;
+        let mut flags = cfg::LOCAL_ONLY | if cfg.drop_rejected { cfg::DROP_REJECTED } else { 0 };
         if let Some(prev) = udp.prev {
             flags |= cfg::PEER_FILTER;
             program.allow_peer(prev, port, PeerRule::allow(&[ChunkKind::Data, ChunkKind::Control]))?;
@@ -280,7 +384,8 @@ impl XdpTransport {
             delivery: cfg.delivery.config_value(),
             flags,
             wakeup_every: cfg.wakeup_every,
-            _reserved: 0,
+            mac: filter.mac.unwrap_or_default(),
+            ..map::XdpConfig::default()
         })?;
         let mode = program.attach(&cfg.iface, cfg.mode)?;
         let pins = if cfg.pin { Some(program.pin_running()?) } else { None };
@@ -301,6 +406,7 @@ impl XdpTransport {
             rx,
             program,
             link,
+            filter,
             mode,
             zero_copy,
             kernel_rx: RxBatch::new(16, CHUNK_DATAGRAM_MAX + 1),
@@ -327,6 +433,11 @@ impl XdpTransport {
     /// [`XdpError::Map`].
     pub fn xdp_counters(&self) -> Result<XdpCounters, XdpError> {
         self.program.counters()
+    }
+
+    /// What every chunk is checked against before reassembly.
+    pub fn rx_filter(&self) -> &RxFilter {
+        &self.filter
     }
 
     /// The program, e.g. to change its peer rules while running.
@@ -370,7 +481,7 @@ impl Transport for XdpTransport {
     }
 
     fn recv_prev(&mut self, out: &mut [u8]) -> Result<Received> {
-        let Self { rx, program, link, cfg, kernel_rx, kernel_age, via_kernel, .. } = self;
+        let Self { rx, program, link, filter, cfg, kernel_rx, kernel_age, via_kernel, .. } = self;
         let port = cfg.udp.listen.port();
         let log = cfg.log;
         link.recv_with(out, "poll", |link, out, wait| {
@@ -382,21 +493,23 @@ impl Transport for XdpTransport {
             match rx {
                 Rx::Xsk(socks) => {
                     for s in socks.iter_mut() {
-                        s.recv(BATCH, |frame| match packet::parse_udp(frame) {
-                            Some(d) if d.dst_port == port => link.datagram(Some(d.src), d.payload, out),
-                            _ => foreign += 1,
+                        s.recv(BATCH, |frame| match filter.admit_frame(frame) {
+                            Ok(d) if d.dst_port() == port => link.datagram(Some(d.src), d.payload, out),
+                            Ok(_) => foreign += 1,
+                            Err(r) => r.count(link.drops_mut()),
                         });
                     }
                 }
                 Rx::Ring(ring) => {
-                    ring.recv(BATCH as usize, |rec: &RingRecord| match rec.datagram() {
-                        Some(d) if rec.dst_port == port => link.datagram(Some(rec.source()), d, out),
-                        _ => foreign += 1,
+                    ring.recv(BATCH as usize, |rec: &RingRecord| match filter.admit_record(rec) {
+                        Ok((src, d)) if rec.dst_port == port => link.datagram(Some(src), d, out),
+                        Ok(_) => foreign += 1,
+                        Err(r) => r.count(link.drops_mut()),
                     });
                 }
             }
-            // Not for this node's port, or not UDP: cannot happen unless the
-            // maps were changed behind our back.
+            // Not for this node's port: cannot happen unless the maps were
+            // changed behind our back.
             if foreign > 0 {
                 link.count_foreign(foreign);
             }

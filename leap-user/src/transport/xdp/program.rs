@@ -4,7 +4,7 @@
 //! process (`leap xdp attach`).
 
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
 
@@ -13,8 +13,8 @@ use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::{ProgramError, Xdp, XdpMode};
 use aya::{Ebpf, EbpfLoader};
 use leap_common::xdp::{
-    MAP_CONFIG, MAP_COUNTERS, MAP_PEERS, MAP_PORTS, MAP_RING, MAP_XSKS, PROGRAM_NAME, PeerKey, PeerRule, PortRule,
-    XdpConfig,
+    LocalAddr, MAP_CONFIG, MAP_COUNTERS, MAP_LOCAL_ADDRS, MAP_PEERS, MAP_PORTS, MAP_RING, MAP_VLANS, MAP_XSKS,
+    PROGRAM_NAME, PeerKey, PeerRule, PortRule, XdpConfig,
 };
 
 use super::counters::XdpCounters;
@@ -24,7 +24,8 @@ use super::{XdpError, sys};
 /// Where leap pins what outlives the process.
 pub const PIN_ROOT: &str = "/sys/fs/bpf/leap";
 /// Maps pinned next to the link, by name.
-const PINNED_MAPS: [&str; 6] = [MAP_CONFIG, MAP_PORTS, MAP_PEERS, MAP_COUNTERS, MAP_XSKS, MAP_RING];
+const PINNED_MAPS: [&str; 8] =
+    [MAP_CONFIG, MAP_PORTS, MAP_PEERS, MAP_COUNTERS, MAP_XSKS, MAP_RING, MAP_LOCAL_ADDRS, MAP_VLANS];
 
 /// How to attach: what the user asked for.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -255,6 +256,51 @@ impl XdpProgram {
         let mut ports: HashMap<&mut MapData, u16, PortRule> =
             HashMap::try_from(map).map_err(XdpError::map(MAP_PORTS))?;
         ports.insert(port, PortRule { enabled: 1 }, 0).map_err(XdpError::map(MAP_PORTS))
+    }
+
+    /// Fills the maps behind `cfg::LOCAL_ONLY` from `filter`: its local
+    /// addresses and VLANs. The caller sets the flag and
+    /// [`XdpConfig::mac`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::add_local_addr`] and [`Self::allow_vlan`].
+    pub fn accept_only(&mut self, filter: &super::RxFilter) -> Result<(), XdpError> {
+        for ip in filter.local.iter().flatten() {
+            self.add_local_addr(*ip)?;
+        }
+        for &vid in &filter.vlans {
+            self.allow_vlan(vid)?;
+        }
+        Ok(())
+    }
+
+    /// Accepts chunks to `ip` (with `cfg::LOCAL_ONLY`; IPv4 and IPv6 are
+    /// told apart, so `::ffff:a.b.c.d` does not stand for `a.b.c.d`).
+    ///
+    /// # Errors
+    ///
+    /// [`XdpError::Map`] (e.g. the map is full).
+    pub fn add_local_addr(&mut self, ip: IpAddr) -> Result<(), XdpError> {
+        let map = self.ebpf.map_mut(MAP_LOCAL_ADDRS).ok_or(XdpError::Missing(MAP_LOCAL_ADDRS))?;
+        let mut addrs: HashMap<&mut MapData, LocalAddr, u32> =
+            HashMap::try_from(map).map_err(XdpError::map(MAP_LOCAL_ADDRS))?;
+        addrs.insert(LocalAddr::new(ip), 1, 0).map_err(XdpError::map(MAP_LOCAL_ADDRS))
+    }
+
+    /// Accepts chunks tagged with VLAN `vid` (with `cfg::LOCAL_ONLY`;
+    /// untagged chunks are always accepted).
+    ///
+    /// # Errors
+    ///
+    /// [`XdpError::Config`] for an ID beyond 4095, [`XdpError::Map`].
+    pub fn allow_vlan(&mut self, vid: u16) -> Result<(), XdpError> {
+        if vid > leap_common::xdp::wire::VLAN_VID_MASK {
+            return Err(XdpError::Config(format!("VLAN ID {vid} out of range (0..=4095)")));
+        }
+        let map = self.ebpf.map_mut(MAP_VLANS).ok_or(XdpError::Missing(MAP_VLANS))?;
+        let mut vlans: HashMap<&mut MapData, u16, u32> = HashMap::try_from(map).map_err(XdpError::map(MAP_VLANS))?;
+        vlans.insert(vid, 1, 0).map_err(XdpError::map(MAP_VLANS))
     }
 
     /// Allows `src` to send chunks of the kinds in `rule` to the local port

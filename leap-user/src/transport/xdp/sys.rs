@@ -1,5 +1,6 @@
-//! The few raw system calls the XDP backend makes itself: interface lookup,
-//! the BPF file system mount, and the page-aligned UMEM area of AF_XDP.
+//! The few raw system calls the XDP backend makes itself: interface lookup
+//! (index, MAC, driver), the host's addresses, the BPF file system mount,
+//! and the page-aligned UMEM area of AF_XDP.
 //! Every `unsafe` of the backend outside `xsk.rs` is here.
 
 use std::ffi::CString;
@@ -218,4 +219,167 @@ pub fn prog_test_run(prog: std::os::fd::BorrowedFd<'_>, packet: &[u8]) -> io::Re
         return Err(io::Error::last_os_error());
     }
     Ok(attr.retval)
+}
+
+/// `ifreq` for `name`, or `EINVAL` when the name does not fit.
+fn ifreq(name: &str) -> io::Result<libc::ifreq> {
+    // SAFETY: `ifreq` is plain data (a name and a union of plain data); all
+    // zeroes is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    if name.len() >= req.ifr_name.len() || name.as_bytes().contains(&0) {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    for (d, s) in req.ifr_name.iter_mut().zip(name.as_bytes()) {
+        *d = *s as libc::c_char;
+    }
+    Ok(req)
+}
+
+/// A datagram socket of the current network namespace, for interface
+/// ioctls.
+fn ioctl_socket() -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain socket(2) call; no pointers.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a descriptor we just opened and own alone.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+/// The hardware (MAC) address of the interface `name` in the current
+/// network namespace (`SIOCGIFHWADDR`).
+///
+/// # Errors
+///
+/// The `socket` or `ioctl` error (`ENODEV` for no such interface).
+pub fn if_hwaddr(name: &str) -> io::Result<[u8; 6]> {
+    use std::os::fd::AsRawFd;
+    let sock = ioctl_socket()?;
+    let mut req = ifreq(name)?;
+    // SAFETY: `req` is a valid `ifreq` naming the interface, writable for
+    // the kernel's answer; the socket is open.
+    let rc = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFHWADDR, &mut req) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: SIOCGIFHWADDR filled the `ifru_hwaddr` member of the union.
+    let sa = unsafe { req.ifr_ifru.ifru_hwaddr };
+    let mut mac = [0u8; 6];
+    for (d, s) in mac.iter_mut().zip(sa.sa_data) {
+        *d = s as u8;
+    }
+    Ok(mac)
+}
+
+/// `struct ethtool_drvinfo` of `linux/ethtool.h`.
+#[repr(C)]
+struct EthtoolDrvinfo {
+    cmd: u32,
+    driver: [u8; 32],
+    version: [u8; 32],
+    fw_version: [u8; 32],
+    bus_info: [u8; 32],
+    erom_version: [u8; 32],
+    reserved2: [u8; 12],
+    n_priv_flags: u32,
+    n_stats: u32,
+    testinfo_len: u32,
+    eedump_len: u32,
+    regdump_len: u32,
+}
+const _: () = assert!(size_of::<EthtoolDrvinfo>() == 196);
+
+/// `ETHTOOL_GDRVINFO`.
+const ETHTOOL_GDRVINFO: u32 = 0x0000_0003;
+/// `SIOCETHTOOL`.
+const SIOCETHTOOL: libc::c_ulong = 0x8946;
+
+/// The driver name of the interface `name` (`"veth"`, `"mlx5_core"`, ...)
+/// in the current network namespace (`ETHTOOL_GDRVINFO`).
+///
+/// # Errors
+///
+/// The `socket` or `ioctl` error (`EOPNOTSUPP` for a device without
+/// ethtool support).
+pub fn if_driver(name: &str) -> io::Result<String> {
+    use std::os::fd::AsRawFd;
+    let sock = ioctl_socket()?;
+    let mut req = ifreq(name)?;
+    // SAFETY: all-zero is a valid `ethtool_drvinfo` (integers and bytes).
+    let mut info: EthtoolDrvinfo = unsafe { std::mem::zeroed() };
+    info.cmd = ETHTOOL_GDRVINFO;
+    req.ifr_ifru.ifru_data = (&raw mut info).cast();
+    // SAFETY: `req` names the interface and points to `info`, a writable
+    // `ethtool_drvinfo` that outlives the call; the socket is open.
+    let rc = unsafe { libc::ioctl(sock.as_raw_fd(), SIOCETHTOOL, &mut req) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let end = info.driver.iter().position(|&b| b == 0).unwrap_or(info.driver.len());
+    Ok(String::from_utf8_lossy(&info.driver[..end]).into_owned())
+}
+
+/// Every address configured on an interface of the current network
+/// namespace (`getifaddrs`): the destinations the kernel accepts for a
+/// socket bound to the wildcard address.
+///
+/// # Errors
+///
+/// The `getifaddrs` error.
+pub fn host_addrs() -> io::Result<Vec<std::net::IpAddr>> {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: `head` is a valid place for the list pointer.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut out = Vec::new();
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, alive
+        // until freeifaddrs below.
+        let ifa = unsafe { &*cur };
+        if !ifa.ifa_addr.is_null() {
+            // SAFETY: a non-null `ifa_addr` points to a sockaddr whose
+            // family says which struct it is.
+            let family = i32::from(unsafe { (*ifa.ifa_addr).sa_family });
+            if family == libc::AF_INET {
+                // SAFETY: an AF_INET address is a `sockaddr_in`.
+                let sin = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_in>() };
+                out.push(IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr))));
+            } else if family == libc::AF_INET6 {
+                // SAFETY: an AF_INET6 address is a `sockaddr_in6`.
+                let sin6 = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_in6>() };
+                out.push(IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)));
+            }
+        }
+        cur = ifa.ifa_next;
+    }
+    // SAFETY: `head` came from getifaddrs and is freed once; no reference
+    // into the list outlives this point.
+    unsafe { libc::freeifaddrs(head) };
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_has_no_mac_and_unknown_interfaces_are_errors() {
+        assert_eq!(if_hwaddr("lo").unwrap(), [0; 6]);
+        assert_eq!(if_hwaddr("no-such-if0").unwrap_err().raw_os_error(), Some(libc::ENODEV));
+        assert!(if_hwaddr("a-name-too-long-for-ifreq").is_err());
+        assert!(if_driver("no-such-if0").is_err());
+    }
+
+    #[test]
+    fn host_addresses_are_sorted_and_unique() {
+        let a = host_addrs().unwrap();
+        assert!(a.windows(2).all(|w| w[0] < w[1]), "{a:?}");
+    }
 }
