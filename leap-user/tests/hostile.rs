@@ -385,3 +385,33 @@ fn datagrams_the_kernel_drops_before_leap_sees_them_are_counted() {
     assert!(s.kernel_drops > 0, "{s:?}");
     assert!(s.drops.bad_magic + s.kernel_drops >= 20_000, "{s:?}");
 }
+
+#[test]
+fn chunks_spoofed_before_the_previous_node_proved_itself_do_not_stall_it() {
+    let (a_addr, b_addr) = (free_addr(), free_addr());
+    let mut cb = UdpConfig::new(b_addr, a_addr);
+    cb.prev = Some(a_addr);
+    cb.recv_timeout = Some(Duration::from_millis(50));
+    let mut b = UdpTransport::bind(cb).unwrap();
+    // Before node A starts, someone sends from its address: half a frame
+    // of a seq A will not use for a long time. B locks onto it.
+    {
+        let spoof = UdpSocket::bind(a_addr).unwrap();
+        let mut d = ChunkHeader::data(40_000, 0, 2).to_bytes().to_vec();
+        d.extend_from_slice(&[0x5A; 1400]);
+        spoof.send_to(&d, b_addr).unwrap();
+    }
+    let mut out = vec![0u8; 1 << 20];
+    for _ in 0..2 {
+        // The half frame is given up (best effort: A is not proven yet).
+        assert!(matches!(b.recv_prev(&mut out), Err(TransportError::Timeout(_) | TransportError::FrameLost { .. })));
+    }
+    assert_eq!(b.stats().chunks_received, 1);
+    let mut a = UdpTransport::bind(UdpConfig::new(a_addr, b_addr)).unwrap();
+    support::prove_link(&mut a, &mut b, Duration::from_secs(1));
+    for i in 0..3 {
+        a.send_next(&pattern(i, 5000)).unwrap();
+        let got = b.recv_prev(&mut out).unwrap();
+        assert_eq!(&out[..got.len], &pattern(i, 5000)[..]);
+    }
+}

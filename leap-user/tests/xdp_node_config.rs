@@ -73,6 +73,26 @@ fn config_ring_over_xdp_cleans_up_on_sigterm() {
             .output()
             .unwrap();
         assert!(stats.status.success(), "stats n{i}: {}", String::from_utf8_lossy(&stats.stderr));
+        // `leap xdp stats` sees the running node's program (in the node's
+        // mount namespace: `ip netns exec` gives every process its own /sys).
+        let xdp = Command::new("nsenter")
+            .args([
+                "-t",
+                &k.id().to_string(),
+                "-m",
+                "-n",
+                env!("CARGO_BIN_EXE_leap"),
+                "xdp",
+                "stats",
+                "--json",
+                "--iface",
+            ])
+            .arg(&topo.nodes()[*i].rx_iface)
+            .output()
+            .unwrap();
+        assert!(xdp.status.success(), "xdp stats n{i}: {}", String::from_utf8_lossy(&xdp.stderr));
+        let xv: serde_json::Value = serde_json::from_slice(&xdp.stdout).unwrap();
+        assert!(xv["xdp"]["to_xsk"].as_u64().unwrap_or(0) > 0, "n{i}: {xv}");
         // SAFETY: kill(2) on our own child (ip netns exec execs leap).
         unsafe { libc::kill(k.id() as i32, libc::SIGTERM) };
         let s = wait_bounded(k, Duration::from_secs(10));

@@ -178,6 +178,7 @@ impl TransportArgs {
             xdp_mode: self.xdp_mode.clone(),
             xdp_queues: self.xdp_queues.0.clone(),
             xdp_vlans: self.xdp_vlans.clone(),
+            xdp_pin: false,
             reliability: match self.reliability {
                 ReliabilityArg::Reliable => crate::transport::datagram::Reliability::Reliable,
                 ReliabilityArg::BestEffort => crate::transport::datagram::Reliability::BestEffort,

@@ -124,6 +124,8 @@ fn resolve(args: &NodeArgs) -> Result<Resolved> {
         bail!("--frame-size {frame_size}: must be {min}..={} bytes", crate::ring::MAX_FRAME);
     }
     let mut opts = args.transport_args.options(frame_size);
+    // `leap xdp status|stats` on this host see the node's program.
+    opts.xdp_pin = true;
     if let Some(f) = file {
         let t = &f.transport;
         // Flags left at their defaults take the file's value.

@@ -422,6 +422,12 @@ impl DatagramLink {
                 if outcome.restarted { " (restarted)" } else { "" }
             );
         }
+        if outcome.proven && !outcome.restarted && is_prev && self.stats.frames_received == 0 {
+            // Whatever came from that address before it was proven (a
+            // spoofer's chunks, say) may have locked the reassembly onto a
+            // seq the real sender never uses: start from its chunks.
+            self.reasm.resync();
+        }
         if outcome.restarted {
             if is_next && let Some(retx) = &mut self.retx {
                 // Its frames went to the old process.

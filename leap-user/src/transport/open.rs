@@ -101,6 +101,10 @@ pub struct Options {
     /// VLAN IDs a tagged chunk may carry on the XDP path (empty: untagged
     /// chunks only).
     pub xdp_vlans: Vec<u16>,
+    /// Pin the running XDP program and maps under `/sys/fs/bpf/leap/<iface>`
+    /// while the node runs, so that `leap xdp status|stats` see it (what
+    /// `leap node` does).
+    pub xdp_pin: bool,
     /// Loss recovery of the datagram backends.
     pub reliability: super::datagram::Reliability,
     /// Use UDP GSO where the kernel has it (one super-datagram per up to 44
@@ -126,6 +130,7 @@ impl Default for Options {
             xdp_mode: "auto".into(),
             xdp_queues: None,
             xdp_vlans: Vec::new(),
+            xdp_pin: false,
             reliability: super::datagram::Reliability::Reliable,
             gso: true,
             crc: true,

@@ -180,6 +180,7 @@ pub fn open_endpoint(
     let mut cfg = XdpTransportConfig::new(iface, super::open::udp_config(ep, opts), delivery);
     cfg.mode = mode;
     cfg.object = ObjectSource::from_option(opts.xdp_object.clone());
+    cfg.pin = opts.xdp_pin;
     (cfg.xsk, cfg.ring_bytes) = buffers_for(opts.frame_len);
     cfg.vlans = opts.xdp_vlans.clone();
     cfg.queues = match &opts.xdp_queues {
@@ -388,7 +389,18 @@ impl XdpTransport {
             ..map::XdpConfig::default()
         })?;
         let mode = program.attach(&cfg.iface, cfg.mode)?;
-        let pins = if cfg.pin { Some(program.pin_running()?) } else { None };
+        // Pins let `leap xdp status|stats` see a running node; without them
+        // the node still runs.
+        let pins = if cfg.pin {
+            program
+                .pin_running()
+                .map_err(|e| {
+                    log::warn!("{}: cannot pin the running program ({e}); `leap xdp stats` will not see it", cfg.iface)
+                })
+                .ok()
+        } else {
+            None
+        };
         // A receiver in generic mode sees GSO super-packets whole and cannot
         // hand them to XDP chunk by chunk; every node of a ring runs the same
         // mode, so segment in software unless attached natively.
