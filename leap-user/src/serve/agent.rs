@@ -265,7 +265,7 @@ fn refuse_message(c: &Counters, e: &ProtocolError) -> Option<Response> {
 
 enum MemberEvent {
     Opened,
-    Finished(MemberReport),
+    Finished(Box<MemberReport>),
 }
 
 /// A member started by this connection. Dropping it stops the member.
@@ -477,7 +477,7 @@ fn start(sh: &Arc<Shared>, spec: MemberSpec, guard: BusyGuard) -> std::io::Resul
         let rep = member_thread(&spec, &opts, &st, &go_rx, &ev_tx);
         // The transport is gone: let the next run claim the host first.
         drop(guard);
-        let _ = ev_tx.send(MemberEvent::Finished(rep));
+        let _ = ev_tx.send(MemberEvent::Finished(Box::new(rep)));
     })?;
     Ok(Member { stop, go: Some(go_tx), events: ev_rx, deadline: None })
 }

@@ -288,9 +288,9 @@ impl HostRings {
     /// Stops the members of `active` hosts and waits until each reported
     /// its end (its transport closed), or its connection is gone.
     fn abort(&mut self, active: &mut [bool]) {
-        for i in 0..active.len() {
-            if active[i] && self.send(i, &Request::Stop).is_err() {
-                active[i] = false;
+        for (i, a) in active.iter_mut().enumerate() {
+            if *a && self.send(i, &Request::Stop).is_err() {
+                *a = false;
             }
         }
         let deadline = Instant::now() + ABORT_TIMEOUT;
@@ -401,7 +401,7 @@ impl HostRings {
         let head = loop {
             let failure = match self.next_event(deadline) {
                 None => CoordinatorError::Timeout(format!("no report from the head {} in time", self.name(0))),
-                Some((0, Ok(Response::Finished(r)))) => break r,
+                Some((0, Ok(Response::Finished(r)))) => break *r,
                 Some((_, Ok(Response::Stopped | Response::Opened))) => continue,
                 Some((i, msg)) => {
                     active[i] = false;
@@ -413,9 +413,9 @@ impl HostRings {
         };
         active[0] = false;
         let mut reports: Vec<MemberReport> = vec![head];
-        for i in 1..n {
+        for (i, a) in active.iter_mut().enumerate().skip(1) {
             if self.send(i, &Request::Stop).is_err() {
-                active[i] = false;
+                *a = false;
             }
         }
         let deadline = Instant::now() + ABORT_TIMEOUT;
@@ -431,7 +431,7 @@ impl HostRings {
                 }
                 Some((i, Ok(Response::Finished(r)))) => {
                     active[i] = false;
-                    reports.push(r);
+                    reports.push(*r);
                 }
                 Some((_, Ok(Response::Stopped | Response::Opened))) => {}
                 Some((i, msg)) => {

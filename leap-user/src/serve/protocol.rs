@@ -275,7 +275,7 @@ pub enum Response {
     /// The member's transport is open.
     Opened,
     /// The member ran; transport closed (XDP detached) before this was sent.
-    Finished(MemberReport),
+    Finished(Box<MemberReport>),
     /// `Stop` with nothing running.
     Stopped,
     /// The request was refused or failed.
@@ -516,7 +516,8 @@ mod tests {
     #[test]
     fn member_specs_out_of_bounds_are_refused() {
         assert_eq!(spec().validate(), Ok(()));
-        let cases: [(&str, fn(&mut MemberSpec)); 7] = [
+        type Breaker = fn(&mut MemberSpec);
+        let cases: [(&str, Breaker); 7] = [
             ("frame_size", |s| s.frame_size = MAX_FRAME + 1),
             ("frames", |s| s.frames = MAX_FRAMES + 1),
             ("inflight", |s| s.inflight = 0),
