@@ -188,3 +188,31 @@ fn bad_requests_and_idle_connections_are_refused_counted_and_start_nothing() {
         assert!(!c.port_bound(i, DATA_PORT));
     }
 }
+
+#[test]
+#[ignore = "needs root for namespaces: run by cargo xtask ci (stage privileged)"]
+fn coordinator_killed_mid_run_aborts_the_run_on_every_agent() {
+    let c = Cluster::new("sc", None);
+    // Large frames, many repeats: minutes if left alone.
+    let mut bench = c.spawn_bench(&["--sizes", "1048584", "--transports", "tcp", "--repeat", "50"]);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !(0..3).all(|i| c.client(i).status().unwrap().1) {
+        assert!(Instant::now() < deadline, "the run did not start: {}", c.agent_log(0));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    bench.kill().unwrap();
+    bench.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for i in 0..3 {
+        loop {
+            let (counters, running) = c.client(i).status().unwrap();
+            if !running && counters.runs_aborted == 1 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "host {i} did not abort: {counters:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(!c.port_bound(i, DATA_PORT), "host {i} left a socket on the data port");
+    }
+}

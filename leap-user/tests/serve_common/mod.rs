@@ -125,14 +125,14 @@ impl Cluster {
         self.in_ns(0, move || Client::connect(&format!("h{i}"), addr, TOKEN)).expect("connect")
     }
 
-    /// `leap bench ARGS --hosts ... --token-file ...` run from host 0,
-    /// bounded by `limit`; returns (success, stderr).
-    pub fn bench(&self, args: &[&str], limit: Duration) -> (bool, String) {
+    /// Starts `leap bench ARGS --hosts ... --token-file ...` in host 0,
+    /// its standard error into `bench.err`.
+    pub fn spawn_bench(&self, args: &[&str]) -> Child {
         let hosts: Vec<String> = (0..3).map(|i| self.control(i).to_string()).collect();
         let data: Vec<String> = self.hosts().iter().map(|h| h.data.to_string()).collect();
         let ifaces: Vec<String> = self.topo.nodes().iter().map(|n| n.rx_iface.clone()).collect();
         let err = std::fs::File::create(self.dir.join("bench.err")).unwrap();
-        let mut child = Command::new("ip")
+        Command::new("ip")
             .args(["netns", "exec", &self.topo.nodes()[0].netns, env!("CARGO_BIN_EXE_leap"), "bench", "--hosts"])
             .arg(hosts.join(","))
             .arg("--data")
@@ -146,7 +146,13 @@ impl Cluster {
             .stdout(Stdio::null())
             .stderr(err)
             .spawn()
-            .unwrap();
+            .unwrap()
+    }
+
+    /// [`Cluster::spawn_bench`], waited for at most `limit`; returns
+    /// (success, stderr).
+    pub fn bench(&self, args: &[&str], limit: Duration) -> (bool, String) {
+        let mut child = self.spawn_bench(args);
         let start = Instant::now();
         let status = loop {
             if let Some(s) = child.try_wait().unwrap() {
