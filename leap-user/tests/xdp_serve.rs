@@ -3,6 +3,11 @@
 //! xdp-ringbuf with every frame intact, and no program stays attached after
 //! a run, nor on the surviving hosts when an agent is killed in the middle
 //! of one. Needs root and the BPF object: `cargo xtask ci` (stage ebpf).
+//!
+//! The agents run as root here: with only the unit's capabilities (no
+//! CAP_PERFMON) the verifier rejects the XDP program of this tree ("pointer
+//! arithmetic with it prohibited for !root", a register offset added to a
+//! packet pointer), as it would under leap-node@.service.
 
 mod serve_common;
 mod xdp_common;
@@ -15,7 +20,7 @@ use leap::ring::{Placement, RingConfig};
 use leap::serve::coordinator::HostRings;
 use leap::transport::open::TransportKind;
 use leap::transport::xdp::ObjectSource;
-use serve_common::{Cluster, TOKEN};
+use serve_common::{Cluster, Privilege, TOKEN};
 use xdp_common::xdp_attachment;
 
 fn object_path() -> PathBuf {
@@ -35,7 +40,7 @@ fn assert_detached(c: &Cluster, hosts: &[usize]) {
 #[test]
 #[ignore = "needs root and the BPF object: run by cargo xtask ci (stage ebpf)"]
 fn bench_across_agents_measures_both_xdp_paths_and_detaches() {
-    let c = Cluster::new("xb", Some(&object_path()));
+    let c = Cluster::new("xb", Some(&object_path()), Privilege::Root);
     let out = c.dir.join("report");
     let (ok, err) = c.bench(
         &["--quick", "--sizes", "16392", "--transports", "xdp,xdp-ringbuf", "--out", out.to_str().unwrap()],
@@ -57,7 +62,7 @@ fn bench_across_agents_measures_both_xdp_paths_and_detaches() {
 #[test]
 #[ignore = "needs root and the BPF object: run by cargo xtask ci (stage ebpf)"]
 fn killed_agent_during_an_xdp_run_leaves_no_program_attached_on_the_others() {
-    let mut c = Cluster::new("xk", Some(&object_path()));
+    let mut c = Cluster::new("xk", Some(&object_path()), Privilege::Root);
     let hosts = c.hosts();
     let path = c.topo.nodes()[0].path();
     let (to_coord, from_test) = std::sync::mpsc::channel::<RingConfig>();

@@ -22,8 +22,10 @@ use crate::transport::open::TransportKind;
 
 /// Time to connect and authenticate.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Time the agents get to clean up an aborted run.
-pub const ABORT_TIMEOUT: Duration = Duration::from_secs(15);
+/// Time the agents get to clean up an aborted run, beyond the ring's setup
+/// timeout (a TCP member whose neighbour went away tries to reconnect for
+/// that long before it sees the stop).
+pub const ABORT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest wait for a head's report.
 pub const RUN_TIMEOUT: Duration = Duration::from_secs(660);
 
@@ -287,13 +289,13 @@ impl HostRings {
 
     /// Stops the members of `active` hosts and waits until each reported
     /// its end (its transport closed), or its connection is gone.
-    fn abort(&mut self, active: &mut [bool]) {
+    fn abort(&mut self, active: &mut [bool], setup_timeout: Duration) {
         for (i, a) in active.iter_mut().enumerate() {
             if *a && self.send(i, &Request::Stop).is_err() {
                 *a = false;
             }
         }
-        let deadline = Instant::now() + ABORT_TIMEOUT;
+        let deadline = Instant::now() + setup_timeout + ABORT_TIMEOUT;
         while active.iter().any(|a| *a) {
             let Some((i, msg)) = self.next_event(deadline) else {
                 log::warn!("hosts {:?} did not confirm the abort in time", self.names(active));
@@ -363,7 +365,7 @@ impl HostRings {
         for i in (1..n).chain([0]) {
             let spec = self.spec(rc, i);
             if let Err(e) = self.send(i, &Request::Open(spec)) {
-                self.abort(&mut active);
+                self.abort(&mut active, rc.options.setup_timeout);
                 return Err(e);
             }
             active[i] = true;
@@ -387,13 +389,13 @@ impl HostRings {
                     self.failure(i, msg)
                 }
             };
-            self.abort(&mut active);
+            self.abort(&mut active, rc.options.setup_timeout);
             return Err(failure);
         }
         for i in (1..n).chain([0]) {
             if let Err(e) = self.send(i, &Request::Go) {
                 active[i] = false;
-                self.abort(&mut active);
+                self.abort(&mut active, rc.options.setup_timeout);
                 return Err(e);
             }
         }
@@ -408,7 +410,7 @@ impl HostRings {
                     self.failure(i, msg)
                 }
             };
-            self.abort(&mut active);
+            self.abort(&mut active, rc.options.setup_timeout);
             return Err(failure);
         };
         active[0] = false;
@@ -418,7 +420,7 @@ impl HostRings {
                 *a = false;
             }
         }
-        let deadline = Instant::now() + ABORT_TIMEOUT;
+        let deadline = Instant::now() + rc.options.setup_timeout + ABORT_TIMEOUT;
         let mut failure = None;
         while active.iter().any(|a| *a) {
             match self.next_event(deadline) {
@@ -427,7 +429,7 @@ impl HostRings {
                         "hosts {:?} did not stop in time",
                         self.names(&active)
                     )));
-                    self.abort(&mut active);
+                    self.abort(&mut active, rc.options.setup_timeout);
                 }
                 Some((i, Ok(Response::Finished(r)))) => {
                     active[i] = false;

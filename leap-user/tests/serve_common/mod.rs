@@ -1,7 +1,8 @@
 //! Shared by the `leap serve` tests (`netns_serve.rs`, `xdp_serve.rs`):
 //! three network namespaces stand in for three hosts, each running the
-//! `leap serve` binary on its own address; everything is removed on drop,
-//! also when a test fails.
+//! `leap serve` binary on its own address (with the packaged unit's
+//! capabilities only, or root's); everything is removed on drop, also when a
+//! test fails.
 
 #![allow(dead_code, reason = "each test file uses a different part")]
 
@@ -29,12 +30,24 @@ pub struct Cluster {
     pub dir: PathBuf,
     pub token_file: PathBuf,
     xdp_object: Option<PathBuf>,
+    privilege: Privilege,
+}
+
+/// What the agents may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Privilege {
+    /// The packaged unit's capabilities only: CAP_BPF, CAP_NET_ADMIN,
+    /// CAP_NET_RAW (+ CAP_IPC_LOCK standing in for its
+    /// LimitMEMLOCK=infinity), through setpriv.
+    Unit,
+    /// Root's.
+    Root,
 }
 
 impl Cluster {
     /// Namespaces `<tag><pid>n0..2` with an agent each. `tag`: one or two
     /// letters, different per test of a file (they run in parallel).
-    pub fn new(tag: &str, xdp_object: Option<&Path>) -> Self {
+    pub fn new(tag: &str, xdp_object: Option<&Path>, privilege: Privilege) -> Self {
         let prefix = format!("{tag}{}", std::process::id() % 100_000);
         let topo = Topology::ring(&prefix, 3).expect("namespaces");
         let dir = std::env::temp_dir().join(format!("leap-serve-{prefix}"));
@@ -43,8 +56,14 @@ impl Cluster {
         let token_file = dir.join("token");
         std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
         std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).unwrap();
-        let mut c =
-            Self { topo, agents: vec![None, None, None], dir, token_file, xdp_object: xdp_object.map(Into::into) };
+        let mut c = Self {
+            topo,
+            agents: vec![None, None, None],
+            dir,
+            token_file,
+            xdp_object: xdp_object.map(Into::into),
+            privilege,
+        };
         for i in 0..3 {
             c.start_agent(i);
         }
@@ -76,7 +95,12 @@ impl Cluster {
         let ns = self.topo.nodes()[i].netns.clone();
         let log = std::fs::File::create(self.dir.join(format!("agent{i}.log"))).unwrap();
         let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &ns, env!("CARGO_BIN_EXE_leap"), "--log", "info", "serve", "--listen"])
+        cmd.args(["netns", "exec", &ns]);
+        if self.privilege == Privilege::Unit {
+            let caps = "-all,+bpf,+net_admin,+net_raw,+ipc_lock";
+            cmd.args(["setpriv", "--bounding-set", caps, "--inh-caps", caps, "--ambient-caps", caps, "--"]);
+        }
+        cmd.args([env!("CARGO_BIN_EXE_leap"), "--log", "info", "serve", "--listen"])
             .arg(self.control(i).to_string())
             .arg("--token-file")
             .arg(&self.token_file)
