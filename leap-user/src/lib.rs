@@ -26,6 +26,7 @@ pub mod cli;
 pub mod frame;
 pub mod netns;
 pub mod ring;
+pub mod serve;
 pub mod sys;
 pub mod telemetry;
 pub mod transport;

@@ -37,6 +37,7 @@ fn main() -> ExitCode {
         Command::Node(a) => leap::cli::node::main(a),
         Command::Bench(a) => leap::cli::bench::main(a),
         Command::Stats(a) => leap::cli::stats::main(a),
+        Command::Serve(a) => leap::cli::serve::main(a),
         Command::Xdp(a) => leap::cli::xdp::main(a),
         Command::Kmod(a) => leap::cli::kmod::main(a),
         Command::Flood(a) => leap::cli::flood::main(a),

@@ -154,6 +154,102 @@ pub struct BenchReport {
     pub crc_costs: Vec<CrcCost>,
     /// Remarks for the reader (e.g. which figures come from an emulated VM).
     pub notes: Vec<String>,
+    /// The hosts of a benchmark across hosts, with their capabilities.
+    #[serde(default)]
+    pub hosts: Vec<BenchHost>,
+}
+
+/// Where the benchmark's rings run: on this host ([`LocalRings`]) or across
+/// hosts (`crate::serve::coordinator::HostRings`). [`run_on`] drives the same
+/// matrix over either.
+pub trait Rings {
+    /// `(site, kernel release)` of every machine involved.
+    fn kernels(&self) -> Vec<(String, String)>;
+    /// Why `kind` cannot run, if it cannot.
+    fn unavailable(&self, kind: TransportKind) -> Option<String>;
+    /// The floor: one 64-byte datagram per hop, `rounds` times.
+    ///
+    /// # Errors
+    ///
+    /// A failure that should stop the benchmark.
+    fn floor(&mut self, nodes: usize, rounds: usize) -> Result<FloorOutcome, String>;
+    /// Runs one ring and reports what its head measured.
+    ///
+    /// # Errors
+    ///
+    /// The ring failing (recorded as a skipped row).
+    fn run(&mut self, rc: &RingConfig) -> Result<RingReport, String>;
+    /// The hosts the rings span, with what each can run (none: this host).
+    fn hosts(&self) -> Vec<BenchHost> {
+        Vec::new()
+    }
+    /// Remarks for the report about where the rings ran.
+    fn notes(&self) -> Vec<String> {
+        Vec::new()
+    }
+}
+
+/// One host of a benchmark across hosts (`leap bench --hosts`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BenchHost {
+    /// Name in the report.
+    pub name: String,
+    /// Its agent's control address.
+    pub control: String,
+    /// Its ring member's data address.
+    pub data: String,
+    /// The interface its frames arrive on.
+    pub iface: Option<String>,
+    /// What its agent reported.
+    pub capabilities: crate::serve::capabilities::HostCapabilities,
+}
+
+/// What came of measuring the floor.
+#[derive(Clone, Debug)]
+pub enum FloorOutcome {
+    /// Measured.
+    Measured(Percentiles),
+    /// Not measurable where the rings run, and why (said in the report).
+    NotMeasurable(String),
+}
+
+/// Rings on this host: loopback or namespaces, as `cfg.placement` says.
+#[derive(Debug)]
+pub struct LocalRings<'a> {
+    cfg: &'a BenchConfig,
+}
+
+impl<'a> LocalRings<'a> {
+    /// Rings as `cfg` places them.
+    pub fn new(cfg: &'a BenchConfig) -> Self {
+        Self { cfg }
+    }
+}
+
+impl Rings for LocalRings<'_> {
+    fn kernels(&self) -> Vec<(String, String)> {
+        vec![(self.cfg.site.clone(), kernel_release())]
+    }
+
+    fn unavailable(&self, kind: TransportKind) -> Option<String> {
+        unavailable(kind, self.cfg.placement, &self.cfg.options)
+    }
+
+    fn floor(&mut self, nodes: usize, rounds: usize) -> Result<FloorOutcome, String> {
+        let topo = match self.cfg.placement {
+            Placement::Netns => {
+                Some(Topology::ring(&format!("lf{}", std::process::id() % 100_000), nodes).map_err(|e| e.to_string())?)
+            }
+            Placement::Loopback => None,
+            Placement::Hosts => return Err("LocalRings cannot place rings on other hosts".into()),
+        };
+        crate::sys::check_cpus(&self.cfg.options.cpus).map_err(|e| format!("--cpus: {e}"))?;
+        floor::measure(topo.as_ref(), nodes, rounds, &self.cfg.options.cpus).map(FloorOutcome::Measured)
+    }
+
+    fn run(&mut self, rc: &RingConfig) -> Result<RingReport, String> {
+        crate::ring::run(rc).map_err(|e| e.to_string())
+    }
 }
 
 /// Why a transport cannot run here, if it cannot.
@@ -212,16 +308,31 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// The floor or a ring run failing outright (a transport that cannot even
 /// start is recorded as skipped instead).
 pub fn run(cfg: &BenchConfig, progress: &dyn Fn(usize, usize, &str)) -> Result<BenchReport, String> {
+    run_on(cfg, &mut LocalRings::new(cfg), progress)
+}
+
+/// [`run`], with the rings placed by `rings`.
+///
+/// # Errors
+///
+/// As [`run`].
+pub fn run_on(
+    cfg: &BenchConfig,
+    rings: &mut dyn Rings,
+    progress: &dyn Fn(usize, usize, &str),
+) -> Result<BenchReport, String> {
     let mut rep = BenchReport {
         leap_version: env!("CARGO_PKG_VERSION").into(),
-        kernels: vec![(cfg.site.clone(), kernel_release())],
+        kernels: rings.kernels(),
+        hosts: rings.hosts(),
+        notes: rings.notes(),
         placement: format!("{:?}", cfg.placement).to_lowercase(),
         nodes: cfg.nodes,
         ..Default::default()
     };
     let mut kinds = Vec::new();
     for &k in &cfg.transports {
-        match unavailable(k, cfg.placement, &cfg.options) {
+        match rings.unavailable(k) {
             Some(reason) => rep.skipped.push(Skipped { transport: k.to_string(), site: cfg.site.clone(), reason }),
             None => kinds.push(k),
         }
@@ -233,16 +344,12 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(usize, usize, &str)) -> Result<B
     let total = kinds.len() * (cfg.sizes.len() * modes.len() * cfg.repeat + profiled) + crc_kinds * 2 * crc_pairs + 1;
     let mut done = 0;
     progress(done, total, "floor");
-    let topo = match cfg.placement {
-        Placement::Netns => {
-            Some(Topology::ring(&format!("lf{}", std::process::id() % 100_000), cfg.nodes).map_err(|e| e.to_string())?)
+    match rings.floor(cfg.nodes, if cfg.quick { 2000 } else { 10_000 })? {
+        FloorOutcome::Measured(floor) => {
+            rep.floors.push(Floor { site: cfg.site.clone(), rtt_us: floor, hops: cfg.nodes })
         }
-        Placement::Loopback => None,
-    };
-    crate::sys::check_cpus(&cfg.options.cpus).map_err(|e| format!("--cpus: {e}"))?;
-    let floor = floor::measure(topo.as_ref(), cfg.nodes, if cfg.quick { 2000 } else { 10_000 }, &cfg.options.cpus)?;
-    drop(topo);
-    rep.floors.push(Floor { site: cfg.site.clone(), rtt_us: floor, hops: cfg.nodes });
+        FloorOutcome::NotMeasurable(why) => rep.notes.push(format!("no floor at {}: {why}", cfg.site)),
+    }
     done += 1;
     for &kind in &kinds {
         'sizes: for &size in &cfg.sizes {
@@ -251,7 +358,7 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(usize, usize, &str)) -> Result<B
                 let mut runs: Vec<RingReport> = Vec::new();
                 for r in 0..cfg.repeat {
                     progress(done, total, &format!("{kind} {size} B {mode} #{}", r + 1));
-                    match crate::ring::run(&ring_config(cfg, kind, size, frames, inflight)) {
+                    match rings.run(&ring_config(cfg, kind, size, frames, inflight)) {
                         Ok(x) => runs.push(x),
                         Err(e) => {
                             rep.skipped.push(Skipped {
@@ -297,7 +404,7 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(usize, usize, &str)) -> Result<B
             && has_crc(kind)
             && crc_pairs > 0
         {
-            match crc_cost(cfg, kind, size, crc_pairs, &mut |label| {
+            match crc_cost(cfg, rings, kind, size, crc_pairs, &mut |label| {
                 progress(done, total, label);
                 done += 1;
             }) {
@@ -336,6 +443,7 @@ fn crc_runs(cfg: &BenchConfig) -> usize {
 /// interleaved so that the machine's drift hits both alike.
 fn crc_cost(
     cfg: &BenchConfig,
+    rings: &mut dyn Rings,
     kind: TransportKind,
     size: usize,
     pairs: usize,
@@ -348,7 +456,7 @@ fn crc_cost(
             step(&format!("{kind} {size} B latency, CRC {} #{}", if crc { "on" } else { "off" }, r + 1));
             let mut rc = ring_config(cfg, kind, size, frames, 1);
             rc.options.crc = crc;
-            let rep = crate::ring::run(&rc).map_err(|e| e.to_string())?;
+            let rep = rings.run(&rc)?;
             if rep.frames_corrupt > 0 {
                 return Err(format!("{} corrupt frames", rep.frames_corrupt));
             }
@@ -392,6 +500,7 @@ impl BenchReport {
         self.profiles.extend(other.profiles);
         self.crc_costs.extend(other.crc_costs);
         self.notes.extend(other.notes);
+        self.hosts.extend(other.hosts);
         self.compute_ratios();
     }
 

@@ -28,6 +28,66 @@ fn find<'a>(r: &'a BenchReport, t: &str, site: &str, size: usize, mode: &str) ->
     r.rows.iter().find(|x| x.transport == t && x.site == site && x.frame_size == size && x.mode == mode)
 }
 
+/// Where the rings ran, in words (`netns` names the namespace links).
+fn placement_text(r: &BenchReport, netns: &'static str) -> &'static str {
+    match r.placement.as_str() {
+        "netns" => netns,
+        "hosts" => "one member per host, each run by `leap serve`",
+        _ => "loopback",
+    }
+}
+
+/// Each host's agent, what it can run and its interfaces.
+fn hosts(s: &mut String, r: &BenchReport) {
+    if r.hosts.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "## Hosts\n\nIn ring order; the first is the head. Round trips are timed at the head alone, \
+         so no clock synchronisation between the hosts is needed.\n"
+    );
+    for h in &r.hosts {
+        let c = &h.capabilities;
+        let _ = writeln!(
+            s,
+            "- **{}** ({}, Linux {}, leap {}): control {}, data {}, interface {}",
+            h.name,
+            if c.hostname.is_empty() { "?" } else { &c.hostname },
+            c.kernel,
+            c.leap_version,
+            h.control,
+            h.data,
+            h.iface.as_deref().unwrap_or("-")
+        );
+        for t in &c.transports {
+            let _ = writeln!(
+                s,
+                "  - {}: {}",
+                t.transport,
+                t.unavailable.as_deref().map_or("can run".to_string(), |w| format!("cannot run: {w}"))
+            );
+        }
+        for i in c.interfaces.iter().filter(|i| h.iface.as_deref().is_none_or(|n| n == i.name)) {
+            let _ = writeln!(
+                s,
+                "  - interface {}: driver {}, MTU {}, {} rx / {} tx queues, AF_XDP zero-copy {}",
+                i.name,
+                i.driver.as_deref().unwrap_or("none (virtual)"),
+                i.mtu.map_or("?".into(), |m| m.to_string()),
+                i.rx_queues,
+                i.tx_queues,
+                match i.zero_copy {
+                    Some(true) => "yes (driver known to offer it)",
+                    Some(false) => "no",
+                    None => "unknown until bound",
+                }
+            );
+        }
+    }
+    s.push('\n');
+}
+
 fn ratio(x: Option<f64>) -> String {
     x.map_or("-".into(), |v| format!("{v:.2}x"))
 }
@@ -42,7 +102,7 @@ pub fn markdown(r: &BenchReport) -> String {
         "{}-node ring ({}), leap {}; {}. Figures are medians over the repeats of each run; \
          ratios compare rows measured in the same run at the same site.\n",
         r.nodes,
-        if r.placement == "netns" { "veth pairs between network namespaces" } else { "loopback" },
+        placement_text(r, "veth pairs between network namespaces"),
         r.leap_version,
         kernels.join(", ")
     );
@@ -107,11 +167,18 @@ pub fn markdown(r: &BenchReport) -> String {
         if corrupt > 0 { format!("{lost} / {retx} / **{corrupt} corrupt**") } else { format!("{lost} / {retx}") }
     });
     let _ = writeln!(s, "## Targets\n");
-    for site in r.floors.iter().map(|f| f.site.clone()) {
-        targets(&mut s, r, &site);
+    let mut sites: Vec<&str> = r.floors.iter().map(|f| f.site.as_str()).collect();
+    for row in &r.rows {
+        if !sites.contains(&row.site.as_str()) {
+            sites.push(&row.site);
+        }
+    }
+    for site in sites {
+        targets(&mut s, r, site);
     }
     crc_costs(&mut s, r);
     profiles(&mut s, r);
+    hosts(&mut s, r);
     if !r.skipped.is_empty() {
         let _ = writeln!(s, "## Not measured\n");
         for k in &r.skipped {
@@ -293,7 +360,7 @@ pub fn svg(r: &BenchReport) -> String {
         r#"<text x="{}" y="24" font-size="16" text-anchor="middle">leap bench: {}-node ring, {}</text>"#,
         w / 2.0,
         r.nodes,
-        if r.placement == "netns" { "veth between namespaces" } else { "loopback" }
+        placement_text(r, "veth between namespaces")
     );
     type Metric<'a> = &'a dyn Fn(&BenchRow) -> f64;
     let panels: [(&str, &str, bool, Metric<'_>); 2] = [

@@ -1,14 +1,16 @@
 //! `leap bench`: the measurement users come for.
 
 use std::io::IsTerminal;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
 
 use super::TransportArgs;
-use crate::bench::{BenchConfig, BenchReport, DEFAULT_SIZES, run};
+use crate::bench::{BenchConfig, BenchReport, DEFAULT_SIZES, run, run_on};
 use crate::ring::Placement;
+use crate::serve::coordinator::{HostRings, HostSpec, HostsFile};
 use crate::transport::open::TransportKind;
 
 /// Arguments of `leap bench`.
@@ -48,9 +50,61 @@ pub struct BenchArgs {
     /// size, one in flight) and report where the CPU went.
     #[arg(long)]
     pub profile: bool,
+    /// Run the rings across these hosts instead: their `leap serve`
+    /// control addresses (comma-separated, ring order; the first is the head).
+    #[arg(long, value_delimiter = ',', value_name = "ADDR:PORT,...", conflicts_with = "hosts_file")]
+    pub hosts: Vec<SocketAddr>,
+    /// The hosts from a TOML file: `token_file`, and `[[host]]` tables with
+    /// `name`, `control`, `data` and `iface`.
+    #[arg(long, value_name = "PATH")]
+    pub hosts_file: Option<PathBuf>,
+    /// With --hosts: each host's data address (default: its control IP,
+    /// port 9999).
+    #[arg(long, value_delimiter = ',', value_name = "ADDR:PORT,...", requires = "hosts")]
+    pub data: Vec<SocketAddr>,
+    /// With --hosts: each host's interface the frames arrive on (XDP).
+    #[arg(long, value_delimiter = ',', value_name = "IFACE,...", requires = "hosts")]
+    pub ifaces: Vec<String>,
+    /// File with the agents' shared token (default: the hosts file's
+    /// `token_file`, else /etc/leap/serve.token).
+    #[arg(long, value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
     /// Backend options.
     #[command(flatten)]
     pub transport_args: TransportArgs,
+}
+
+/// The hosts and token file of `--hosts` or `--hosts-file`, if given.
+fn hosts(args: &BenchArgs) -> Result<Option<(Vec<HostSpec>, PathBuf)>> {
+    let default_token = || PathBuf::from("/etc/leap/serve.token");
+    if let Some(p) = &args.hosts_file {
+        let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+        let f: HostsFile = toml::from_str(&text).with_context(|| format!("parsing {}", p.display()))?;
+        let token = args.token_file.clone().or(f.token_file).unwrap_or_else(default_token);
+        return Ok(Some((f.hosts, token)));
+    }
+    if args.hosts.is_empty() {
+        return Ok(None);
+    }
+    let n = args.hosts.len();
+    if !args.data.is_empty() && args.data.len() != n {
+        bail!("--data: {} addresses for {n} hosts", args.data.len());
+    }
+    if !args.ifaces.is_empty() && args.ifaces.len() != n {
+        bail!("--ifaces: {} interfaces for {n} hosts", args.ifaces.len());
+    }
+    let specs = args
+        .hosts
+        .iter()
+        .enumerate()
+        .map(|(i, &control)| HostSpec {
+            name: format!("h{i}"),
+            control,
+            data: args.data.get(i).copied().unwrap_or(SocketAddr::new(control.ip(), leap_common::DEFAULT_PORT)),
+            iface: args.ifaces.get(i).cloned(),
+        })
+        .collect();
+    Ok(Some((specs, args.token_file.clone().unwrap_or_else(default_token))))
 }
 
 impl clap::builder::ValueParserFactory for TransportKind {
@@ -98,10 +152,29 @@ pub fn main(args: &BenchArgs) -> Result<()> {
         bail!("--sizes: {bad} is outside {min}..={} bytes", crate::ring::MAX_FRAME);
     }
     let transports = if args.transports.is_empty() { TransportKind::ALL.to_vec() } else { args.transports.clone() };
+    let hosts = hosts(args)?;
+    if hosts.is_some() && (args.profile || !args.transport_args.cpus.is_empty() || args.loopback) {
+        bail!("--profile, --cpus and --loopback apply to rings on this host, not to --hosts");
+    }
     let root = crate::sys::is_root();
-    let placement = if root && !args.loopback { Placement::Netns } else { Placement::Loopback };
+    let placement = if hosts.is_some() {
+        Placement::Hosts
+    } else if root && !args.loopback {
+        Placement::Netns
+    } else {
+        Placement::Loopback
+    };
     let mut notes = args.note.clone();
-    if !root {
+    let mut rings = match hosts {
+        Some((specs, token_file)) => {
+            let token = crate::serve::protocol::read_token(&token_file)?;
+            let names: Vec<String> = specs.iter().map(|h| format!("{} ({})", h.name, h.control)).collect();
+            eprintln!("leap bench: connecting to {}", names.join(", "));
+            Some(HostRings::connect(specs, token, &args.site)?)
+        }
+        None => None,
+    };
+    if !root && rings.is_none() {
         notes.push("not root: measured on loopback, without namespaces, XDP or the kernel module".into());
         eprintln!(
             "leap bench: not root, so measuring on loopback (TCP and UDP only); run as root for the full comparison"
@@ -110,7 +183,7 @@ pub fn main(args: &BenchArgs) -> Result<()> {
     let mut cfg = BenchConfig {
         transports,
         sizes,
-        nodes: args.nodes,
+        nodes: rings.as_ref().map_or(args.nodes, |r| r.capabilities().len()),
         repeat: args.repeat.unwrap_or(if args.quick { 1 } else { 3 }).max(1),
         quick: args.quick,
         placement,
@@ -119,17 +192,19 @@ pub fn main(args: &BenchArgs) -> Result<()> {
         profile: None,
     };
     let cpus = &args.transport_args.cpus;
-    notes.push(if cpus.is_empty() {
-        format!("{}: node threads not pinned (the scheduler places them; see --cpus)", args.site)
-    } else {
-        let list: Vec<String> = cpus.iter().map(ToString::to_string).collect();
-        format!(
-            "{}: node i pinned to CPU {{{}}}[i mod {}] (--cpus), the floor too",
-            args.site,
-            list.join(","),
-            cpus.len()
-        )
-    });
+    notes.extend(rings.is_none().then(|| {
+        if cpus.is_empty() {
+            format!("{}: node threads not pinned (the scheduler places them; see --cpus)", args.site)
+        } else {
+            let list: Vec<String> = cpus.iter().map(ToString::to_string).collect();
+            format!(
+                "{}: node i pinned to CPU {{{}}}[i mod {}] (--cpus), the floor too",
+                args.site,
+                list.join(","),
+                cpus.len()
+            )
+        }
+    }));
     if args.profile {
         match crate::bench::profile::perf() {
             Ok(perf) => cfg.profile = Some((perf, args.out.clone())),
@@ -155,7 +230,12 @@ pub fn main(args: &BenchArgs) -> Result<()> {
         }
         None => log::info!("bench {done}/{total}: {label}"),
     };
-    let mut report = run(&cfg, &progress).map_err(anyhow::Error::msg)?;
+    let report = match &mut rings {
+        Some(r) => run_on(&cfg, r, &progress),
+        None => run(&cfg, &progress),
+    };
+    drop(rings);
+    let mut report = report.map_err(anyhow::Error::msg)?;
     if let Some(b) = bar {
         b.finish_and_clear();
     }

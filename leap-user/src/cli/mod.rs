@@ -7,6 +7,7 @@ pub mod flood;
 pub mod kmod;
 pub mod node;
 pub mod ring;
+pub mod serve;
 pub mod stats;
 pub mod xdp;
 
@@ -38,6 +39,9 @@ pub enum Command {
     Node(node::NodeArgs),
     /// Measure every transport and write report.json, report.md, report.svg.
     Bench(bench::BenchArgs),
+    /// Agent for `leap bench --hosts`: runs ring members on request of an
+    /// authenticated coordinator.
+    Serve(serve::ServeArgs),
     /// Show a running node's counters.
     Stats(stats::StatsArgs),
     /// Send random and malformed LEAP packets at a test address (for tests).

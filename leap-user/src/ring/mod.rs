@@ -28,6 +28,9 @@ pub enum Placement {
     Loopback,
     /// One network namespace per node, linked by veth pairs.
     Netns,
+    /// One node per host, each run by a `leap serve` agent
+    /// (`leap bench --hosts`); [`run`] does not start these.
+    Hosts,
 }
 
 /// A ring to run on this host.
@@ -314,6 +317,9 @@ fn free_port() -> u16 {
 fn layout(cfg: &RingConfig) -> Result<(Vec<Endpoint>, Option<Topology>), RingError> {
     let n = cfg.nodes;
     match cfg.placement {
+        Placement::Hosts => {
+            Err(RingError::Config("a ring across hosts runs through `leap serve` agents (`leap bench --hosts`)".into()))
+        }
         Placement::Loopback => {
             let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
             let ports: Vec<u16> =
@@ -467,12 +473,68 @@ pub fn run(cfg: &RingConfig) -> Result<RingReport, RingError> {
     stats.add(&hs);
     counters.extend(hc);
     cpu += hcpu;
-    let mut rtts = head.rtts_ns;
-    let elapsed = head.elapsed.as_secs_f64().max(1e-9);
+    let data_phase = head.started.map(|s| (s, s + head.elapsed));
+    let mut rep = assemble(cfg, HeadSummary::of(head), stats, &counters, cpu);
+    rep.data_phase = data_phase;
+    Ok(rep)
+}
+
+/// What the head measured, without the samples: what crosses the wire
+/// from a `leap serve` agent that ran the head.
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize, PartialEq)]
+pub struct HeadSummary {
+    /// Frames sent.
+    pub sent: u64,
+    /// Frames back intact.
+    pub delivered: u64,
+    /// Frames back with wrong bytes.
+    pub corrupt: u64,
+    /// Frames that never came back.
+    pub lost: u64,
+    /// Frames sent again.
+    pub resent: u64,
+    /// Late copies of re-sent frames.
+    pub duplicates: u64,
+    /// Round-trip times, measured at the head.
+    pub rtt_us: Percentiles,
+    /// Wall time of the data phase, seconds.
+    pub elapsed_s: f64,
+    /// Whether the control ACK came back (None: not tried).
+    pub control_ack: Option<bool>,
+}
+
+impl HeadSummary {
+    /// Summarises `head` (its samples become percentiles).
+    pub fn of(mut head: HeadReport) -> Self {
+        Self {
+            sent: head.sent,
+            delivered: head.delivered,
+            corrupt: head.corrupt,
+            lost: head.lost,
+            resent: head.resent,
+            duplicates: head.duplicates,
+            rtt_us: Percentiles::of(&mut head.rtts_ns),
+            elapsed_s: head.elapsed.as_secs_f64(),
+            control_ack: head.control_ack,
+        }
+    }
+}
+
+/// The ring's report from what its head measured and what every node
+/// counted (`stats` and `cpu` summed over the nodes, `counters` one per
+/// node), for rings on this host and across hosts alike.
+pub fn assemble(
+    cfg: &RingConfig,
+    head: HeadSummary,
+    stats: Stats,
+    counters: &[serde_json::Value],
+    cpu: Duration,
+) -> RingReport {
+    let elapsed = head.elapsed_s.max(1e-9);
     let delivered = head.delivered;
-    let backend = sum_json(&counters);
+    let backend = sum_json(counters);
     let is_kmod = cfg.transport == TransportKind::Kmod;
-    Ok(RingReport {
+    RingReport {
         transport: cfg.transport.as_str().into(),
         placement: cfg.placement,
         nodes: cfg.nodes,
@@ -484,18 +546,18 @@ pub fn run(cfg: &RingConfig) -> Result<RingReport, RingError> {
         frames_lost: head.lost,
         frames_resent: head.resent,
         frames_duplicate: head.duplicates,
-        rtt_us: Percentiles::of(&mut rtts),
+        rtt_us: head.rtt_us,
         round_trips_per_s: delivered as f64 / elapsed,
         gbit_per_s: delivered as f64 * cfg.frame_size as f64 * 8.0 / elapsed / 1e9,
         elapsed_s: elapsed,
-        data_phase: head.started.map(|s| (s, s + head.elapsed)),
+        data_phase: None,
         cpu_us_per_frame: if delivered == 0 { 0.0 } else { cpu.as_secs_f64() * 1e6 / delivered as f64 },
         retransmits: stats.retransmits,
         control_ack: head.control_ack,
         stats,
         xdp: if is_kmod { None } else { backend.clone() },
         kmod: if is_kmod { backend } else { None },
-    })
+    }
 }
 
 /// Sums JSON objects of numbers key by key (nested objects too).

@@ -8,7 +8,7 @@
 
 mod client;
 mod prometheus;
-mod server;
+pub(crate) mod server;
 
 pub use client::{MAX_STATS_REPLY, STATS_TIMEOUT, StatsQueryError, query_stats, query_stats_within};
 pub use server::{Limits, Servers, TelemetryError, serve};

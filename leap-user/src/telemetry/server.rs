@@ -197,9 +197,10 @@ fn bind_tcp(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     Ok(l)
 }
 
-/// The open connections of one server: at most [`Limits::max_connections`].
+/// The open connections of one server: at most [`Limits::max_connections`]
+/// (also the `leap serve` agent's connections).
 #[derive(Debug)]
-struct Connections {
+pub(crate) struct Connections {
     permits: Arc<Semaphore>,
     /// Connections still waiting for their request head, oldest first, with
     /// the flag their service clears when the head has arrived.
@@ -208,7 +209,7 @@ struct Connections {
 }
 
 impl Connections {
-    fn new(max: usize) -> Self {
+    pub(crate) fn new(max: usize) -> Self {
         Self { permits: Arc::new(Semaphore::new(max)), waiting: VecDeque::new(), max }
     }
 
@@ -216,11 +217,11 @@ impl Connections {
     /// oldest connection still waiting for its request head is closed to
     /// make room, so that idle clients cannot lock a scrape out; without
     /// one, `None`: the new connection is to be closed. Either is counted.
-    async fn admit(&mut self, tel: &Telemetry, server: Server) -> Option<OwnedSemaphorePermit> {
+    pub(crate) async fn admit(&mut self, refused: &(dyn Fn() + Sync)) -> Option<OwnedSemaphorePermit> {
         if let Ok(p) = self.permits.clone().try_acquire_owned() {
             return Some(p);
         }
-        tel.refuse(server);
+        refused();
         self.waiting.retain(|(task, waiting)| !task.is_finished() && waiting.load(Ordering::Relaxed));
         let (task, _) = self.waiting.pop_front()?;
         task.abort();
@@ -231,7 +232,7 @@ impl Connections {
     }
 
     /// Remembers a connection that waits for its request head.
-    fn waiting(&mut self, task: AbortHandle, waiting: Arc<AtomicBool>) {
+    pub(crate) fn waiting(&mut self, task: AbortHandle, waiting: Arc<AtomicBool>) {
         if self.waiting.len() >= 2 * self.max {
             self.waiting.retain(|(task, waiting)| !task.is_finished() && waiting.load(Ordering::Relaxed));
         }
@@ -262,7 +263,7 @@ async fn metrics_loop(l: TcpListener, tel: Arc<Telemetry>, limits: Limits) {
         .keep_alive(false);
     loop {
         let Some(stream) = next(l.accept(), Server::Metrics).await else { continue };
-        let Some(permit) = conns.admit(&tel, Server::Metrics).await else { continue };
+        let Some(permit) = conns.admit(&|| tel.refuse(Server::Metrics)).await else { continue };
         let waiting = Arc::new(AtomicBool::new(true));
         let (tel, flag) = (tel.clone(), waiting.clone());
         let conn = http.serve_connection(
@@ -306,7 +307,7 @@ async fn stats_loop(l: UnixListener, tel: Arc<Telemetry>, limits: Limits) {
     let mut conns = Connections::new(limits.max_connections);
     loop {
         let Some(mut stream) = next(l.accept(), Server::Stats).await else { continue };
-        let Some(permit) = conns.admit(&tel, Server::Stats).await else { continue };
+        let Some(permit) = conns.admit(&|| tel.refuse(Server::Stats)).await else { continue };
         let reply = tel.to_json().to_string();
         tokio::spawn(async move {
             let _permit = permit;

@@ -115,7 +115,8 @@ impl TransportError {
 pub type Result<T, E = TransportError> = std::result::Result<T, E>;
 
 /// Datagrams dropped on receive, by reason.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct Drops {
     /// Shorter than a chunk header.
     pub short: u64,
@@ -194,7 +195,8 @@ impl Drops {
 }
 
 /// Counters of one transport instance.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct Stats {
     /// Frames handed to the network.
     pub frames_sent: u64,

@@ -1,0 +1,550 @@
+//! The agent: one tokio thread serving coordinator connections, each ring
+//! member on a thread of its own. Every connection is bounded (count, time
+//! to authenticate, idle time, message size); a member is stopped, and its
+//! transport dropped (sockets closed, XDP detached), when its run ends, when
+//! the coordinator says `Stop`, when the run exceeds its time, and when the
+//! coordinator's connection goes away.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::mpsc;
+
+use super::capabilities;
+use super::protocol::{
+    AgentCounters, ErrorKind, HEADER_LEN, MAX_REQUEST, MemberReport, MemberSpec, ProtocolError, Request, Response,
+    Role, decode, encode, parse_header, token_eq,
+};
+use crate::ring::{HeadConfig, HeadSummary, WorkerConfig, run_head, run_worker};
+use crate::telemetry::server::Connections;
+use crate::transport::open::{Endpoint, Options};
+
+/// How much the agent lets coordinators take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections open at once. One more closes the oldest that has not
+    /// authenticated yet, else itself; both are counted.
+    pub max_connections: usize,
+    /// Time to send the `Auth` message after connecting.
+    pub auth_timeout: Duration,
+    /// Time an authenticated connection may stay silent with no member.
+    pub idle_timeout: Duration,
+    /// Longest run of one member (from `Go`); then it is aborted.
+    pub max_run: Duration,
+    /// Time an `Open` waits for the previous member to finish cleaning up.
+    pub busy_wait: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_connections: 8,
+            auth_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(120),
+            max_run: Duration::from_secs(600),
+            busy_wait: Duration::from_secs(10),
+        }
+    }
+}
+
+/// How the agent runs.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// Control address (the only one listened on).
+    pub listen: SocketAddr,
+    /// The shared token.
+    pub token: String,
+    /// Bounds.
+    pub limits: Limits,
+    /// XDP object to load instead of the embedded one (never taken from
+    /// the network).
+    pub xdp_object: Option<PathBuf>,
+}
+
+/// Why the agent could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The control address cannot be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The runtime could not start.
+    #[error("starting the agent's runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    connections: AtomicU64,
+    refused_connections: AtomicU64,
+    unauthenticated: AtomicU64,
+    bad_requests: AtomicU64,
+    oversized_requests: AtomicU64,
+    timeouts: AtomicU64,
+    runs_started: AtomicU64,
+    runs_aborted: AtomicU64,
+}
+
+impl Counters {
+    fn snapshot(&self) -> AgentCounters {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        AgentCounters {
+            connections: g(&self.connections),
+            refused_connections: g(&self.refused_connections),
+            unauthenticated: g(&self.unauthenticated),
+            bad_requests: g(&self.bad_requests),
+            oversized_requests: g(&self.oversized_requests),
+            timeouts: g(&self.timeouts),
+            runs_started: g(&self.runs_started),
+            runs_aborted: g(&self.runs_aborted),
+        }
+    }
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+#[derive(Debug)]
+struct Shared {
+    cfg: AgentConfig,
+    counters: Counters,
+    /// A member is open or running (on any connection).
+    busy: Mutex<bool>,
+}
+
+/// Released when the member thread ends, after its transport is dropped.
+#[derive(Debug)]
+struct BusyGuard(Arc<Shared>);
+
+impl Drop for BusyGuard {
+    fn drop(&mut self) {
+        *self.0.busy.lock().unwrap_or_else(|p| p.into_inner()) = false;
+    }
+}
+
+impl Shared {
+    fn try_claim(self: &Arc<Self>) -> Option<BusyGuard> {
+        let mut b = self.busy.lock().unwrap_or_else(|p| p.into_inner());
+        if *b {
+            return None;
+        }
+        *b = true;
+        Some(BusyGuard(self.clone()))
+    }
+
+    fn running(&self) -> bool {
+        *self.busy.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Serves coordinators on `cfg.listen` until `stop` is set; members still
+/// running are aborted and cleaned up before it returns.
+///
+/// # Errors
+///
+/// [`AgentError`]: binding, or starting the runtime.
+pub fn serve(cfg: AgentConfig, stop: &AtomicBool) -> Result<(), AgentError> {
+    let addr = cfg.listen;
+    let std_listener = std::net::TcpListener::bind(addr).map_err(|source| AgentError::Bind { addr, source })?;
+    std_listener.set_nonblocking(true).map_err(|source| AgentError::Bind { addr, source })?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(AgentError::Runtime)?;
+    let shared = Arc::new(Shared { cfg, counters: Counters::default(), busy: Mutex::new(false) });
+    log::info!("leap serve: listening on {addr}");
+    runtime.block_on(async {
+        let listener = match tokio::net::TcpListener::from_std(std_listener) {
+            Ok(l) => l,
+            Err(e) => return Err(AgentError::Bind { addr, source: e }),
+        };
+        let mut conns = Connections::new(shared.cfg.limits.max_connections);
+        let mut tasks = tokio::task::JoinSet::new();
+        while !stop.load(Ordering::Relaxed) {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                () = tokio::time::sleep(Duration::from_millis(200)) => continue,
+            };
+            while tasks.try_join_next().is_some() {}
+            let Ok((stream, peer)) = accepted else {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
+            bump(&shared.counters.connections);
+            let refused = || bump(&shared.counters.refused_connections);
+            let Some(permit) = conns.admit(&refused).await else {
+                log::warn!("leap serve: refused {peer}: {} connections open", shared.cfg.limits.max_connections);
+                let mut stream = stream;
+                let _ = tokio::time::timeout(
+                    Duration::from_millis(200),
+                    stream.write_all(&encode(&Response::Error {
+                        kind: ErrorKind::Busy,
+                        message: "too many connections".into(),
+                    })),
+                )
+                .await;
+                continue;
+            };
+            let waiting = Arc::new(AtomicBool::new(true));
+            let (sh, flag) = (shared.clone(), waiting.clone());
+            let task = tasks.spawn(async move {
+                let _permit = permit;
+                connection(stream, peer, sh, flag).await;
+            });
+            conns.waiting(task, waiting);
+        }
+        // Aborting the tasks drops their members' handles, which stops them.
+        tasks.shutdown().await;
+        Ok(())
+    })?;
+    drop(runtime);
+    // Members still cleaning up: wait for them, bounded.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while shared.running() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// Reads requests into `tx` until the connection or the channel closes.
+async fn read_loop(mut rd: OwnedReadHalf, tx: mpsc::Sender<Result<Request, ProtocolError>>) {
+    loop {
+        let mut h = [0u8; HEADER_LEN];
+        let msg = match rd.read_exact(&mut h).await {
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(ProtocolError::Closed),
+            Err(e) => Err(e.into()),
+            Ok(_) => match parse_header(&h, MAX_REQUEST) {
+                Err(e) => Err(e),
+                Ok(len) => {
+                    let mut body = vec![0u8; len];
+                    match rd.read_exact(&mut body).await {
+                        Ok(_) => decode(&body),
+                        Err(e) => Err(e.into()),
+                    }
+                }
+            },
+        };
+        let fatal = msg.is_err();
+        if tx.send(msg).await.is_err() || fatal {
+            return;
+        }
+    }
+}
+
+async fn send(wr: &mut OwnedWriteHalf, r: &Response) -> bool {
+    tokio::time::timeout(Duration::from_secs(5), wr.write_all(&encode(r))).await.is_ok_and(|r| r.is_ok())
+}
+
+fn error(kind: ErrorKind, message: impl Into<String>) -> Response {
+    Response::Error { kind, message: message.into() }
+}
+
+/// Counts a message that could not be read and says why.
+fn refuse_message(c: &Counters, e: &ProtocolError) -> Option<Response> {
+    match e {
+        ProtocolError::Closed => None,
+        ProtocolError::Io(_) => None,
+        ProtocolError::BadMagic | ProtocolError::Malformed(_) => {
+            bump(&c.bad_requests);
+            Some(error(ErrorKind::BadRequest, e.to_string()))
+        }
+        ProtocolError::TooLarge { .. } => {
+            bump(&c.oversized_requests);
+            Some(error(ErrorKind::TooLarge, e.to_string()))
+        }
+    }
+}
+
+enum MemberEvent {
+    Opened,
+    Finished(Box<MemberReport>),
+}
+
+/// A member started by this connection. Dropping it stops the member.
+struct Member {
+    stop: Arc<AtomicBool>,
+    go: Option<std::sync::mpsc::Sender<()>>,
+    events: mpsc::UnboundedReceiver<MemberEvent>,
+    deadline: Option<tokio::time::Instant>,
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+async fn connection(stream: TcpStream, peer: SocketAddr, sh: Arc<Shared>, waiting: Arc<AtomicBool>) {
+    let limits = sh.cfg.limits;
+    let _ = stream.set_nodelay(true);
+    let (rd, mut wr) = stream.into_split();
+    let (tx, mut rx) = mpsc::channel(1);
+    let reader = tokio::spawn(read_loop(rd, tx));
+    let _reader = AbortOnDrop(reader);
+    let c = &sh.counters;
+    match tokio::time::timeout(limits.auth_timeout, rx.recv()).await {
+        Err(_) => {
+            bump(&c.timeouts);
+            log::info!("leap serve: {peer}: no Auth within {:?}", limits.auth_timeout);
+            let _ = send(&mut wr, &error(ErrorKind::Timeout, "no Auth in time")).await;
+            return;
+        }
+        Ok(None) => return,
+        Ok(Some(Err(e))) => {
+            log::info!("leap serve: {peer}: {e}");
+            if let Some(r) = refuse_message(c, &e) {
+                let _ = send(&mut wr, &r).await;
+            }
+            return;
+        }
+        Ok(Some(Ok(Request::Auth { token }))) if token_eq(token.as_bytes(), sh.cfg.token.as_bytes()) => {
+            waiting.store(false, Ordering::Relaxed);
+            if !send(&mut wr, &Response::Authenticated).await {
+                return;
+            }
+        }
+        Ok(Some(Ok(_))) => {
+            bump(&c.unauthenticated);
+            log::warn!("leap serve: {peer}: wrong token or no Auth first; closing");
+            let _ = send(&mut wr, &error(ErrorKind::Unauthenticated, "authenticate first with the right token")).await;
+            return;
+        }
+    }
+    log::info!("leap serve: coordinator {peer} authenticated");
+    let mut member: Option<Member> = None;
+    loop {
+        let idle = tokio::time::sleep(if member.is_some() { Duration::MAX / 4 } else { limits.idle_timeout });
+        let deadline = member.as_ref().and_then(|m| m.deadline);
+        let run_over = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        let event = async {
+            match member.as_mut() {
+                Some(m) => m.events.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            msg = rx.recv() => {
+                let req = match msg {
+                    None | Some(Err(ProtocolError::Closed)) => break,
+                    Some(Err(e)) => {
+                        if let Some(r) = refuse_message(c, &e) {
+                            let _ = send(&mut wr, &r).await;
+                        }
+                        break;
+                    }
+                    Some(Ok(r)) => r,
+                };
+                let resp = request(&sh, req, &mut member).await;
+                if let Some(resp) = resp
+                    && !send(&mut wr, &resp).await
+                {
+                    break;
+                }
+            }
+            ev = event => match ev {
+                Some(MemberEvent::Opened) => {
+                    if !send(&mut wr, &Response::Opened).await {
+                        break;
+                    }
+                }
+                Some(MemberEvent::Finished(rep)) => {
+                    member = None;
+                    let resp = match &rep.error {
+                        Some(e) => error(ErrorKind::MemberFailed, e.clone()),
+                        None => Response::Finished(rep),
+                    };
+                    if !send(&mut wr, &resp).await {
+                        break;
+                    }
+                }
+                None => member = None,
+            },
+            () = run_over => {
+                log::warn!("leap serve: {peer}: run longer than {:?}; aborting it", limits.max_run);
+                bump(&c.runs_aborted);
+                if let Some(m) = &mut member {
+                    m.stop.store(true, Ordering::SeqCst);
+                    m.deadline = None;
+                }
+            }
+            () = idle => {
+                bump(&c.timeouts);
+                let _ = send(&mut wr, &error(ErrorKind::Timeout, "idle too long")).await;
+                break;
+            }
+        }
+    }
+    if member.is_some() {
+        log::warn!("leap serve: coordinator {peer} went away during a run; aborting it");
+        bump(&c.runs_aborted);
+    }
+    // Dropping the member sets its stop flag: it drops its transport.
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+async fn request(sh: &Arc<Shared>, req: Request, member: &mut Option<Member>) -> Option<Response> {
+    let c = &sh.counters;
+    Some(match req {
+        Request::Auth { .. } => error(ErrorKind::InvalidState, "already authenticated"),
+        Request::Capabilities => {
+            let object_ok = sh.cfg.xdp_object.as_ref().is_some_and(|p| p.is_file())
+                || crate::transport::xdp::object::embedded().is_some();
+            Response::Capabilities(capabilities::probe(object_ok))
+        }
+        Request::Status => Response::Status { counters: c.snapshot(), running: sh.running() },
+        Request::Open(spec) => {
+            if member.is_some() {
+                return Some(error(ErrorKind::InvalidState, "a member is already open on this connection"));
+            }
+            if let Err(e) = spec.validate() {
+                bump(&c.bad_requests);
+                return Some(error(ErrorKind::BadRequest, e));
+            }
+            let deadline = Instant::now() + sh.cfg.limits.busy_wait;
+            let guard = loop {
+                if let Some(g) = sh.try_claim() {
+                    break g;
+                }
+                if Instant::now() >= deadline {
+                    return Some(error(ErrorKind::Busy, "another run is in progress on this host"));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            };
+            match start(sh, spec, guard) {
+                Ok(m) => {
+                    bump(&c.runs_started);
+                    *member = Some(m);
+                    return None;
+                }
+                Err(e) => error(ErrorKind::MemberFailed, format!("starting the member thread: {e}")),
+            }
+        }
+        Request::Go => match member.as_mut().and_then(|m| m.go.take().map(|g| (g, m))) {
+            Some((go, m)) => {
+                m.deadline = Some(tokio::time::Instant::now() + sh.cfg.limits.max_run);
+                let _ = go.send(());
+                return None;
+            }
+            None => error(ErrorKind::InvalidState, "Go needs an opened member (Open first, once)"),
+        },
+        Request::Stop => match member {
+            Some(m) => {
+                m.stop.store(true, Ordering::SeqCst);
+                return None;
+            }
+            None => Response::Stopped,
+        },
+    })
+}
+
+fn start(sh: &Arc<Shared>, spec: MemberSpec, guard: BusyGuard) -> std::io::Result<Member> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let (go_tx, go_rx) = std::sync::mpsc::channel();
+    let (ev_tx, ev_rx) = mpsc::unbounded_channel();
+    let opts = Options {
+        frame_len: spec.frame_size,
+        recv_timeout: Some(Duration::from_millis(spec.recv_timeout_ms)),
+        setup_timeout: Duration::from_millis(spec.setup_timeout_ms),
+        xdp_object: sh.cfg.xdp_object.clone(),
+        xdp_mode: spec.xdp_mode.as_str().into(),
+        reliability: spec.reliability,
+        gso: spec.gso,
+        crc: spec.crc,
+        ..Options::default()
+    };
+    let st = stop.clone();
+    std::thread::Builder::new().name(format!("leap-serve-{:?}", spec.role).to_lowercase()).spawn(move || {
+        let rep = member_thread(&spec, &opts, &st, &go_rx, &ev_tx);
+        // The transport is gone: let the next run claim the host first.
+        drop(guard);
+        let _ = ev_tx.send(MemberEvent::Finished(Box::new(rep)));
+    })?;
+    Ok(Member { stop, go: Some(go_tx), events: ev_rx, deadline: None })
+}
+
+/// Opens, waits for `Go`, runs; the transport is dropped before it returns.
+fn member_thread(
+    spec: &MemberSpec,
+    opts: &Options,
+    stop: &Arc<AtomicBool>,
+    go: &std::sync::mpsc::Receiver<()>,
+    events: &mpsc::UnboundedSender<MemberEvent>,
+) -> MemberReport {
+    let fail = |e: String| MemberReport { error: Some(e), ..Default::default() };
+    let ep = Endpoint { listen: spec.listen, next: spec.next, prev: Some(spec.prev), iface: spec.iface.clone() };
+    let mut t = match crate::transport::open::open(spec.transport, &ep, opts) {
+        Ok(t) => t,
+        Err(e) => return fail(format!("opening {} on {}: {e}", spec.transport, spec.listen)),
+    };
+    log::info!("leap serve: {:?} {} open on {}", spec.role, spec.transport, spec.listen);
+    let _ = events.send(MemberEvent::Opened);
+    let waited = Instant::now();
+    loop {
+        match go.recv_timeout(Duration::from_millis(100)) {
+            Ok(()) => break,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+                if !stop.load(Ordering::Relaxed) && waited.elapsed() < opts.setup_timeout => {}
+            Err(_) => return MemberReport { aborted: true, ..Default::default() },
+        }
+    }
+    let cpu0 = crate::sys::thread_cpu_time();
+    let (head, error) = match spec.role {
+        Role::Head => {
+            let hc = HeadConfig {
+                frame_size: spec.frame_size,
+                frames: spec.frames,
+                inflight: spec.inflight,
+                stall_timeout: Duration::from_millis(spec.stall_timeout_ms),
+                lost_after: Some(crate::ring::loss_policy(spec.transport, spec.reliability).0),
+                retry: crate::ring::loss_policy(spec.transport, spec.reliability).1,
+                control_workers: None,
+                progress: None,
+                telemetry: None,
+                stop: Some(stop.clone()),
+                pause: Duration::ZERO,
+            };
+            match run_head(&mut *t, &hc) {
+                Ok(h) => (Some(HeadSummary::of(h)), None),
+                Err(e) => (None, Some(e.to_string())),
+            }
+        }
+        Role::Worker => {
+            let wc = WorkerConfig { frame_size: spec.frame_size, ..WorkerConfig::default() };
+            (None, run_worker(&mut *t, &wc, stop).err().map(|e| e.to_string()))
+        }
+    };
+    let cpu1 = crate::sys::thread_cpu_time();
+    let cpu = (cpu1.0 + cpu1.1).saturating_sub(cpu0.0 + cpu0.1);
+    let rep = MemberReport {
+        aborted: stop.load(Ordering::Relaxed),
+        head,
+        stats: t.stats(),
+        backend: t.backend_counters(),
+        cpu_s: cpu.as_secs_f64(),
+        error,
+    };
+    // Sockets closed, XDP links dropped (detached), before anyone hears.
+    drop(t);
+    log::info!("leap serve: {:?} {} on {} closed", spec.role, spec.transport, spec.listen);
+    rep
+}

@@ -1,0 +1,550 @@
+//! The control protocol between `leap bench --hosts` (the coordinator) and
+//! `leap serve` (the agent): length-prefixed JSON messages of a fixed set of
+//! types over TCP. Every message is `MAGIC` (4 bytes), its length (u32,
+//! big-endian) and that many bytes of JSON; nothing is ever run as a command.
+
+use std::io::{self, Read, Write};
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+
+use super::capabilities::HostCapabilities;
+use crate::ring::{HeadSummary, MAX_FRAME};
+use crate::transport::Stats;
+use crate::transport::open::TransportKind;
+
+/// First bytes of every message ("leap serve", version 1).
+pub const MAGIC: [u8; 4] = *b"LSV1";
+/// Bytes before the JSON.
+pub const HEADER_LEN: usize = 8;
+/// Largest request an agent reads.
+pub const MAX_REQUEST: usize = 16 * 1024;
+/// Largest response a coordinator reads.
+pub const MAX_RESPONSE: usize = 1 << 20;
+/// Longest token (bytes) an agent accepts in its file.
+pub const MAX_TOKEN: usize = 1024;
+/// Shortest token an agent accepts in its file.
+pub const MIN_TOKEN: usize = 16;
+/// Frames one run may drive at most.
+pub const MAX_FRAMES: u64 = 10_000_000;
+/// Frames in flight at most.
+pub const MAX_INFLIGHT: usize = 64;
+/// Longest timeout a request may set (setup, stall, receive), milliseconds.
+pub const MAX_TIMEOUT_MS: u64 = 120_000;
+
+/// Why a message could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ProtocolError {
+    /// The peer closed the connection.
+    #[error("connection closed")]
+    Closed,
+    /// Not a leap serve message.
+    #[error("not a leap serve message (bad magic)")]
+    BadMagic,
+    /// Longer than allowed.
+    #[error("message of {len} bytes exceeds the limit of {max}")]
+    TooLarge {
+        /// Announced length.
+        len: usize,
+        /// Limit.
+        max: usize,
+    },
+    /// Not one of the known messages.
+    #[error("malformed message: {0}")]
+    Malformed(String),
+    /// The socket failed (or timed out).
+    #[error("{0}")]
+    Io(#[from] io::Error),
+}
+
+/// A ring member's place.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Sends frames, measures round trips.
+    Head,
+    /// Forwards.
+    Worker,
+}
+
+/// XDP attach modes a request may ask for.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum XdpMode {
+    /// Native where the driver has it, else generic.
+    #[default]
+    Auto,
+    /// Native (driver) mode.
+    Drv,
+    /// Generic (SKB) mode.
+    Skb,
+}
+
+impl XdpMode {
+    /// As `Options::xdp_mode` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Drv => "drv",
+            Self::Skb => "skb",
+        }
+    }
+}
+
+/// One ring member to start.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MemberSpec {
+    /// Backend.
+    pub transport: TransportKind,
+    /// Head or worker.
+    pub role: Role,
+    /// Bytes per frame.
+    pub frame_size: usize,
+    /// Frames the head drives (workers: ignored).
+    pub frames: u64,
+    /// Frames in flight (head).
+    pub inflight: usize,
+    /// Workers in the ring (head: for the control round).
+    pub workers: usize,
+    /// This member's data address.
+    pub listen: SocketAddr,
+    /// The next member's.
+    pub next: SocketAddr,
+    /// The previous member's.
+    pub prev: SocketAddr,
+    /// Interface the frames arrive on (XDP attaches there).
+    pub iface: Option<String>,
+    /// CRC32C on frames.
+    pub crc: bool,
+    /// UDP GSO.
+    pub gso: bool,
+    /// Loss recovery.
+    pub reliability: crate::transport::datagram::Reliability,
+    /// XDP attach mode.
+    pub xdp_mode: XdpMode,
+    /// Receive deadline, ms.
+    pub recv_timeout_ms: u64,
+    /// Time to connect to the neighbours, ms.
+    pub setup_timeout_ms: u64,
+    /// Head: give up when nothing comes back for this long, ms.
+    pub stall_timeout_ms: u64,
+}
+
+impl MemberSpec {
+    /// Checks every field against the agent's bounds.
+    ///
+    /// # Errors
+    ///
+    /// The first field out of bounds, named.
+    pub fn validate(&self) -> Result<(), String> {
+        let min = leap_common::control::CONTROL_FRAME_MIN;
+        if !(min..=MAX_FRAME).contains(&self.frame_size) {
+            return Err(format!("frame_size {} outside {min}..={MAX_FRAME}", self.frame_size));
+        }
+        if self.frames == 0 || self.frames > MAX_FRAMES {
+            return Err(format!("frames {} outside 1..={MAX_FRAMES}", self.frames));
+        }
+        if !(1..=MAX_INFLIGHT).contains(&self.inflight) {
+            return Err(format!("inflight {} outside 1..={MAX_INFLIGHT}", self.inflight));
+        }
+        if !(1..=63).contains(&self.workers) {
+            return Err(format!("workers {} outside 1..=63", self.workers));
+        }
+        for (name, a) in [("listen", self.listen), ("next", self.next), ("prev", self.prev)] {
+            if a.port() < 1024 {
+                return Err(format!("{name} port {} is privileged (< 1024)", a.port()));
+            }
+            if a.ip().is_unspecified() || a.ip().is_multicast() {
+                return Err(format!("{name} address {} is not a host address", a.ip()));
+            }
+        }
+        if let Some(i) = &self.iface
+            && (i.is_empty() || i.len() > 15 || !i.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.@".contains(&b)))
+        {
+            return Err(format!("iface {i:?} is not an interface name"));
+        }
+        for (name, v) in [
+            ("recv_timeout_ms", self.recv_timeout_ms),
+            ("setup_timeout_ms", self.setup_timeout_ms),
+            ("stall_timeout_ms", self.stall_timeout_ms),
+        ] {
+            if !(1..=MAX_TIMEOUT_MS).contains(&v) {
+                return Err(format!("{name} {v} outside 1..={MAX_TIMEOUT_MS}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Counters of an agent since it started.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default)]
+pub struct AgentCounters {
+    /// Connections accepted.
+    pub connections: u64,
+    /// Connections closed at once: too many open.
+    pub refused_connections: u64,
+    /// Connections that sent a wrong token.
+    pub unauthenticated: u64,
+    /// Messages that were not leap serve messages, or malformed.
+    pub bad_requests: u64,
+    /// Messages over [`MAX_REQUEST`].
+    pub oversized_requests: u64,
+    /// Connections closed for sending nothing in time.
+    pub timeouts: u64,
+    /// Ring members started.
+    pub runs_started: u64,
+    /// Runs aborted (coordinator gone, `Stop`, time limit).
+    pub runs_aborted: u64,
+}
+
+/// What the coordinator asks.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    /// The first message of every connection: the shared token.
+    Auth {
+        /// The token.
+        token: String,
+    },
+    /// What this host can run.
+    Capabilities,
+    /// Counters and whether a member runs.
+    Status,
+    /// Open a ring member's transport; answered `Opened` (or an error).
+    Open(MemberSpec),
+    /// Start the opened member; answered `Finished` when it ends.
+    Go,
+    /// Abort the member (answered by its `Finished` or, if none, `Stopped`).
+    Stop,
+}
+
+/// Error classes an agent answers with.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// Wrong or missing token.
+    Unauthenticated,
+    /// Not a known message.
+    BadRequest,
+    /// Too large.
+    TooLarge,
+    /// Too many connections, or another run is in progress.
+    Busy,
+    /// Sent nothing in time.
+    Timeout,
+    /// A valid request that cannot be done now (e.g. `Go` before `Open`).
+    InvalidState,
+    /// The member failed (opening its transport, or during the run).
+    MemberFailed,
+}
+
+/// What a member measured.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Default)]
+pub struct MemberReport {
+    /// The head's measurements (`None` for workers).
+    pub head: Option<HeadSummary>,
+    /// The member's transport counters.
+    pub stats: Stats,
+    /// Backend counters (XDP program, kernel module).
+    pub backend: Option<serde_json::Value>,
+    /// CPU time of the data phase (user + system), seconds.
+    pub cpu_s: f64,
+    /// Aborted before the end (worker: the normal way to end).
+    pub aborted: bool,
+    /// The run failed with this error.
+    pub error: Option<String>,
+}
+
+/// What the agent answers.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Response {
+    /// The token is right.
+    Authenticated,
+    /// The host's capabilities.
+    Capabilities(HostCapabilities),
+    /// Counters, and whether a member is running.
+    Status {
+        /// Counters.
+        counters: AgentCounters,
+        /// A member is open or running.
+        running: bool,
+    },
+    /// The member's transport is open.
+    Opened,
+    /// The member ran; transport closed (XDP detached) before this was sent.
+    Finished(Box<MemberReport>),
+    /// `Stop` with nothing running.
+    Stopped,
+    /// The request was refused or failed.
+    Error {
+        /// Class.
+        kind: ErrorKind,
+        /// For the operator.
+        message: String,
+    },
+}
+
+/// Encodes `msg` as one message.
+///
+/// # Panics
+///
+/// Never: the protocol's types always serialise.
+pub fn encode<T: Serialize>(msg: &T) -> Vec<u8> {
+    let json = serde_json::to_vec(msg).expect("protocol types serialise");
+    let mut out = Vec::with_capacity(HEADER_LEN + json.len());
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&(json.len() as u32).to_be_bytes());
+    out.extend_from_slice(&json);
+    out
+}
+
+/// Checks a message header; returns the body length.
+///
+/// # Errors
+///
+/// [`ProtocolError::BadMagic`] or [`ProtocolError::TooLarge`].
+pub fn parse_header(h: &[u8; HEADER_LEN], max: usize) -> Result<usize, ProtocolError> {
+    if h[..4] != MAGIC {
+        return Err(ProtocolError::BadMagic);
+    }
+    let len = u32::from_be_bytes([h[4], h[5], h[6], h[7]]) as usize;
+    if len > max {
+        return Err(ProtocolError::TooLarge { len, max });
+    }
+    Ok(len)
+}
+
+/// Decodes a message body.
+///
+/// # Errors
+///
+/// [`ProtocolError::Malformed`].
+pub fn decode<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, ProtocolError> {
+    serde_json::from_slice(body).map_err(|e| ProtocolError::Malformed(e.to_string()))
+}
+
+/// Reads one message from a blocking stream.
+///
+/// # Errors
+///
+/// [`ProtocolError`].
+pub fn read_message<T: for<'de> Deserialize<'de>>(r: &mut impl Read, max: usize) -> Result<T, ProtocolError> {
+    let mut h = [0u8; HEADER_LEN];
+    match r.read_exact(&mut h) {
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(ProtocolError::Closed),
+        other => other?,
+    }
+    let len = parse_header(&h, max)?;
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body)?;
+    decode(&body)
+}
+
+/// Writes one message to a blocking stream.
+///
+/// # Errors
+///
+/// The write failing.
+pub fn write_message<T: Serialize>(w: &mut impl Write, msg: &T) -> io::Result<()> {
+    w.write_all(&encode(msg))
+}
+
+/// Compares `given` with `expected` in time that depends only on their
+/// lengths, never on where they differ.
+pub fn token_eq(given: &[u8], expected: &[u8]) -> bool {
+    // Every byte of `expected` is visited whatever `given` holds; a length
+    // mismatch is folded into the result, not returned early.
+    let mut diff = u8::from(given.len() != expected.len());
+    for (i, e) in expected.iter().enumerate() {
+        let g = given.get(i).copied().unwrap_or(!*e);
+        diff |= std::hint::black_box(g ^ e);
+    }
+    std::hint::black_box(diff) == 0
+}
+
+/// Why the token file cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    /// Reading it failed.
+    #[error("reading the token file {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        source: io::Error,
+    },
+    /// Others may read it.
+    #[error("the token file {path} is readable by group or others (mode {mode:o}); chmod 600 it")]
+    Exposed {
+        /// The file.
+        path: String,
+        /// Its mode.
+        mode: u32,
+    },
+    /// Too short or too long.
+    #[error(
+        "the token in {path} has {len} bytes; use {MIN_TOKEN}..={MAX_TOKEN} (e.g. `head -c 32 /dev/urandom | base64`)"
+    )]
+    Length {
+        /// The file.
+        path: String,
+        /// Its length.
+        len: usize,
+    },
+}
+
+/// Reads the shared token: the file's first line, which must be
+/// [`MIN_TOKEN`]..=[`MAX_TOKEN`] bytes; the file must not be readable by
+/// group or others.
+///
+/// # Errors
+///
+/// [`TokenError`].
+pub fn read_token(path: &std::path::Path) -> Result<String, TokenError> {
+    use std::os::unix::fs::MetadataExt;
+    let p = || path.display().to_string();
+    let meta = std::fs::metadata(path).map_err(|source| TokenError::Read { path: p(), source })?;
+    if meta.mode() & 0o077 != 0 {
+        return Err(TokenError::Exposed { path: p(), mode: meta.mode() & 0o777 });
+    }
+    let mut f = std::fs::File::open(path).map_err(|source| TokenError::Read { path: p(), source })?;
+    let mut buf = Vec::new();
+    (&mut f)
+        .take(MAX_TOKEN as u64 + 2)
+        .read_to_end(&mut buf)
+        .map_err(|source| TokenError::Read { path: p(), source })?;
+    let text = String::from_utf8_lossy(&buf);
+    let token = text.lines().next().unwrap_or("").trim().to_string();
+    if !(MIN_TOKEN..=MAX_TOKEN).contains(&token.len()) {
+        return Err(TokenError::Length { path: p(), len: token.len() });
+    }
+    Ok(token)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> MemberSpec {
+        MemberSpec {
+            transport: TransportKind::Udp,
+            role: Role::Worker,
+            frame_size: 16_392,
+            frames: 100,
+            inflight: 1,
+            workers: 2,
+            listen: "10.0.0.2:9999".parse().unwrap(),
+            next: "10.0.0.3:9999".parse().unwrap(),
+            prev: "10.0.0.1:9999".parse().unwrap(),
+            iface: Some("eth0".into()),
+            crc: true,
+            gso: true,
+            reliability: Default::default(),
+            xdp_mode: XdpMode::Auto,
+            recv_timeout_ms: 1000,
+            setup_timeout_ms: 10_000,
+            stall_timeout_ms: 20_000,
+        }
+    }
+
+    #[test]
+    fn every_request_round_trips() {
+        for r in [
+            Request::Auth { token: "x".repeat(20) },
+            Request::Capabilities,
+            Request::Status,
+            Request::Open(spec()),
+            Request::Go,
+            Request::Stop,
+        ] {
+            let bytes = encode(&r);
+            let got: Request = read_message(&mut &bytes[..], MAX_REQUEST).unwrap();
+            assert_eq!(got, r);
+        }
+    }
+
+    #[test]
+    fn garbage_is_not_a_message() {
+        let mut g: &[u8] = b"GET / HTTP/1.1\r\n\r\n";
+        assert!(matches!(read_message::<Request>(&mut g, MAX_REQUEST), Err(ProtocolError::BadMagic)));
+    }
+
+    #[test]
+    fn oversized_message_is_refused_before_its_body_is_read() {
+        let mut h = MAGIC.to_vec();
+        h.extend_from_slice(&(MAX_REQUEST as u32 + 1).to_be_bytes());
+        assert!(matches!(
+            read_message::<Request>(&mut &h[..], MAX_REQUEST),
+            Err(ProtocolError::TooLarge { len, .. }) if len == MAX_REQUEST + 1
+        ));
+    }
+
+    #[test]
+    fn unknown_requests_and_fields_are_malformed() {
+        for body in [
+            r#"{"type":"exec","cmd":"rm -rf /"}"#,
+            r#"{"type":"auth"}"#,
+            r#"{"type":"auth","token":"x","cmd":"id"}"#,
+            r#"not json"#,
+        ] {
+            let mut m = MAGIC.to_vec();
+            m.extend_from_slice(&(body.len() as u32).to_be_bytes());
+            m.extend_from_slice(body.as_bytes());
+            assert!(
+                matches!(read_message::<Request>(&mut &m[..], MAX_REQUEST), Err(ProtocolError::Malformed(_))),
+                "{body}"
+            );
+        }
+        let mut v = serde_json::to_value(Request::Open(spec())).unwrap();
+        v["xdp_object"] = "/tmp/evil.o".into();
+        assert!(serde_json::from_value::<Request>(v).is_err(), "no paths from the network");
+    }
+
+    #[test]
+    fn token_comparison_needs_every_byte() {
+        let t = b"0123456789abcdef0123";
+        assert!(token_eq(t, t));
+        assert!(!token_eq(b"0123456789abcdef0124", t));
+        assert!(!token_eq(b"0123456789abcdef012", t));
+        assert!(!token_eq(b"0123456789abcdef01234", t));
+        assert!(!token_eq(b"", t));
+    }
+
+    #[test]
+    fn member_specs_out_of_bounds_are_refused() {
+        assert_eq!(spec().validate(), Ok(()));
+        type Breaker = fn(&mut MemberSpec);
+        let cases: [(&str, Breaker); 7] = [
+            ("frame_size", |s| s.frame_size = MAX_FRAME + 1),
+            ("frames", |s| s.frames = MAX_FRAMES + 1),
+            ("inflight", |s| s.inflight = 0),
+            ("listen port", |s| s.listen.set_port(22)),
+            ("next address", |s| s.next = "0.0.0.0:9999".parse().unwrap()),
+            ("iface", |s| s.iface = Some("eth0; reboot".into())),
+            ("stall_timeout_ms", |s| s.stall_timeout_ms = MAX_TIMEOUT_MS + 1),
+        ];
+        for (field, break_it) in cases {
+            let mut s = spec();
+            break_it(&mut s);
+            let e = s.validate().unwrap_err();
+            assert!(e.starts_with(field), "{field}: {e}");
+        }
+    }
+
+    #[test]
+    fn token_file_must_be_private_and_long_enough() {
+        use std::os::unix::fs::PermissionsExt;
+        let p = std::env::temp_dir().join(format!("leap-token-{}", std::process::id()));
+        std::fs::write(&p, "short\n").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(matches!(read_token(&p), Err(TokenError::Length { len: 5, .. })));
+        std::fs::write(&p, "0123456789abcdef0123\n").unwrap();
+        assert_eq!(read_token(&p).unwrap(), "0123456789abcdef0123");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(matches!(read_token(&p), Err(TokenError::Exposed { .. })));
+        let _ = std::fs::remove_file(&p);
+    }
+}
