@@ -68,6 +68,10 @@ impl Drop for Original {
 
 fn original_loop(sock: &UdpSocket, next: SocketAddr, compute: Duration, r: &Report, stop: &AtomicBool) {
     sock.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+    // The original asks for 8 MiB buffers too: a busy machine must not drop
+    // chunks in the stand-in's socket (it would then wait forever, as the
+    // original does).
+    let _ = socket2::SockRef::from(sock).set_recv_buffer_size(8 << 20);
     let total = FRAME.div_ceil(CHUNK_PAYLOAD_MAX);
     // The one buffer for receiving and sending.
     let mut buf = [0u8; CHUNK_HEADER_LEN + CHUNK_PAYLOAD_MAX];

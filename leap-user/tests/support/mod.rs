@@ -47,13 +47,26 @@ pub fn terminate(c: &Child) {
 #[derive(Debug)]
 pub struct Counting;
 
-/// Allocations (and reallocations) so far.
+/// Allocations (and reallocations) so far, all threads.
 pub static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// Allocations of this thread: the test harness's own threads allocate
+    /// at times of their choosing (output, timers), which says nothing
+    /// about the code under test.
+    static THREAD_ALLOCS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+fn count() {
+    ALLOCS.fetch_add(1, Ordering::Relaxed);
+    // `try_with`: the thread-local may be gone while a thread exits.
+    let _ = THREAD_ALLOCS.try_with(|n| n.set(n.get() + 1));
+}
 
 // SAFETY: forwards to the system allocator; only counts calls.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        count();
         // SAFETY: same contract as the caller's.
         unsafe { System.alloc(layout) }
     }
@@ -62,15 +75,16 @@ unsafe impl GlobalAlloc for Counting {
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        count();
         // SAFETY: same contract as the caller's.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
 }
 
-/// Allocations so far.
+/// Allocations made so far by the calling thread (the frame paths under
+/// test run on one thread).
 pub fn allocations() -> usize {
-    ALLOCS.load(Ordering::Relaxed)
+    THREAD_ALLOCS.with(std::cell::Cell::get)
 }
 
 /// Lets leap node `a` and its next node `b` prove to each other that they
