@@ -364,6 +364,25 @@ fn effective_caps() -> u64 {
 
 /// What `kind` needs that this process lacks, named as capabilities.
 pub fn missing_privileges(kind: TransportKind) -> Option<String> {
+    missing_capabilities(kind)
+}
+
+/// Why the XDP program cannot be loaded here, if it cannot: loads it into
+/// the kernel (the verifier runs, nothing is attached) with this process's
+/// own capabilities, so the answer is the kernel's, not a guess from a list.
+pub fn xdp_load_problem(object: Option<&Path>) -> Option<String> {
+    let source = crate::transport::xdp::ObjectSource::from_option(object.map(Path::to_path_buf));
+    match crate::transport::xdp::program::XdpProgram::load(&source) {
+        Ok(_) => None,
+        Err(e) => Some(format!(
+            "the kernel refuses the XDP program with this process's capabilities ({e}); the packaged unit \
+             grants CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN and CAP_NET_RAW"
+        )),
+    }
+}
+
+/// The capabilities a backend needs that this process lacks.
+fn missing_capabilities(kind: TransportKind) -> Option<String> {
     const NET_ADMIN: u32 = 12;
     const NET_RAW: u32 = 13;
     const SYS_ADMIN: u32 = 21;

@@ -251,10 +251,24 @@ fn open_first(r: &Resolved) -> Result<(TransportKind, Box<dyn Transport>)> {
 pub fn main(args: &NodeArgs) -> Result<()> {
     let r = resolve(args)?;
     if args.check {
+        let problems: Vec<Option<String>> = r
+            .order
+            .iter()
+            .map(|k| {
+                config::missing_privileges(*k).or_else(|| {
+                    // Load the program as this process would: the verifier
+                    // decides, under exactly these capabilities.
+                    matches!(k, TransportKind::Xdp | TransportKind::XdpRingbuf)
+                        .then(|| config::xdp_load_problem(r.opts.xdp_object.as_deref()))
+                        .flatten()
+                })
+            })
+            .collect();
         let usable: Vec<String> = r
             .order
             .iter()
-            .map(|k| match config::missing_privileges(*k) {
+            .zip(&problems)
+            .map(|(k, p)| match p {
                 Some(why) => format!("{k}: unavailable ({why})"),
                 None => format!("{k}: ok"),
             })
@@ -263,7 +277,7 @@ pub fn main(args: &NodeArgs) -> Result<()> {
         for u in &usable {
             println!("  {u}");
         }
-        if r.order.iter().all(|k| config::missing_privileges(*k).is_some()) {
+        if problems.iter().all(Option::is_some) {
             bail!("none of the transports can run here with these privileges");
         }
         return Ok(());

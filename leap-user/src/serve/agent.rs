@@ -409,7 +409,7 @@ async fn request(sh: &Arc<Shared>, req: Request, member: &mut Option<Member>) ->
         Request::Capabilities => {
             let object_ok = sh.cfg.xdp_object.as_ref().is_some_and(|p| p.is_file())
                 || crate::transport::xdp::object::embedded().is_some();
-            Response::Capabilities(capabilities::probe(object_ok))
+            Response::Capabilities(capabilities::probe_with(object_ok, sh.cfg.xdp_object.as_deref()))
         }
         Request::Status => Response::Status { counters: c.snapshot(), running: sh.running() },
         Request::Open(spec) => {

@@ -74,6 +74,15 @@ impl HostCapabilities {
 /// Probes this host: what the process's capabilities, the kernel module and
 /// the XDP object (`xdp_object_ok`) allow.
 pub fn probe(xdp_object_ok: bool) -> HostCapabilities {
+    probe_with(xdp_object_ok, None)
+}
+
+/// [`probe`], loading the XDP program from `xdp_object` (else the embedded
+/// one) to let the kernel's verifier say whether it runs here.
+pub fn probe_with(xdp_object_ok: bool, xdp_object: Option<&Path>) -> HostCapabilities {
+    // One load answers for both XDP transports.
+    let loaded = std::cell::OnceCell::new();
+    let xdp_load = |_k: TransportKind| loaded.get_or_init(|| crate::cli::config::xdp_load_problem(xdp_object)).clone();
     let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_string()).unwrap_or_default();
     let transports = TransportKind::ALL
         .iter()
@@ -84,6 +93,9 @@ pub fn probe(xdp_object_ok: bool) -> HostCapabilities {
                     "no XDP object: build leap with `cargo xtask build`, or start `leap serve --xdp-object PATH`"
                         .into(),
                 );
+            }
+            if why.is_none() && matches!(k, TransportKind::Xdp | TransportKind::XdpRingbuf) {
+                why = xdp_load(k);
             }
             TransportSupport { transport: k, unavailable: why }
         })
