@@ -52,6 +52,7 @@
 #include <linux/wait.h>
 #include <net/ip.h>
 #include <net/net_namespace.h>
+#include <net/route.h>
 #include <net/sock.h>
 #include <net/udp.h>
 #if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 12, 0)
@@ -440,6 +441,20 @@ static bool leap_rx_datagram(struct leap_file *f, const struct sk_buff *skb, uns
 }
 
 /*
+ * Whether skb was addressed to this host alone: not a broadcast or multicast
+ * copy (the UDP stack hands those to every socket bound to the port).
+ */
+static bool leap_is_unicast(const struct sk_buff *skb)
+{
+	const struct rtable *rt = skb_rtable(skb);
+	__be32 daddr = ip_hdr(skb)->daddr;
+
+	if (skb->pkt_type != PACKET_HOST || ipv4_is_multicast(daddr) || ipv4_is_lbcast(daddr))
+		return false;
+	return !rt || !(rt->rt_flags & (RTCF_BROADCAST | RTCF_MULTICAST));
+}
+
+/*
  * The only receive path: datagrams the stack delivers to this file's socket,
  * i.e. addressed to this host (after routing, so never transit traffic),
  * reassembled, and with the UDP checksum already verified by the stack
@@ -459,7 +474,7 @@ static int leap_encap_rcv(struct sock *sk, struct sk_buff *skb)
 
 	if (!f || skb->len < off)
 		goto drop;
-	if (skb->pkt_type != PACKET_HOST) {
+	if (!leap_is_unicast(skb)) {
 		spin_lock(&f->rx_lock);
 		f->c.drop_not_unicast++;
 		spin_unlock(&f->rx_lock);

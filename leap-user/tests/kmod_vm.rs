@@ -884,6 +884,22 @@ fn stranger_never_evicts_or_fills_a_bank_with_a_peer() {
     assert_eq!(counters(&dev).drop_stranger, 0);
 }
 
+/// A broadcast to the port is refused (the old hook took broadcasts too).
+#[test]
+#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
+fn broadcast_to_the_port_never_changes_any_bank() {
+    let (dev, port) = node();
+    let before = banks(&dev);
+    let tx = sender();
+    tx.set_broadcast(true).unwrap();
+    tx.send_to(&chunk(3, 0, 1, flags::LEAP, &[0xEE; 100]), (Ipv4Addr::new(127, 255, 255, 255), port))
+        .expect("send a broadcast");
+    let c = wait_counters(&dev, "drop_not_unicast", |c| c.drop_not_unicast == 1);
+    assert_eq!(c.rx_chunks, 0, "{c:#?}");
+    assert!(before == banks(&dev), "a broadcast changed a bank");
+    assert_eq!(wait(&dev, Duration::ZERO), None);
+}
+
 /// poll() reports a lost frame without anybody waiting in an ioctl.
 #[test]
 #[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
