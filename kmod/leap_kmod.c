@@ -4,17 +4,19 @@
  * mmap-able buffer.
  *
  * Each open file is one ring node: its own 16 MiB buffer (64 RX banks of
- * 128 KiB, then the TX staging area), its own listening port, peer and
- * netfilter hook, registered in the network namespace of the opener. Chunks
- * (12-byte big-endian header + at most 1400 bytes) addressed to the port are
- * validated and copied into bank seq % 64 at chunk_id * 1400; a complete bank
- * is handed to user space oldest first and stays untouched until released.
- * A frame that stays incomplete for frame_timeout_ms is reported as lost.
+ * 128 KiB, then the TX staging area), its own listening port and peer, and a
+ * kernel UDP socket in the network namespace of the opener. Only datagrams
+ * the stack delivers locally to that socket reach the module: its encap_rcv
+ * handler gets them after routing (never transit traffic), after IP
+ * reassembly and after the stack checked the UDP checksum (CHECKSUM_COMPLETE
+ * and offloads honoured). Chunks (12-byte big-endian header + at most 1400
+ * bytes) are checked against the sender first (the configured peer, or the
+ * first sender, learnt and locked), then validated and copied into bank
+ * seq % 64 at chunk_id * 1400; a complete bank is handed to user space oldest
+ * first and stays untouched until released. A frame that stays incomplete
+ * for frame_timeout_ms is reported as lost (by a timer, so poll() sees it).
  *
- * Datagrams the PRE_ROUTING hook does not take (IPv4 fragments, GSO
- * super-packets, non-data kinds, anything without the magic) go through the
- * stack to the file's kernel UDP socket, whose encap_rcv handler gives
- * reassembled, checksum-verified datagrams the same treatment.
+ * Opening the device needs CAP_NET_ADMIN in the opener's network namespace.
  *
  * The user-space ABI is in leap_uapi.h; ioctls 1 to 6 and the mmap layout
  * are those of the original LEAP module.
@@ -24,6 +26,7 @@
 
 #include <linux/atomic.h>
 #include <linux/bitmap.h>
+#include <linux/capability.h>
 #include <linux/fs.h>
 #include <linux/in.h>
 #include <linux/ip.h>
@@ -35,22 +38,21 @@
 #include <linux/module.h>
 #include <linux/mutex.h>
 #include <linux/net.h>
-#include <linux/netfilter.h>
-#include <linux/netfilter_ipv4.h>
 #include <linux/nsproxy.h>
 #include <linux/poll.h>
 #include <linux/sched/signal.h>
 #include <linux/skbuff.h>
 #include <linux/slab.h>
 #include <linux/spinlock.h>
+#include <linux/timer.h>
 #include <linux/udp.h>
 #include <linux/uaccess.h>
 #include <linux/version.h>
 #include <linux/vmalloc.h>
 #include <linux/wait.h>
-#include <net/checksum.h>
 #include <net/ip.h>
 #include <net/net_namespace.h>
+#include <net/route.h>
 #include <net/sock.h>
 #include <net/udp.h>
 #if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 12, 0)
@@ -138,15 +140,13 @@ struct leap_lost {
 struct leap_file {
 	struct list_head node;		/* in leap_files */
 	struct net *net;		/* netns of the opener, referenced */
-	void *buf;			/* LEAP_MMAP_SIZE, vmalloc_user */
+	void *buf;			/* LEAP_MMAP_SIZE, vmalloc, memcg-charged */
 
-	struct mutex cfg_lock;		/* port, socket, hook, TX */
+	struct mutex cfg_lock;		/* socket and TX; written under it: */
 	struct socket *sock;		/* bound to the port, sends chunks */
-	struct nf_hook_ops ops;
-	bool hooked;
-	__be16 port;			/* read locklessly by the hook */
-	__be32 dest_addr;
-	__be16 dest_port;		/* 0: same as the listening port */
+	__be16 port;			/* WRITE_ONCE: GET_INFO reads it locklessly */
+	__be32 dest_addr;		/* WRITE_ONCE, as port */
+	__be16 dest_port;		/* WRITE_ONCE; 0: same as the listening port */
 	u16 tx_seq;
 	bool gso;			/* socket's gso_size set, not yet refused */
 	u8 tx_hdr[LEAP_GSO_CHUNKS][LEAP_CHUNK_HDR_LEN];
@@ -155,8 +155,13 @@ struct leap_file {
 	spinlock_t rx_lock;		/* everything below */
 	wait_queue_head_t wq;
 	unsigned int events;		/* READY banks + queued lost reports */
-	__be32 peer_addr;
+	__be32 peer_addr;		/* configured peer (SET_PEER), 0 any */
 	__be16 peer_port;
+	bool locked;			/* no peer configured: first sender learnt */
+	__be32 locked_addr;
+	__be16 locked_port;
+	bool dying;			/* release: the timer must not re-arm */
+	struct timer_list timer;	/* reports incomplete frames as lost */
 	unsigned long timeout;		/* jiffies */
 	u32 timeout_ms;
 	u64 next_stamp;
@@ -246,6 +251,48 @@ static void leap_bank_start(struct leap_file *f, struct leap_bank *b, u16 seq, u
 	b->deadline = jiffies + f->timeout;
 	b->stamp = f->next_stamp++;
 	bitmap_zero(b->map, LEAP_BANK_CHUNKS_MAX);
+	if (!f->dying)
+		timer_reduce(&f->timer, b->deadline);
+}
+
+/* Reports frames whose deadline passed even when nobody waits (poll()). */
+static void leap_timer_fn(struct timer_list *t)
+{
+	struct leap_file *f = container_of(t, struct leap_file, timer);
+	unsigned long next;
+
+	spin_lock(&f->rx_lock);
+	next = leap_expire(f);
+	if (next && !f->dying)
+		timer_reduce(&f->timer, next);
+	spin_unlock(&f->rx_lock);
+}
+
+/*
+ * Whether a chunk from saddr:sport may touch a bank: it must come from the
+ * configured peer or, with none configured, from the first sender seen on
+ * this binding, which is learnt here and locked. Called with rx_lock.
+ */
+static bool leap_source_ok(struct leap_file *f, __be32 saddr, __be16 sport)
+{
+	if (f->peer_addr || f->peer_port) {
+		if ((f->peer_addr && saddr != f->peer_addr) || (f->peer_port && sport != f->peer_port)) {
+			f->c.drop_peer++;
+			return false;
+		}
+		return true;
+	}
+	if (!f->locked) {
+		f->locked = true;
+		f->locked_addr = saddr;
+		f->locked_port = sport;
+		return true;
+	}
+	if (saddr != f->locked_addr || sport != f->locked_port) {
+		f->c.drop_stranger++;
+		return false;
+	}
+	return true;
 }
 
 /*
@@ -268,10 +315,6 @@ static bool leap_rx_chunk(struct leap_file *f, const struct sk_buff *skb, unsign
 	void *dst;
 
 	spin_lock(&f->rx_lock);
-	if ((f->peer_addr && saddr != f->peer_addr) || (f->peer_port && sport != f->peer_port)) {
-		f->c.drop_peer++;
-		goto out;
-	}
 	if (total == 0 || id >= total) {
 		f->c.drop_bad_chunk_id++;
 		goto out;
@@ -280,14 +323,19 @@ static bool leap_rx_chunk(struct leap_file *f, const struct sk_buff *skb, unsign
 		f->c.drop_oversize++;
 		goto out;
 	}
-	if (total > LEAP_BANK_CHUNKS_MAX) {
-		f->c.drop_too_big++;
-		goto out;
-	}
 	if (id + 1 < total ? plen != LEAP_CHUNK_PAYLOAD_MAX : plen == 0) {
 		f->c.drop_bad_length++;
 		goto out;
 	}
+	/* The last chunk of a 131072-byte frame (the 94th) ends the bank. */
+	if (total > LEAP_BANK_CHUNKS_MAX ||
+	    (size_t)id * LEAP_CHUNK_PAYLOAD_MAX + plen > LEAP_BANK_SIZE) {
+		f->c.drop_too_big++;
+		goto out;
+	}
+	/* Before any bank is looked at: a stranger never evicts or fills one. */
+	if (!leap_source_ok(f, saddr, sport))
+		goto out;
 
 	b = &f->banks[seq % LEAP_RX_BANKS];
 	switch (b->state) {
@@ -334,7 +382,7 @@ static bool leap_rx_chunk(struct leap_file *f, const struct sk_buff *skb, unsign
 		goto out;
 	}
 
-	/* id < total <= LEAP_BANK_CHUNKS_MAX and plen <= 1400: inside the bank. */
+	/* id * 1400 + plen <= LEAP_BANK_SIZE was checked: inside the bank. */
 	dst = f->buf + (size_t)(seq % LEAP_RX_BANKS) * LEAP_BANK_SIZE + (size_t)id * LEAP_CHUNK_PAYLOAD_MAX;
 	if (skb_copy_bits(skb, off + LEAP_CHUNK_HDR_LEN, dst, plen)) {
 		f->c.drop_short++;
@@ -358,116 +406,62 @@ out:
 	return ok;
 }
 
-enum leap_verdict {
-	LEAP_NOT_OURS,	/* leave it to the stack */
-	LEAP_TAKEN,
-	LEAP_DROPPED,
-};
-
 /*
- * Common part of both receive paths: `off` is the offset of the UDP payload
- * in skb, `len` its length. With `for_stack` (netfilter path), anything that
- * is not a data or control chunk is left to the stack uncounted, to be
- * counted once by the socket path.
+ * One UDP payload of `len` bytes at `off` in skb: the magic and the kind are
+ * checked first (nothing else is read before), then the chunk. Returns
+ * whether it was taken; every outcome is counted.
  */
-static enum leap_verdict leap_rx_datagram(struct leap_file *f, const struct sk_buff *skb, unsigned int off,
-					  unsigned int len, __be32 saddr, __be16 sport, bool for_stack)
+static bool leap_rx_datagram(struct leap_file *f, const struct sk_buff *skb, unsigned int off,
+			     unsigned int len, __be32 saddr, __be16 sport)
 {
 	u8 buf[LEAP_CHUNK_HDR_LEN];
-	const u8 *hdr;
+	const u8 *hdr = NULL;
 	u16 flags;
 
-	if (len < LEAP_CHUNK_HDR_LEN) {
-		if (for_stack)
-			return LEAP_NOT_OURS;
+	if (len >= LEAP_CHUNK_HDR_LEN)
+		hdr = skb_header_pointer(skb, off, sizeof(buf), buf);
+	if (!hdr) {
 		spin_lock(&f->rx_lock);
 		f->c.drop_short++;
 		spin_unlock(&f->rx_lock);
-		return LEAP_DROPPED;
+		return false;
 	}
-	hdr = skb_header_pointer(skb, off, sizeof(buf), buf);
-	if (!hdr)
-		return for_stack ? LEAP_NOT_OURS : LEAP_DROPPED;
 	flags = get_unaligned_be16(hdr + 10);
 	if (get_unaligned_be32(hdr) != LEAP_CHUNK_MAGIC ||
 	    ((flags & LEAP_CHUNK_F_LEAP) && (flags & LEAP_CHUNK_KIND_MASK) > LEAP_CHUNK_KIND_CONTROL)) {
-		if (for_stack)
-			return LEAP_NOT_OURS;
 		spin_lock(&f->rx_lock);
 		if (get_unaligned_be32(hdr) != LEAP_CHUNK_MAGIC)
 			f->c.rx_not_leap++;
 		else
 			f->c.rx_passthrough++;
 		spin_unlock(&f->rx_lock);
-		return LEAP_DROPPED;
+		return false;
 	}
-	return leap_rx_chunk(f, skb, off, len, hdr, saddr, sport) ? LEAP_TAKEN : LEAP_DROPPED;
-}
-
-/* Whether the UDP checksum of an unfragmented IPv4 datagram is right. */
-static bool leap_udp_csum_ok(struct sk_buff *skb, const struct iphdr *iph, const struct udphdr *uh,
-			     unsigned int ihl, unsigned int ulen)
-{
-	if (!uh->check)		/* sender sent none, as the original does */
-		return true;
-	if (skb_csum_unnecessary(skb))
-		return true;
-	return !csum_tcpudp_magic(iph->saddr, iph->daddr, ulen, IPPROTO_UDP, skb_checksum(skb, ihl, ulen, 0));
-}
-
-static unsigned int leap_nf_hook(void *priv, struct sk_buff *skb, const struct nf_hook_state *state)
-{
-	struct leap_file *f = priv;
-	const struct iphdr *iph;
-	const struct udphdr *uh;
-	unsigned int ihl, ulen;
-	enum leap_verdict v;
-
-	if (!pskb_may_pull(skb, sizeof(*iph)))
-		return NF_ACCEPT;
-	iph = ip_hdr(skb);
-	if (iph->version != 4 || iph->protocol != IPPROTO_UDP || iph->ihl < 5)
-		return NF_ACCEPT;
-	/* Fragments and GSO packets reach leap_encap_rcv whole, via the stack. */
-	if (ip_is_fragment(iph) || skb_is_gso(skb))
-		return NF_ACCEPT;
-	ihl = iph->ihl * 4;
-	if (!pskb_may_pull(skb, ihl + sizeof(*uh)))
-		return NF_ACCEPT;
-	iph = ip_hdr(skb);
-	uh = (const struct udphdr *)((const u8 *)iph + ihl);
-	if (uh->dest != READ_ONCE(f->port))
-		return NF_ACCEPT;
-	ulen = ntohs(uh->len);
-	/* Malformed lengths are the stack's to drop and count. */
-	if (ulen < sizeof(*uh) || ihl + ulen > skb->len)
-		return NF_ACCEPT;
-	if (ulen < sizeof(*uh) + LEAP_CHUNK_HDR_LEN)
-		return NF_ACCEPT;
-	if (!leap_udp_csum_ok(skb, iph, uh, ihl, ulen)) {
-		/* Let the stack count it in the UDP MIB and drop it. */
-		spin_lock(&f->rx_lock);
-		f->c.drop_bad_checksum++;
-		spin_unlock(&f->rx_lock);
-		return NF_DROP;
-	}
-	v = leap_rx_datagram(f, skb, ihl + sizeof(*uh), ulen - sizeof(*uh), iph->saddr, uh->source, true);
-	switch (v) {
-	case LEAP_TAKEN:
-		consume_skb(skb);
-		return NF_STOLEN;
-	case LEAP_DROPPED:
-		return NF_DROP;
-	default:
-		return NF_ACCEPT;
-	}
+	return leap_rx_chunk(f, skb, off, len, hdr, saddr, sport);
 }
 
 /*
- * Datagrams the hook left to the stack: reassembled fragments, and UDP GSO
- * super-datagrams (the socket accepts them whole, see leap_bind). The stack
- * verified the checksum. A GSO datagram holds one chunk per gso_size bytes,
- * as the sender cut it, and is walked in place instead of being segmented.
+ * Whether skb was addressed to this host alone: not a broadcast or multicast
+ * copy (the UDP stack hands those to every socket bound to the port).
+ */
+static bool leap_is_unicast(const struct sk_buff *skb)
+{
+	const struct rtable *rt = skb_rtable(skb);
+	__be32 daddr = ip_hdr(skb)->daddr;
+
+	if (skb->pkt_type != PACKET_HOST || ipv4_is_multicast(daddr) || ipv4_is_lbcast(daddr))
+		return false;
+	return !rt || !(rt->rt_flags & (RTCF_BROADCAST | RTCF_MULTICAST));
+}
+
+/*
+ * The only receive path: datagrams the stack delivers to this file's socket,
+ * i.e. addressed to this host (after routing, so never transit traffic),
+ * reassembled, and with the UDP checksum already verified by the stack
+ * (udp_lib_checksum_complete, which honours CHECKSUM_COMPLETE and offloads)
+ * before encap_rcv is called. Broadcast and multicast copies are refused. A
+ * UDP GSO datagram (accepted whole, see leap_accept_gso) holds one chunk per
+ * gso_size bytes, as the sender cut it, and is walked in place.
  */
 static int leap_encap_rcv(struct sock *sk, struct sk_buff *skb)
 {
@@ -480,6 +474,12 @@ static int leap_encap_rcv(struct sock *sk, struct sk_buff *skb)
 
 	if (!f || skb->len < off)
 		goto drop;
+	if (!leap_is_unicast(skb)) {
+		spin_lock(&f->rx_lock);
+		f->c.drop_not_unicast++;
+		spin_unlock(&f->rx_lock);
+		goto drop;
+	}
 	len = skb->len - off;
 	step = len;
 	if (skb_is_gso(skb) && (skb_shinfo(skb)->gso_type & SKB_GSO_UDP_L4) && skb_shinfo(skb)->gso_size)
@@ -489,7 +489,7 @@ static int leap_encap_rcv(struct sock *sk, struct sk_buff *skb)
 	/* At least once: an empty datagram is counted as short. */
 	do {
 		seg = min(step, len);
-		if (leap_rx_datagram(f, skb, off, seg, saddr, sport, false) == LEAP_TAKEN)
+		if (leap_rx_datagram(f, skb, off, seg, saddr, sport))
 			taken = true;
 		off += seg;
 		len -= seg;
@@ -513,23 +513,44 @@ static void leap_accept_gso(struct socket *sock)
 		pr_info("UDP_GRO refused (%d): GSO datagrams are segmented before the module sees them\n", err);
 }
 
-/* Tears down the socket and the hook; waits until no packet uses them. */
-static void leap_unbind(struct leap_file *f)
+/* Releases a socket of this file; waits until no packet uses it. */
+static void leap_release_sock(struct socket *sock)
 {
-	if (f->hooked) {
-		nf_unregister_net_hook(f->net, &f->ops);
-		f->hooked = false;
-	}
-	WRITE_ONCE(f->port, 0);
-	if (f->sock) {
-		sock_release(f->sock);
-		f->sock = NULL;
-		udp_encap_disable();
-	}
-	/* Hook and encap_rcv run under RCU: wait them out before f can go. */
+	sock_release(sock);
+	udp_encap_disable();
+	/* encap_rcv runs under RCU: wait it out before f can go. */
 	synchronize_net();
 }
 
+/* Tears down the socket. Called with cfg_lock held, or at release. */
+static void leap_unbind(struct leap_file *f)
+{
+	struct socket *sock = f->sock;
+
+	WRITE_ONCE(f->port, 0);
+	if (!sock)
+		return;
+	f->sock = NULL;
+	leap_release_sock(sock);
+}
+
+/*
+ * kernel_bind() takes a `struct sockaddr *` up to 6.18 and a
+ * `struct sockaddr_unsized *` after. A `void *` converts to either without a
+ * cast, so this one call builds on 6.1, 6.12 and later kernels alike.
+ */
+static int leap_kernel_bind(struct socket *sock, struct sockaddr_in *sin)
+{
+	void *addr = sin;
+
+	return kernel_bind(sock, addr, sizeof(*sin));
+}
+
+/*
+ * Binds a new socket to `port` and only then replaces the file's socket:
+ * when binding fails, the old binding stays as it was. Resets the learnt
+ * sender. Called with cfg_lock held.
+ */
 static int leap_bind(struct leap_file *f, u16 port)
 {
 	struct sockaddr_in sin = {
@@ -537,7 +558,7 @@ static int leap_bind(struct leap_file *f, u16 port)
 		.sin_port = htons(port),
 		.sin_addr.s_addr = htonl(INADDR_ANY),
 	};
-	struct socket *sock;
+	struct socket *sock, *old;
 	int err;
 
 	err = sock_create_kern(f->net, AF_INET, SOCK_DGRAM, IPPROTO_UDP, &sock);
@@ -549,35 +570,26 @@ static int leap_bind(struct leap_file *f, u16 port)
 	WRITE_ONCE(udp_sk(sock->sk)->encap_rcv, leap_encap_rcv);
 	udp_encap_enable();
 
-	err = kernel_bind(sock, (struct sockaddr *)&sin, sizeof(sin));
+	err = leap_kernel_bind(sock, &sin);
 	if (err)
 		goto err_release_sock;
 	leap_accept_gso(sock);
-
-	f->ops = (struct nf_hook_ops){
-		.hook = leap_nf_hook,
-		.priv = f,
-		.pf = NFPROTO_IPV4,
-		.hooknum = NF_INET_PRE_ROUTING,
-		.priority = NF_IP_PRI_FIRST,
-	};
-	WRITE_ONCE(f->port, htons(port));
-	err = nf_register_net_hook(f->net, &f->ops);
-	if (err)
-		goto err_clear_port;
-	f->hooked = true;
-	f->sock = sock;
 	/* Every send may carry up to LEAP_GSO_CHUNKS chunks of 1412 bytes. */
 	f->gso = READ_ONCE(tx_gso);
 	WRITE_ONCE(udp_sk(sock->sk)->gso_size, f->gso ? LEAP_CHUNK_WIRE_MAX : 0);
+
+	old = f->sock;
+	spin_lock_bh(&f->rx_lock);
+	f->locked = false;
+	spin_unlock_bh(&f->rx_lock);
+	f->sock = sock;
+	WRITE_ONCE(f->port, htons(port));
+	if (old)
+		leap_release_sock(old);
 	return 0;
 
-err_clear_port:
-	WRITE_ONCE(f->port, 0);
 err_release_sock:
-	sock_release(sock);
-	udp_encap_disable();
-	synchronize_net();
+	leap_release_sock(sock);
 	return err;
 }
 
@@ -629,7 +641,7 @@ static void leap_gso_off(struct leap_file *f, int err)
 static int leap_send_frame(struct leap_file *f, const u8 *tx, u32 len, u16 flags, u16 *seq_out)
 {
 	struct sockaddr_in to = { .sin_family = AF_INET };
-	u32 total, id, n;
+	u32 total, id, n, sent = 0;
 	u16 seq;
 	int err = 0;
 
@@ -659,21 +671,31 @@ static int leap_send_frame(struct leap_file *f, const u8 *tx, u32 len, u16 flags
 			err = ret;
 			break;
 		}
-		f->c.tx_chunks += n;
+		sent += n;
 		cond_resched();
 	}
-	if (err) {
+	/* Counters are rx_lock's: GET_INFO reads them without cfg_lock. */
+	spin_lock_bh(&f->rx_lock);
+	f->c.tx_chunks += sent;
+	if (err)
 		f->c.tx_errors++;
+	else
+		f->c.tx_frames++;
+	spin_unlock_bh(&f->rx_lock);
+	if (err)
 		return err;
-	}
-	f->c.tx_frames++;
 	if (seq_out)
 		*seq_out = seq;
 	return 0;
 }
 
-/* Hands out the oldest event: a complete bank or a lost-frame report. */
-static bool leap_take_event(struct leap_file *f, struct leap_wait *w)
+/*
+ * Hands out the oldest event: a complete bank or a lost-frame report. With
+ * `implicit` (WAIT_DATA), a bank handed out replaces the file's implicitly
+ * held bank, which is freed here, under the same lock: two WAIT_DATA racing
+ * on one file cannot leave a bank held that no later call releases.
+ */
+static bool leap_take_event(struct leap_file *f, struct leap_wait *w, bool implicit)
 {
 	struct leap_bank *best = NULL;
 	struct leap_lost *l = f->lost_count ? &f->lost[f->lost_head] : NULL;
@@ -702,6 +724,11 @@ static bool leap_take_event(struct leap_file *f, struct leap_wait *w)
 	}
 	if (!best)
 		return false;
+	if (implicit) {
+		if (f->implicit_bank >= 0 && f->banks[f->implicit_bank].state == LEAP_BANK_HELD)
+			f->banks[f->implicit_bank].state = LEAP_BANK_FREE;
+		f->implicit_bank = best - f->banks;
+	}
 	best->state = LEAP_BANK_HELD;
 	w->status = LEAP_WAIT_STATUS_FRAME;
 	w->bank = best - f->banks;
@@ -722,7 +749,7 @@ static bool leap_take_event(struct leap_file *f, struct leap_wait *w)
  * `timeout` jiffies pass (MAX_SCHEDULE_TIMEOUT: forever). Wakes up at least
  * once per frame timeout to report incomplete frames.
  */
-static int leap_wait(struct leap_file *f, long timeout, struct leap_wait *w)
+static int leap_wait(struct leap_file *f, long timeout, struct leap_wait *w, bool implicit)
 {
 	unsigned long end = jiffies + (timeout == MAX_SCHEDULE_TIMEOUT ? 0 : timeout);
 	unsigned int spins = READ_ONCE(busy_wait_limit);
@@ -740,7 +767,7 @@ static int leap_wait(struct leap_file *f, long timeout, struct leap_wait *w)
 
 		spin_lock_bh(&f->rx_lock);
 		next = leap_expire(f);
-		got = leap_take_event(f, w);
+		got = leap_take_event(f, w, implicit);
 		slice = f->timeout;
 		spin_unlock_bh(&f->rx_lock);
 		if (got)
@@ -762,13 +789,18 @@ static int leap_wait(struct leap_file *f, long timeout, struct leap_wait *w)
 
 static int leap_open(struct inode *inode, struct file *file)
 {
+	struct net *net = current->nsproxy->net_ns;
 	struct leap_file *f;
 	int err;
 
-	f = kzalloc(sizeof(*f), GFP_KERNEL);
+	/* A node takes a port's traffic: only a network administrator may. */
+	if (!ns_capable(net->user_ns, CAP_NET_ADMIN))
+		return -EPERM;
+	/* Charged to the opener's memory cgroup, as its own memory would be. */
+	f = kzalloc(sizeof(*f), GFP_KERNEL_ACCOUNT);
 	if (!f)
 		return -ENOMEM;
-	f->buf = vmalloc_user(LEAP_MMAP_SIZE);
+	f->buf = __vmalloc(LEAP_MMAP_SIZE, GFP_KERNEL_ACCOUNT | __GFP_ZERO);
 	if (!f->buf) {
 		err = -ENOMEM;
 		goto err_free_file;
@@ -776,6 +808,7 @@ static int leap_open(struct inode *inode, struct file *file)
 	mutex_init(&f->cfg_lock);
 	spin_lock_init(&f->rx_lock);
 	init_waitqueue_head(&f->wq);
+	timer_setup(&f->timer, leap_timer_fn, 0);
 	f->timeout_ms = READ_ONCE(frame_timeout_ms) ?: 1;
 	f->timeout = msecs_to_jiffies(f->timeout_ms) ?: 1;
 	f->implicit_bank = -1;
@@ -788,7 +821,7 @@ static int leap_open(struct inode *inode, struct file *file)
 		goto err_free_buffer;
 	}
 	leap_nr_open++;
-	f->net = get_net(current->nsproxy->net_ns);
+	f->net = get_net(net);
 	list_add(&f->node, &leap_files);
 	mutex_unlock(&leap_files_lock);
 
@@ -807,6 +840,10 @@ static int leap_release(struct inode *inode, struct file *file)
 	struct leap_file *f = file->private_data;
 
 	leap_unbind(f);
+	spin_lock_bh(&f->rx_lock);
+	f->dying = true;
+	spin_unlock_bh(&f->rx_lock);
+	timer_delete_sync(&f->timer);
 	mutex_lock(&leap_files_lock);
 	list_del(&f->node);
 	leap_nr_open--;
@@ -825,9 +862,11 @@ static ssize_t leap_write(struct file *file, const char __user *ubuf, size_t len
 	void *copy;
 	int err;
 
-	if (!len || len > LEAP_HALF_SIZE)
+	if (!len)
+		return 0;
+	if (len > LEAP_HALF_SIZE)
 		return -EMSGSIZE;
-	copy = kvmalloc(len, GFP_KERNEL);
+	copy = kvmalloc(len, GFP_KERNEL_ACCOUNT);
 	if (!copy)
 		return -ENOMEM;
 	if (copy_from_user(copy, ubuf, len)) {
@@ -835,28 +874,47 @@ static ssize_t leap_write(struct file *file, const char __user *ubuf, size_t len
 		goto out_free_copy;
 	}
 	mutex_lock(&f->cfg_lock);
-	err = leap_send_frame(f, copy, len, LEAP_CHUNK_F_LEAP | LEAP_CHUNK_KIND_DATA, NULL);
+	/* As the original: `reserved` is 0 on the wire. */
+	err = leap_send_frame(f, copy, len, 0, NULL);
 	mutex_unlock(&f->cfg_lock);
 out_free_copy:
 	kvfree(copy);
 	return err ? err : len;
 }
 
+/*
+ * Shared mappings only (a private one would give copies that neither the
+ * module nor the other side ever sees), never executable, now or later.
+ * The buffer comes from __vmalloc (memcg-charged), so its pages are
+ * inserted one by one, as remap_vmalloc_range() would.
+ */
 static int leap_mmap(struct file *file, struct vm_area_struct *vma)
 {
 	struct leap_file *f = file->private_data;
 	unsigned long len = vma->vm_end - vma->vm_start;
+	unsigned long off, addr;
+	int err;
 
 	if (vma->vm_pgoff >= LEAP_MMAP_SIZE >> PAGE_SHIFT ||
 	    len > LEAP_MMAP_SIZE - (vma->vm_pgoff << PAGE_SHIFT))
 		return -EINVAL;
-	/* remap_vmalloc_range() also sets VM_DONTEXPAND | VM_DONTDUMP. */
+	if (!(vma->vm_flags & VM_SHARED))
+		return -EINVAL;
+	if (vma->vm_flags & VM_EXEC)
+		return -EPERM;
 #if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 3, 0)
-	vm_flags_set(vma, VM_DONTEXPAND | VM_DONTDUMP);
+	vm_flags_mod(vma, VM_DONTEXPAND | VM_DONTDUMP, VM_MAYEXEC);
 #else
 	vma->vm_flags |= VM_DONTEXPAND | VM_DONTDUMP;
+	vma->vm_flags &= ~VM_MAYEXEC;
 #endif
-	return remap_vmalloc_range(vma, f->buf, vma->vm_pgoff);
+	off = vma->vm_pgoff << PAGE_SHIFT;
+	for (addr = vma->vm_start; addr < vma->vm_end; addr += PAGE_SIZE, off += PAGE_SIZE) {
+		err = vm_insert_page(vma, addr, vmalloc_to_page(f->buf + off));
+		if (err)
+			return err;
+	}
+	return 0;
 }
 
 static __poll_t leap_poll(struct file *file, poll_table *wait)
@@ -870,10 +928,11 @@ static __poll_t leap_poll(struct file *file, poll_table *wait)
 static void leap_fill_info(struct leap_file *f, struct leap_info *info)
 {
 	struct leap_file *o;
+	__be16 port, dest_port;
 
 	info->abi_version = LEAP_ABI_VERSION;
 	info->info_size = sizeof(*info);
-	info->features = LEAP_FEAT_PER_OPEN | LEAP_FEAT_RELEASE_BANK | LEAP_FEAT_PEER_FILTER |
+	info->features = LEAP_FEAT_LOCAL_ONLY | LEAP_FEAT_SENDER_LOCK | LEAP_FEAT_PER_OPEN | LEAP_FEAT_RELEASE_BANK | LEAP_FEAT_PEER_FILTER |
 			 LEAP_FEAT_WAIT_FRAME | LEAP_FEAT_LOST_REPORT | LEAP_FEAT_RX_CSUM | LEAP_FEAT_TX_CSUM |
 			 LEAP_FEAT_FRAGMENTS | LEAP_FEAT_SEND_FRAME | LEAP_FEAT_POLL | LEAP_FEAT_FRAME_TIMEOUT;
 	info->rx_banks = LEAP_RX_BANKS;
@@ -882,11 +941,12 @@ static void leap_fill_info(struct leap_file *f, struct leap_info *info)
 	info->chunk_payload_max = LEAP_CHUNK_PAYLOAD_MAX;
 	info->busy_wait_limit = READ_ONCE(busy_wait_limit);
 
-	mutex_lock(&f->cfg_lock);
-	info->port = ntohs(f->port);
-	info->tx_port = ntohs(f->dest_port ? f->dest_port : f->port);
-	info->dest_addr = f->dest_addr;
-	mutex_unlock(&f->cfg_lock);
+	/* No cfg_lock: a send in progress on any file never blocks GET_INFO. */
+	port = READ_ONCE(f->port);
+	dest_port = READ_ONCE(f->dest_port);
+	info->port = ntohs(port);
+	info->tx_port = ntohs(dest_port ? dest_port : port);
+	info->dest_addr = READ_ONCE(f->dest_addr);
 
 	memset(&info->counters, 0, sizeof(info->counters));
 	mutex_lock(&leap_files_lock);
@@ -896,7 +956,6 @@ static void leap_fill_info(struct leap_file *f, struct leap_info *info)
 	list_for_each_entry(o, &leap_files, node) {
 		if (info->scope != LEAP_INFO_SCOPE_MODULE && o != f)
 			continue;
-		mutex_lock(&o->cfg_lock);	/* TX counters */
 		spin_lock_bh(&o->rx_lock);
 		leap_counters_add(&info->counters, &o->c);
 		if (o == f) {
@@ -905,7 +964,6 @@ static void leap_fill_info(struct leap_file *f, struct leap_info *info)
 			info->peer_port = ntohs(f->peer_port);
 		}
 		spin_unlock_bh(&o->rx_lock);
-		mutex_unlock(&o->cfg_lock);
 	}
 	mutex_unlock(&leap_files_lock);
 }
@@ -925,14 +983,11 @@ static long leap_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 			f->banks[f->implicit_bank].state = LEAP_BANK_FREE;
 		f->implicit_bank = -1;
 		spin_unlock_bh(&f->rx_lock);
-		ret = leap_wait(f, MAX_SCHEDULE_TIMEOUT, &w);
+		ret = leap_wait(f, MAX_SCHEDULE_TIMEOUT, &w, true);
 		if (ret)
 			return ret;
 		if (w.status == LEAP_WAIT_STATUS_LOST)
 			return -ETIMEDOUT;
-		spin_lock_bh(&f->rx_lock);
-		f->implicit_bank = w.bank;
-		spin_unlock_bh(&f->rx_lock);
 		return w.bank;
 	}
 	case LEAP_IOCTL_WAIT_FRAME: {
@@ -945,7 +1000,7 @@ static long leap_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 			timeout = MAX_SCHEDULE_TIMEOUT;
 		else
 			timeout = msecs_to_jiffies(w.timeout_ms);
-		ret = leap_wait(f, timeout, &w);
+		ret = leap_wait(f, timeout, &w, false);
 		if (ret)
 			return ret;
 		if (copy_to_user(uarg, &w, sizeof(w))) {
@@ -983,7 +1038,7 @@ static long leap_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 		if (copy_from_user(&addr, uarg, sizeof(addr)))
 			return -EFAULT;
 		mutex_lock(&f->cfg_lock);
-		f->dest_addr = (__force __be32)addr;
+		WRITE_ONCE(f->dest_addr, (__force __be32)addr);
 		mutex_unlock(&f->cfg_lock);
 		return 0;
 	}
@@ -993,7 +1048,7 @@ static long leap_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 		if (copy_from_user(&port, uarg, sizeof(port)))
 			return -EFAULT;
 		mutex_lock(&f->cfg_lock);
-		f->dest_port = htons(port);
+		WRITE_ONCE(f->dest_port, htons(port));
 		mutex_unlock(&f->cfg_lock);
 		return 0;
 	}
@@ -1005,12 +1060,10 @@ static long leap_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 		if (!port)
 			return -EINVAL;
 		mutex_lock(&f->cfg_lock);
-		if (f->sock && f->port == htons(port)) {
+		if (f->sock && f->port == htons(port))
 			ret = 0;
-		} else {
-			leap_unbind(f);
-			ret = leap_bind(f, port);
-		}
+		else
+			ret = leap_bind(f, port);	/* keeps the old one on failure */
 		mutex_unlock(&f->cfg_lock);
 		return ret;
 	}
@@ -1019,10 +1072,14 @@ static long leap_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 
 		if (copy_from_user(&len, uarg, sizeof(len)))
 			return -EFAULT;
+		/* As the original: 0 bytes send nothing and succeed. */
+		if (!len)
+			return 0;
 		if (len > INT_MAX)
 			return -EINVAL;
 		mutex_lock(&f->cfg_lock);
-		ret = leap_send_frame(f, f->buf + LEAP_TX_OFFSET, len, LEAP_CHUNK_F_LEAP | LEAP_CHUNK_KIND_DATA, NULL);
+		/* As the original: `reserved` is 0 on the wire. */
+		ret = leap_send_frame(f, f->buf + LEAP_TX_OFFSET, len, 0, NULL);
 		mutex_unlock(&f->cfg_lock);
 		return ret ? ret : len;
 	}
@@ -1047,7 +1104,8 @@ static long leap_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 			return -EINVAL;
 		spin_lock_bh(&f->rx_lock);
 		m.saddr = (__force u32)f->banks[m.bank_idx].saddr;
-		m.sport = ntohs(f->banks[m.bank_idx].sport);
+		/* Network order, as the original (its user space applies ntohs). */
+		m.sport = (__force u16)f->banks[m.bank_idx].sport;
 		spin_unlock_bh(&f->rx_lock);
 		m._pad = 0;
 		return copy_to_user(uarg, &m, sizeof(m)) ? -EFAULT : 0;
@@ -1060,6 +1118,7 @@ static long leap_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 		spin_lock_bh(&f->rx_lock);
 		f->peer_addr = (__force __be32)p.addr;
 		f->peer_port = htons(p.port);
+		f->locked = false;
 		spin_unlock_bh(&f->rx_lock);
 		return 0;
 	}
@@ -1128,7 +1187,8 @@ static int __init leap_init(void)
 	BUILD_BUG_ON(sizeof(struct leap_counters) != 32 * 8);
 	BUILD_BUG_ON(sizeof(struct leap_info) != 320);
 	BUILD_BUG_ON(sizeof(struct leap_wait) != 32);
-	BUILD_BUG_ON(LEAP_BANK_CHUNKS_MAX * LEAP_CHUNK_PAYLOAD_MAX > LEAP_BANK_SIZE);
+	BUILD_BUG_ON((LEAP_BANK_CHUNKS_MAX - 1) * LEAP_CHUNK_PAYLOAD_MAX >= LEAP_BANK_SIZE);
+	BUILD_BUG_ON(LEAP_BANK_CHUNKS_MAX * LEAP_CHUNK_PAYLOAD_MAX < LEAP_BANK_SIZE);
 
 	if (leap_buffer_size != LEAP_HALF_SIZE) {
 		pr_err("leap_buffer_size=%lu: only %u is supported (the mmap layout is ABI)\n",

@@ -35,10 +35,17 @@
 #define LEAP_CHUNK_MAGIC	0x4C454150u
 #define LEAP_CHUNK_HDR_LEN	12u
 #define LEAP_CHUNK_PAYLOAD_MAX	1400u
-/* Most chunks a frame may have to fit a bank: total * 1400 <= bank size. */
-#define LEAP_BANK_CHUNKS_MAX	(LEAP_BANK_SIZE / LEAP_CHUNK_PAYLOAD_MAX)
+/*
+ * Most chunks of a frame, as the original: a frame may fill the whole bank
+ * (131072 bytes = 93 chunks of 1400 and a last one of 872).
+ */
+#define LEAP_BANK_CHUNKS_MAX	((LEAP_BANK_SIZE + LEAP_CHUNK_PAYLOAD_MAX - 1) / LEAP_CHUNK_PAYLOAD_MAX)
 
-/* Bits of the chunk header's `reserved` field (0 from the original). */
+/*
+ * Bits of the chunk header's `reserved` field: 0 from the original, and 0
+ * from LEAP_IOCTL_SEND and write(), as the original; set only through
+ * LEAP_IOCTL_SEND_FRAME.
+ */
 #define LEAP_CHUNK_F_LEAP	0x8000u	/* sender is leap: other bits valid */
 #define LEAP_CHUNK_KIND_MASK	0x000fu
 #define LEAP_CHUNK_KIND_DATA	0u
@@ -57,12 +64,14 @@
 #define LEAP_FEAT_SEND_FRAME	(1ull << 8)	/* LEAP_IOCTL_SEND_FRAME */
 #define LEAP_FEAT_POLL		(1ull << 9)	/* poll()/epoll on the device */
 #define LEAP_FEAT_FRAME_TIMEOUT	(1ull << 10)	/* LEAP_IOCTL_SET_FRAME_TIMEOUT */
+#define LEAP_FEAT_LOCAL_ONLY	(1ull << 11)	/* only datagrams delivered to this host */
+#define LEAP_FEAT_SENDER_LOCK	(1ull << 12)	/* no peer set: first sender locked */
 
 /* Sender of a bank (LEAP_IOCTL_GET_BANK_SRC), as in the original. */
 struct leap_bank_metadata {
 	__s32 bank_idx;		/* in */
 	__u32 saddr;		/* out: IPv4, network order */
-	__u16 sport;		/* out: host order */
+	__u16 sport;		/* out: network order, as the original */
 	__u16 _pad;
 };
 
@@ -83,14 +92,16 @@ struct leap_counters {
 	__u64 drop_total_mismatch;	/* total_chunks disagrees within a frame */
 	__u64 drop_too_big;		/* total_chunks * 1400 > bank size */
 	__u64 drop_peer;		/* not from the configured peer */
-	__u64 drop_bad_checksum;	/* UDP checksum wrong */
+	__u64 drop_bad_checksum;	/* unused: the stack drops bad checksums (UDP InCsumErrors) */
 	__u64 drop_bank_busy;		/* bank still held by user space */
 	__u64 drop_stale;		/* older seq than the bank's frame */
 	__u64 drop_source_mismatch;	/* another sender for the same frame */
 	__u64 tx_frames;
 	__u64 tx_chunks;
 	__u64 tx_errors;
-	__u64 _reserved[10];
+	__u64 drop_stranger;		/* no peer set: not the first sender, locked */
+	__u64 drop_not_unicast;		/* broadcast or multicast to the port */
+	__u64 _reserved[8];
 };
 
 #define LEAP_INFO_SCOPE_FILE	0u

@@ -37,7 +37,8 @@ pub struct BankMetadata {
     pub bank_idx: i32,
     /// Source IPv4 address, network order (out).
     pub saddr: u32,
-    /// Source UDP port, host order (out).
+    /// Source UDP port, network order as in the original (out): apply
+    /// `u16::from_be`.
     pub sport: u16,
     /// Explicit tail padding of the C struct.
     pub _pad: u16,
@@ -59,11 +60,12 @@ pub const IOCTL_GET_BANK_SRC: u32 = ioc(IOC_READ | IOC_WRITE, 6, core::mem::size
 
 /// ABI version reported by [`IOCTL_GET_INFO`] (`LEAP_ABI_VERSION`).
 pub const ABI_VERSION: u32 = 1;
-/// Most chunks a frame may have to fit a bank (`total * 1400 <= 128 KiB`).
-pub const BANK_CHUNKS_MAX: usize = BANK_LEN / crate::chunk::CHUNK_PAYLOAD_MAX;
-/// Largest frame the module can receive into one bank.
-pub const BANK_FRAME_MAX: usize = BANK_CHUNKS_MAX * crate::chunk::CHUNK_PAYLOAD_MAX;
-const _: () = assert!(BANK_CHUNKS_MAX == 93 && BANK_FRAME_MAX <= BANK_LEN);
+/// Most chunks of a frame, as the original: a frame may fill the whole bank
+/// (93 chunks of 1400 bytes and a last one of 872).
+pub const BANK_CHUNKS_MAX: usize = BANK_LEN.div_ceil(crate::chunk::CHUNK_PAYLOAD_MAX);
+/// Largest frame the module can receive into one bank: the whole bank.
+pub const BANK_FRAME_MAX: usize = BANK_LEN;
+const _: () = assert!(BANK_CHUNKS_MAX == 94 && BANK_FRAME_MAX == 131_072);
 
 /// Feature bits of [`Info::features`] (`LEAP_FEAT_*`).
 pub mod features {
@@ -89,6 +91,10 @@ pub mod features {
     pub const POLL: u64 = 1 << 9;
     /// [`super::IOCTL_SET_FRAME_TIMEOUT`].
     pub const FRAME_TIMEOUT: u64 = 1 << 10;
+    /// Only datagrams the stack delivers to this host reach the module.
+    pub const LOCAL_ONLY: u64 = 1 << 11;
+    /// With no peer set, the first sender is learnt and locked.
+    pub const SENDER_LOCK: u64 = 1 << 12;
 }
 
 /// `struct leap_counters`: what the module did with chunks and frames.
@@ -125,7 +131,8 @@ pub struct Counters {
     pub drop_too_big: u64,
     /// Not from the configured peer.
     pub drop_peer: u64,
-    /// Wrong UDP checksum.
+    /// Unused: the stack drops datagrams with a wrong UDP checksum before
+    /// the module sees them (UDP `InCsumErrors`).
     pub drop_bad_checksum: u64,
     /// The bank still holds a frame user space has not released.
     pub drop_bank_busy: u64,
@@ -139,8 +146,12 @@ pub struct Counters {
     pub tx_chunks: u64,
     /// Failed sends.
     pub tx_errors: u64,
+    /// No peer set: not the first sender, which is locked.
+    pub drop_stranger: u64,
+    /// Broadcast or multicast datagrams to the port.
+    pub drop_not_unicast: u64,
     /// Room for more counters.
-    pub _reserved: [u64; 10],
+    pub _reserved: [u64; 8],
 }
 const _: () = assert!(core::mem::size_of::<Counters>() == 256);
 
@@ -158,6 +169,8 @@ impl Counters {
             + self.drop_bank_busy
             + self.drop_stale
             + self.drop_source_mismatch
+            + self.drop_stranger
+            + self.drop_not_unicast
     }
 }
 

@@ -45,6 +45,8 @@ fn expected() -> Vec<(&'static str, u64)> {
         off!("leap_counters", Counters, tx_frames),
         off!("leap_counters", Counters, tx_chunks),
         off!("leap_counters", Counters, tx_errors),
+        off!("leap_counters", Counters, drop_stranger),
+        off!("leap_counters", Counters, drop_not_unicast),
         off!("leap_counters", Counters, _reserved),
         ("sizeof(struct leap_info)", size_of::<Info>() as u64),
         off!("leap_info", Info, abi_version),
@@ -123,6 +125,8 @@ fn expected() -> Vec<(&'static str, u64)> {
         ("LEAP_FEAT_SEND_FRAME", features::SEND_FRAME),
         ("LEAP_FEAT_POLL", features::POLL),
         ("LEAP_FEAT_FRAME_TIMEOUT", features::FRAME_TIMEOUT),
+        ("LEAP_FEAT_LOCAL_ONLY", features::LOCAL_ONLY),
+        ("LEAP_FEAT_SENDER_LOCK", features::SENDER_LOCK),
     ]
 }
 

@@ -1,5 +1,6 @@
 //! `cargo xtask build-kmod`: builds the kernel module `kmod/leap_kmod.ko`
-//! against Debian's kernel headers (installed when missing) or a given tree.
+//! against Debian's kernel headers (installed when missing) or a given tree,
+//! and finds Debian's second LTS kernel (6.12) for the VM.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,7 +15,7 @@ const HEADERS_META: &str = "linux-headers-amd64";
 /// A module built against one kernel release.
 #[derive(Debug)]
 pub struct BuiltModule {
-    /// `target/kmod/leap_kmod.ko`.
+    /// `target/kmod/<release>/leap_kmod.ko`.
     pub ko: PathBuf,
     /// `uname -r` of the kernel the module is for, e.g. `6.1.0-57-amd64`.
     pub release: String,
@@ -34,6 +35,71 @@ pub fn debian_release() -> Result<String> {
     Ok(release.to_owned())
 }
 
+/// Debian's newest `6.12.N+deb12-amd64` release whose headers the archive
+/// has (`apt-cache search`, after one `apt-get update` when none is listed).
+pub fn debian_612_release() -> Result<String> {
+    let find = || -> Result<Option<String>> {
+        let out = util::output(Command::new("apt-cache").args([
+            "search",
+            "--names-only",
+            r"^linux-headers-6\.12\.[0-9]+\+deb12-amd64$",
+        ]))?;
+        Ok(out
+            .lines()
+            .filter_map(|l| l.split_whitespace().next()?.strip_prefix("linux-headers-"))
+            .filter_map(|r| Some((r.strip_prefix("6.12.")?.split_once('+')?.0.parse::<u32>().ok()?, r.to_owned())))
+            .max()
+            .map(|(_, r)| r))
+    };
+    if let Some(r) = find()? {
+        return Ok(r);
+    }
+    util::run(Command::new("apt-get").args(["update", "-qq"]))?;
+    find()?.context("Debian's archive lists no linux-headers-6.12.*+deb12-amd64")
+}
+
+/// The build tree of Debian's 6.12 headers for `release`: the installed one
+/// when present, else the three packages (`linux-headers-<release>`, its
+/// `-common` and `linux-kbuild-6.12.N+deb12`) fetched with `apt-get
+/// download` and unpacked under `target/vm/` (nothing installed on the host),
+/// with the arch tree's absolute `include` pointed at the unpacked copy.
+pub fn debian_612_tree(release: &str) -> Result<PathBuf> {
+    let installed = PathBuf::from(format!("/usr/src/linux-headers-{release}"));
+    if installed.join("Makefile").is_file() && installed.join("scripts").exists() {
+        return Ok(installed);
+    }
+    util::apt_install(&["make", "gcc-12"])?;
+    let base = release.strip_suffix("-amd64").with_context(|| format!("unexpected release {release}"))?;
+    let root = util::root().join("target/vm").join(format!("headers-{release}"));
+    let tree = root.join(format!("usr/src/linux-headers-{release}"));
+    if tree.join("Makefile").is_file() {
+        return Ok(tree);
+    }
+    let debs = util::root().join("target/vm/debs");
+    std::fs::create_dir_all(&debs)?;
+    let pkgs =
+        [format!("linux-headers-{release}"), format!("linux-headers-{base}-common"), format!("linux-kbuild-{base}")];
+    util::run(Command::new("apt-get").args(["download", "-q"]).args(&pkgs).current_dir(&debs))?;
+    let tmp = root.with_file_name(format!("headers-{release}.partial"));
+    let _ = std::fs::remove_dir_all(&tmp);
+    for pkg in &pkgs {
+        let deb = std::fs::read_dir(&debs)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&format!("{pkg}_"))))
+            .max()
+            .with_context(|| format!("apt-get download left no {pkg}_*.deb"))?;
+        util::run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&tmp))?;
+    }
+    // "include /usr/src/linux-headers-<base>-common/Makefile"
+    let makefile = tmp.join(format!("usr/src/linux-headers-{release}/Makefile"));
+    let text = std::fs::read_to_string(&makefile).with_context(|| format!("reading {}", makefile.display()))?;
+    let text = text.replace("include /usr/src/", &format!("include {}/usr/src/", root.display()));
+    std::fs::write(&makefile, text)?;
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::rename(&tmp, &root)?;
+    Ok(tree)
+}
+
 /// The release a kernel build directory is for: `UTS_RELEASE`, which is what
 /// the module's vermagic carries (Debian's `include/config/kernel.release`
 /// holds the upstream version instead).
@@ -49,7 +115,7 @@ fn release_of(kernel_dir: &Path) -> Result<String> {
 }
 
 /// Builds the module against `kernel_dir`, or Debian's headers when `None`,
-/// and copies it to `target/kmod/leap_kmod.ko`.
+/// and copies it to `target/kmod/<release>/leap_kmod.ko`.
 ///
 /// # Errors
 ///
@@ -65,16 +131,20 @@ pub fn build(kernel_dir: Option<&Path>) -> Result<BuiltModule> {
     let release = release_of(&kernel_dir)?;
     let src = util::root().join("kmod");
     let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
+    // Objects of another release may be in the source directory.
+    util::run(Command::new("make").arg("-C").arg(&kernel_dir).arg(format!("M={}", src.display())).arg("clean"))?;
     util::run(
         Command::new("make")
             .arg("-C")
             .arg(&kernel_dir)
             .arg(format!("M={}", src.display()))
             .arg(format!("-j{jobs}"))
+            // The module builds without warnings on every kernel it supports.
+            .arg("KCFLAGS=-Werror")
             .arg("modules"),
     )?;
     let built = src.join("leap_kmod.ko");
-    let out_dir = util::root().join("target/kmod");
+    let out_dir = util::root().join("target/kmod").join(&release);
     std::fs::create_dir_all(&out_dir)?;
     let ko = out_dir.join("leap_kmod.ko");
     std::fs::copy(&built, &ko).with_context(|| format!("copying {}", built.display()))?;

@@ -37,7 +37,7 @@ enum Cmd {
         #[arg(long)]
         release: bool,
     },
-    /// Build the kernel module (target/kmod/leap_kmod.ko) against Debian's headers or `--kernel-dir`.
+    /// Build the kernel module (target/kmod/<release>/leap_kmod.ko) against Debian's headers or `--kernel-dir`.
     BuildKmod {
         /// Kernel build tree (default: /lib/modules/<Debian headers release>/build, installed if missing).
         #[arg(long)]
@@ -45,7 +45,7 @@ enum Cmd {
     },
     /// The main job: build everything, benchmark every transport (host and VM), write one report.
     Bench(bench::Args),
-    /// Boot Debian's kernel in qemu with the module and run the kmod suite (or `-- CMD...`).
+    /// Boot Debian's 6.1 and 6.12 kernels in qemu with the module and run the kmod suite (or `-- CMD...`).
     Vm(vm::Args),
 }
 

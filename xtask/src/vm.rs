@@ -1,6 +1,8 @@
-//! `cargo xtask vm [-- CMD...]`: boots Debian's kernel in qemu with a busybox
-//! initramfs carrying `leap_kmod.ko`, the modules it needs, `leap` and the
-//! `kmod_vm` test binary, and runs the kernel-module test suite (or CMD).
+//! `cargo xtask vm [-- CMD...]`: boots Debian's two LTS kernels (6.1 and
+//! 6.12) in turn in qemu, each with a busybox initramfs carrying
+//! `leap_kmod.ko` built for it, the modules it needs from the same release,
+//! `leap`, the `kmod_vm` test binary and the C program `original_abi`
+//! (static), and runs the kernel-module test suite (or CMD) on each.
 //!
 //! The host kernel here cannot load modules, so this is where the module is
 //! proven. The guest has no network device: every packet stays on its
@@ -20,13 +22,27 @@ use anyhow::{Context, Result, bail};
 
 use crate::{kmod, util};
 
+/// Debian's LTS kernels the suite runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Lts {
+    /// Debian 12's own kernel (`linux-headers-amd64`).
+    #[value(name = "6.1")]
+    V6_1,
+    /// Debian 12's backported 6.12 (`linux-image-6.12.*+deb12-amd64`).
+    #[value(name = "6.12")]
+    V6_12,
+}
+
 /// Arguments of `cargo xtask vm`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Kernel build tree to build the module against (default: Debian's
-    /// headers); the guest kernel is Debian's image of the same release.
+    /// Kernel build tree to build the module against instead of Debian's
+    /// LTS headers; the guest kernel is Debian's image of the same release.
     #[arg(long)]
     kernel_dir: Option<PathBuf>,
+    /// Which of Debian's LTS kernels to boot (repeatable; default: both).
+    #[arg(long = "kernel", value_enum)]
+    kernels: Vec<Lts>,
     /// Only the module and the shell steps: skip building the Rust binaries.
     #[arg(long)]
     kmod_only: bool,
@@ -41,7 +57,8 @@ pub struct Args {
 
 /// Host programs the guest gets in `/sbin` (ahead of busybox's applets on
 /// PATH): iproute2's `ip` has `ip netns`, which busybox's lacks.
-const HOST_TOOLS: &[&str] = &["/bin/ip"];
+/// util-linux's `setpriv` runs the capability tests as an unprivileged user.
+const HOST_TOOLS: &[&str] = &["/bin/ip", "/usr/bin/setpriv"];
 
 /// Extra modules of the Debian kernel the guest needs (with their deps).
 const GUEST_MODULES: &[&str] = &["veth"];
@@ -101,6 +118,38 @@ if [ -x /bin/kmod_vm ]; then
 		if [ "$rc" != 0 ] && [ "$f" = 0 ]; then ko "kmod_vm exited $rc"; fi
 	fi
 fi
+
+# A C program written against the original ABI only (ioctls 1-6, write,
+# mmap): the bytes of sent chunks, GET_BANK_SRC's byte order, a 131072-byte
+# frame, a 0-byte send.
+check "original ABI program: reserved 0, GET_BANK_SRC network order, 131072-byte frame, 0-byte SEND" \
+	/bin/original_abi all
+
+# Opening needs CAP_NET_ADMIN (the device is made world-writable for the test).
+# util-linux's setpriv: busybox's applet lacks --reuid.
+chmod 0666 /dev/leap_tensor
+/sbin/setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all --bounding-set=-all \
+	/bin/original_abi bind 24100
+rc=$?
+if [ $rc = 3 ]; then ok "a user without CAP_NET_ADMIN cannot open and bind"; else ko "a user without CAP_NET_ADMIN cannot open and bind (exit $rc)"; fi
+check "a user with only CAP_NET_ADMIN can open and bind" \
+	/sbin/setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all,+net_admin \
+	--ambient-caps=-all,+net_admin --bounding-set=-all,+net_admin /bin/original_abi bind 24101
+chmod 0600 /dev/leap_tensor
+
+# The 16 MiB buffer and the file state are charged to the opener's cgroup
+# (at least 15 MiB: memcg charges in per-CPU batches, the delta is not exact).
+mkdir -p /sys/fs/cgroup && mount -t cgroup2 none /sys/fs/cgroup 2>/dev/null
+echo +memory >/sys/fs/cgroup/cgroup.subtree_control
+mkdir -p /sys/fs/cgroup/leaptest
+delta=$(sh -c 'echo $$ >/sys/fs/cgroup/leaptest/cgroup.procs
+	before=$(cat /sys/fs/cgroup/leaptest/memory.current)
+	exec 3<>/dev/leap_tensor
+	after=$(cat /sys/fs/cgroup/leaptest/memory.current)
+	echo $((after - before))')
+echo "memory.current grew by $delta bytes on open"
+if [ -n "$delta" ] && [ "$delta" -ge 15728640 ]; then ok "the buffer is charged to the opener's memory cgroup"; else ko "the buffer is charged to the opener's memory cgroup ($delta bytes)"; fi
+rmdir /sys/fs/cgroup/leaptest 2>/dev/null
 
 # Hostile input: 120 000 random and malformed LEAP packets (bad lengths, ids,
 # totals, sources; oversize ones fragmented on the 1500-byte veth) at a node
@@ -164,7 +213,7 @@ if [ -x /bin/leap ]; then
 	echo 0 >/sys/module/leap_kmod/parameters/busy_wait_limit
 	if dmesg | grep -q 'UDP_GRO refused'; then ko "the module's socket refused UDP_GRO"; else ok "GSO datagrams taken whole (UDP_GRO accepted)"; fi
 	if [ -e /etc/leap/xdp ]; then
-		ring 300 "leap ring: xdp, 3 nodes in namespaces (6.1 verifier)" --transport xdp --netns --nodes 3 --frame-size 16392
+		ring 300 "leap ring: xdp, 3 nodes in namespaces ($(uname -r) verifier)" --transport xdp --netns --nodes 3 --frame-size 16392
 	else
 		echo "LEAP_VM_STEP skipped: xdp ring (leap built without the XDP object)"
 	fi
@@ -216,10 +265,58 @@ if [ $fail = 0 ] && [ $pass -gt 0 ]; then echo "LEAP_VM_EXIT=0"; else echo "LEAP
 /// When something cannot be built or downloaded, the guest does not finish
 /// in time, or the suite (or CMD) fails.
 pub fn run(args: Args) -> Result<()> {
-    util::apt_install(&["qemu-system-x86", "busybox-static", "iproute2"])?;
-    let module = kmod::build(args.kernel_dir.as_deref())?;
+    util::apt_install(&["qemu-system-x86", "busybox-static", "iproute2", "util-linux", "gcc", "libc6-dev"])?;
+    let mut user = if args.kmod_only { UserBinaries { bins: Vec::new(), xdp: false } } else { build_user_binaries()? };
+    user.bins.push(("original_abi".into(), build_original_abi()?));
+    let trees: Vec<Option<PathBuf>> = match (&args.kernel_dir, args.kernels.as_slice()) {
+        (Some(dir), _) => vec![Some(dir.clone())],
+        (None, []) => vec![None, Some(kmod::debian_612_tree(&kmod::debian_612_release()?)?)],
+        (None, ks) => {
+            let mut trees = Vec::new();
+            for k in ks {
+                trees.push(match k {
+                    Lts::V6_1 => None,
+                    Lts::V6_12 => Some(kmod::debian_612_tree(&kmod::debian_612_release()?)?),
+                });
+            }
+            trees
+        }
+    };
+    let mut results = Vec::new();
+    for tree in &trees {
+        let started = Instant::now();
+        let module = kmod::build(tree.as_deref())?;
+        let outcome = run_on(&args, &module, &user);
+        let secs = started.elapsed().as_secs_f64();
+        eprintln!("vm: {}: {} in {secs:.0} s", module.release, if outcome.is_ok() { "passed" } else { "FAILED" });
+        results.push((module.release, secs, outcome));
+    }
+    for (release, secs, outcome) in &results {
+        match outcome {
+            Ok(summary) => eprintln!("vm: {release}: {summary} ({secs:.0} s)"),
+            Err(e) => eprintln!("vm: {release}: FAILED ({secs:.0} s): {e:#}"),
+        }
+    }
+    if let Some((release, _, Err(e))) = results.iter().find(|r| r.2.is_err()) {
+        bail!("the suite failed on {release}: {e:#}");
+    }
+    Ok(())
+}
+
+/// Builds the C test program written against the original ABI, statically,
+/// so the guest needs no library for it.
+fn build_original_abi() -> Result<PathBuf> {
+    let src = util::root().join("kmod/tests/original_abi.c");
+    let out = util::root().join("target/vm/original_abi");
+    std::fs::create_dir_all(util::root().join("target/vm"))?;
+    util::run(Command::new("gcc").args(["-static", "-O2", "-Wall", "-Wextra", "-Werror", "-o"]).arg(&out).arg(&src))?;
+    Ok(out)
+}
+
+/// Boots Debian's image of `module.release` with the module and runs the
+/// suite (or CMD); returns the suite's `N passed, M failed` line.
+fn run_on(args: &Args, module: &kmod::BuiltModule, user: &UserBinaries) -> Result<String> {
     let kernel = debian_kernel(&module.release)?;
-    let user = if args.kmod_only { UserBinaries { bins: Vec::new(), xdp: false } } else { build_user_binaries()? };
 
     let mut cpio = Cpio::default();
     cpio.file("init", 0o755, INIT.as_bytes())?;
@@ -255,14 +352,14 @@ pub fn run(args: Args) -> Result<()> {
         let data = std::fs::read(lib).with_context(|| format!("reading {}", lib.display()))?;
         cpio.file(lib.to_str().context("library path")?.trim_start_matches('/'), 0o755, &data)?;
     }
-    let initrd = util::root().join("target/vm/initrd.cpio");
+    let initrd = util::root().join(format!("target/vm/initrd-{}.cpio", module.release));
     std::fs::write(&initrd, cpio.finish())?;
 
-    let code = boot(&kernel.vmlinuz, &initrd, Duration::from_secs(args.timeout))?;
+    let (code, summary) = boot(&kernel.vmlinuz, &initrd, Duration::from_secs(args.timeout))?;
     if code != 0 {
-        bail!("the guest reported failure ({EXIT_MARKER}{code})");
+        bail!("the guest reported failure ({EXIT_MARKER}{code}); {}", summary.as_deref().unwrap_or("no summary"));
     }
-    Ok(())
+    Ok(summary.unwrap_or_else(|| "passed".into()))
 }
 
 /// Debian's kernel image of one release, unpacked under `target/vm/`.
@@ -470,8 +567,8 @@ fn shell_join(words: &[String]) -> String {
 }
 
 /// Boots the guest, streams its console, and returns the code init printed
-/// after [`EXIT_MARKER`].
-fn boot(vmlinuz: &Path, initrd: &Path, timeout: Duration) -> Result<i32> {
+/// after [`EXIT_MARKER`] and the suite's summary line.
+fn boot(vmlinuz: &Path, initrd: &Path, timeout: Duration) -> Result<(i32, Option<String>)> {
     let accel = std::env::var("LEAP_VM_ACCEL").unwrap_or_else(|_| "tcg".into());
     let mut cmd = Command::new("qemu-system-x86_64");
     cmd.args(["-accel", &accel, "-cpu", if accel == "kvm" { "host" } else { "max" }])
@@ -524,10 +621,11 @@ fn boot(vmlinuz: &Path, initrd: &Path, timeout: Duration) -> Result<i32> {
     }
     let status = child.wait()?;
     eprintln!("guest finished in {:.1}s ({status})", start.elapsed().as_secs_f64());
-    if let Some(s) = summary {
+    if let Some(s) = &summary {
         eprintln!("vm: {s}");
     }
-    code.with_context(|| format!("the guest printed no {EXIT_MARKER} line (qemu {status})"))
+    let code = code.with_context(|| format!("the guest printed no {EXIT_MARKER} line (qemu {status})"))?;
+    Ok((code, summary))
 }
 
 /// A cpio archive in the "newc" format the kernel unpacks as initramfs

@@ -412,10 +412,18 @@ fn missing_capabilities(kind: TransportKind) -> Option<String> {
             let dev = leap_common::kmod::DEVICE_PATH;
             if !Path::new(dev).exists() {
                 Some(format!("{dev} is missing: load the module (modprobe leap_kmod, or DKMS: see kmod/dkms.conf)"))
-            } else if std::fs::OpenOptions::new().read(true).write(true).open(dev).is_err() {
-                Some(format!("cannot open {dev}: run as root or give the service user access to the device"))
             } else {
-                None
+                // The module itself refuses an opener without CAP_NET_ADMIN
+                // (EPERM); the file mode gives EACCES.
+                match std::fs::OpenOptions::new().read(true).write(true).open(dev) {
+                    Ok(_) => None,
+                    Err(e) if e.raw_os_error() == Some(libc::EPERM) => Some(format!(
+                        "cannot open {dev}: leap_kmod needs CAP_NET_ADMIN in this network namespace (run as root, or grant it: see leap-user/packaging/leap-node@.service)"
+                    )),
+                    Err(e) => Some(format!(
+                        "cannot open {dev} ({e}): run as root or give the service user access to the device (leap-user/packaging/99-leap.rules)"
+                    )),
+                }
             }
         }
         TransportKind::Tcp | TransportKind::Udp => None,

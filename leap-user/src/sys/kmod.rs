@@ -52,7 +52,8 @@ impl Device {
     ///
     /// # Errors
     ///
-    /// `open` (ENOENT when the module is not loaded, EBUSY when the module's
+    /// `open` (ENOENT when the module is not loaded, EPERM without
+    /// `CAP_NET_ADMIN` in this network namespace, EBUSY when the module's
     /// limit of open files is reached) or `mmap`.
     pub fn open(path: &Path) -> io::Result<Self> {
         let file = OpenOptions::new().read(true).write(true).open(path)?;
@@ -171,7 +172,8 @@ impl Device {
         Ok(s.seq)
     }
 
-    /// The original `LEAP_IOCTL_GET_BANK_SRC`: who sent the frame in a bank.
+    /// The original `LEAP_IOCTL_GET_BANK_SRC`: who sent the frame in a bank
+    /// (`saddr` and `sport` in network order, as the original).
     ///
     /// # Errors
     ///
