@@ -112,6 +112,7 @@ pub struct DatagramLink {
     /// that was not scheduled for a while has its chunks queued, not lost).
     taken: u64,
     drained: bool,
+    drain_first: bool,
     nack_buf: Box<[u8; CHUNK_DATAGRAM_MAX]>,
 }
 
@@ -148,6 +149,7 @@ impl DatagramLink {
             send_log: LogLimit::default(),
             taken: 0,
             drained: true,
+            drain_first: false,
             nack_buf: Box::new([0; CHUNK_DATAGRAM_MAX]),
             cfg,
         }
@@ -589,9 +591,12 @@ impl DatagramLink {
                 return Err(self.lost());
             }
         }
-        if self.reasm.expected().is_some() && !self.drained {
-            // Chunks may be waiting in the receive path: look there first.
-            next = Some(now);
+        let stalled = self.reasm.has_partial() || self.reasm.saw_ahead() || self.reasm.is_overtaken();
+        if stalled && !self.drained {
+            // A frame may look stalled only because its chunks wait in the
+            // receive path (a node that was not scheduled for a while):
+            // look there first, without sleeping.
+            self.drain_first = true;
         } else if let Some(exp) = self.reasm.expected()
             && self.recovering()
         {
@@ -678,7 +683,7 @@ impl DatagramLink {
             if deadline.is_some_and(|d| now >= d) {
                 return Err(self.deadline_passed(out));
             }
-            let wait = if now.duration_since(start) < self.cfg.spin {
+            let wait = if now.duration_since(start) < self.cfg.spin || std::mem::take(&mut self.drain_first) {
                 None
             } else {
                 let until = earliest(earliest(timer, deadline), Some(now + WAKE_TICK)).unwrap_or(now);
