@@ -208,7 +208,8 @@ impl DatagramLink {
 
     /// Feeds every datagram of a kernel receive batch to [`Self::datagram`]:
     /// truncated ones are counted as oversize, and with `gro` a coalesced
-    /// datagram is cut at its segment size. Returns the datagrams taken.
+    /// datagram is cut at its segment size. Returns the datagrams taken as
+    /// chunks (hellos not counted).
     pub fn take_batch(&mut self, rx: &crate::sys::udp::RxBatch, gro: bool, out: &mut [u8]) -> u64 {
         self.take_batch_into(rx, gro, Some(out))
     }
@@ -228,8 +229,9 @@ impl DatagramLink {
             }
             let seg = if gro { meta.segment.map_or(bytes.len(), usize::from).max(1) } else { bytes.len().max(1) };
             for d in bytes.chunks(seg) {
-                self.take(src, d, out.as_deref_mut());
-                taken += 1;
+                if self.take(src, d, out.as_deref_mut()) {
+                    taken += 1;
+                }
             }
         }
         taken
@@ -330,11 +332,19 @@ impl DatagramLink {
         self.take(src, datagram, Some(out));
     }
 
-    fn take(&mut self, src: Option<SocketAddr>, datagram: &[u8], out: Option<&mut [u8]>) {
+    /// Takes one datagram; returns whether it was meant as a chunk (not a
+    /// hello), whatever became of it.
+    fn take(&mut self, src: Option<SocketAddr>, datagram: &[u8], out: Option<&mut [u8]>) -> bool {
         self.taken += 1;
         if Hello::is_hello(datagram) {
-            return self.hello(src, datagram);
+            self.hello(src, datagram);
+            return false;
         }
+        self.take_chunk(src, datagram, out);
+        true
+    }
+
+    fn take_chunk(&mut self, src: Option<SocketAddr>, datagram: &[u8], out: Option<&mut [u8]>) {
         let (mut hdr, payload) = match ChunkHeader::parse(datagram) {
             Ok(x) => x,
             Err(e) => return self.reasm.drops_mut().count_parse(e),
