@@ -214,6 +214,10 @@ if [ -x /bin/leap ]; then
 	if dmesg | grep -q 'UDP_GRO refused'; then ko "the module's socket refused UDP_GRO"; else ok "GSO datagrams taken whole (UDP_GRO accepted)"; fi
 	if [ -e /etc/leap/xdp ]; then
 		ring 300 "leap ring: xdp, 3 nodes in namespaces ($(uname -r) verifier)" --transport xdp --netns --nodes 3 --frame-size 16392
+		# As the packaged service runs them: each node keeps only the unit's
+		# capabilities (root only sets up the namespaces).
+		ring 300 "leap ring: xdp with only the packaged unit's capabilities ($(uname -r))" --transport xdp --netns --nodes 3 --frame-size 16392 --unit-caps
+		ring 300 "leap ring: xdp-ringbuf with only the packaged unit's capabilities ($(uname -r))" --transport xdp-ringbuf --netns --nodes 3 --frame-size 16392 --unit-caps
 	else
 		echo "LEAP_VM_STEP skipped: xdp ring (leap built without the XDP object)"
 	fi

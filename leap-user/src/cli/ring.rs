@@ -50,6 +50,11 @@ pub struct RingArgs {
     /// Skip the RESIZE_CHAIN / ACK round before the data.
     #[arg(long)]
     pub no_control: bool,
+    /// Run every node with exactly the capabilities the packaged unit grants
+    /// (CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN, CAP_NET_RAW; CAP_IPC_LOCK for
+    /// its LimitMEMLOCK=infinity), as root only sets up the namespaces.
+    #[arg(long)]
+    pub unit_caps: bool,
     /// Print one JSON object as the last line of stdout.
     #[arg(long)]
     pub json: bool,
@@ -70,6 +75,7 @@ impl RingArgs {
         c.stall_timeout = Duration::from_secs(self.stall_timeout_s.max(1));
         c.control = !self.no_control;
         c.loss_pct = self.loss;
+        c.unit_caps = self.unit_caps;
         c
     }
 }

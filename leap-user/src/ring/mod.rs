@@ -66,6 +66,9 @@ pub struct RingConfig {
     /// Percent of datagram sends that fail with EPERM at the output hook
     /// (namespaces only): sends that fail part-way, for tests.
     pub send_fault_pct: f64,
+    /// Each node opens its transport and runs with exactly the packaged
+    /// unit's capabilities ([`crate::sys::UNIT_CAPS`]), not as root.
+    pub unit_caps: bool,
 }
 
 /// A callback told how many frames are done.
@@ -96,6 +99,7 @@ impl RingConfig {
             progress: None,
             loss_pct: 0.0,
             send_fault_pct: 0.0,
+            unit_caps: false,
         }
     }
 
@@ -274,6 +278,10 @@ impl Gate {
         let opened = (|| {
             if let Some(ns) = ns {
                 crate::sys::netns::enter(ns).map_err(|e| format!("entering {}: {e}", ns.display()))?;
+            }
+            if cfg.unit_caps {
+                crate::sys::restrict_thread_caps(crate::sys::UNIT_CAPS)
+                    .map_err(|e| format!("keeping only the packaged unit's capabilities: {e}"))?;
             }
             crate::transport::open::open(cfg.transport, ep, &cfg.options).map_err(|e| e.to_string())
         })();

@@ -130,3 +130,73 @@ pub fn wait_writable_or_readable(
     }
     Ok((fds[0].revents != 0, fds[1].revents != 0))
 }
+
+/// Capabilities `leap-user/packaging/leap-node@.service` grants, plus
+/// `CAP_IPC_LOCK` standing in for its `LimitMEMLOCK=infinity` (a process
+/// cannot raise its memlock limit without `CAP_SYS_RESOURCE`).
+pub const UNIT_CAPS: &[u32] = &[
+    12, // CAP_NET_ADMIN
+    13, // CAP_NET_RAW
+    14, // CAP_IPC_LOCK
+    38, // CAP_PERFMON
+    39, // CAP_BPF
+];
+
+/// Leaves the calling thread only the capabilities in `keep` (effective,
+/// permitted and inheritable; other threads keep theirs), so that what it
+/// does next runs as the packaged service would.
+///
+/// # Errors
+///
+/// `capget`/`capset`, e.g. EPERM when asked to keep one it does not have.
+pub fn restrict_thread_caps(keep: &[u32]) -> std::io::Result<()> {
+    /// `struct __user_cap_header_struct`.
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    /// `struct __user_cap_data_struct`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const VERSION_3: u32 = 0x2008_0522;
+    let mut mask = [0u32; 2];
+    for &c in keep {
+        mask[(c / 32) as usize % 2] |= 1 << (c % 32);
+    }
+    let hdr = Header { version: VERSION_3, pid: 0 };
+    let data = [0, 1].map(|i| Data { effective: mask[i], permitted: mask[i], inheritable: mask[i] });
+    // SAFETY: the header and the two data words are the layout capset(2)
+    // takes for version 3; pid 0 is the calling thread; the kernel only
+    // reads them.
+    let r = unsafe { libc::syscall(libc::SYS_capset, &hdr as *const Header, data.as_ptr()) };
+    if r == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_thread_without_capabilities_cannot_open_a_raw_socket() {
+        let denied = std::thread::spawn(|| {
+            restrict_thread_caps(&[]).unwrap();
+            // SAFETY: plain socket(2); the descriptor, if any, is closed.
+            let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
+            if fd >= 0 {
+                // SAFETY: our own descriptor.
+                unsafe { libc::close(fd) };
+                return false;
+            }
+            std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+        })
+        .join()
+        .unwrap();
+        assert!(denied, "a raw socket was opened without CAP_NET_RAW");
+    }
+}
