@@ -309,7 +309,16 @@ fn node_serves_metrics_and_stats_under_abuse_and_stops_promptly() {
         .find(|l| l.starts_with("leap_telemetry_refused_connections_total{") && l.contains("server=\"metrics\""))
         .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok());
     assert!(refused > Some(0), "{body}");
-    let frames1 = stats_within(&sock, Duration::from_secs(5))["frames"].as_u64().unwrap();
+    // The node publishes its counters every 100 ms: give the ring a few
+    // publications to show progress.
+    let until = Instant::now() + Duration::from_secs(5);
+    let frames1 = loop {
+        let f = stats_within(&sock, Duration::from_secs(5))["frames"].as_u64().unwrap();
+        if f > frames0 || Instant::now() > until {
+            break f;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert!(frames1 > frames0, "the ring stalled: {frames0} -> {frames1} frames");
     let fds = open_fds(w.id());
     assert!(fds < 200, "the node holds {fds} descriptors");
