@@ -31,8 +31,10 @@ fn transport(node: &NodeNet, peer: &NodeNet, delivery: Delivery, mode: AttachMod
     udp.prev = Some(other);
     udp.max_frame_len = MAX_FRAME;
     udp.recv_timeout = Some(Duration::from_secs(2));
-    // No probes or retransmissions: every chunk is counted exactly once.
+    // No probes or retransmissions: every chunk is counted exactly once;
+    // no CRC trailer: frames keep the chunk counts of the original format.
     udp.reliability = Reliability::BestEffort;
+    udp.crc = false;
     let mut cfg = XdpTransportConfig::new(&node.rx_iface, udp, delivery);
     cfg.mode = mode;
     cfg.object = object();
@@ -100,10 +102,12 @@ fn check(delivery: Delivery, mode: AttachMode, want_mode: AttachedMode) {
         // Every chunk of every frame reached user space through XDP.
         assert_eq!(c.get(via), chunks, "{who}: {c}");
         assert_eq!(c.delivered(), chunks, "{who}: {c}");
-        for bad in [Counter::Malformed, Counter::WrongSource, Counter::NoSocket, Counter::RingBufFull, Counter::NotLeap]
-        {
+        for bad in [Counter::Malformed, Counter::WrongSource, Counter::NoSocket, Counter::RingBufFull] {
             assert_eq!(c.get(bad), 0, "{who}: {}: {c}", bad.name());
         }
+        // Not chunks: only the hellos by which the two nodes prove each
+        // other (a few; they go on to the node's UDP socket).
+        assert!(c.get(Counter::NotLeap) <= 8, "{who}: {c}");
     }
 }
 
