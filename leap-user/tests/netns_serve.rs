@@ -14,10 +14,9 @@ use std::time::{Duration, Instant};
 
 use leap::bench::BenchReport;
 use leap::ring::{Placement, RingConfig};
-use leap::serve::coordinator::HostRings;
 use leap::serve::protocol::{self, ErrorKind, MAX_REQUEST, Request, Response};
 use leap::transport::open::TransportKind;
-use serve_common::{Cluster, DATA_PORT, Privilege, TOKEN};
+use serve_common::{Cluster, Coordinator, DATA_PORT, Privilege};
 
 fn ring(kind: TransportKind, frames: u64) -> RingConfig {
     let mut rc = RingConfig::new(kind, 3, 16_392, frames);
@@ -73,20 +72,7 @@ fn bench_across_three_agents_reports_like_the_local_bench() {
 #[ignore = "needs root for namespaces: run by cargo xtask ci (stage privileged)"]
 fn killed_agent_is_reported_the_others_clean_up_and_the_next_run_works() {
     let mut c = Cluster::new("sk", None, Privilege::Unit);
-    let hosts = c.hosts();
-    let path = c.topo.nodes()[0].path();
-    // The coordinator lives in host 0's namespace for the whole test.
-    let (to_coord, from_test) = std::sync::mpsc::channel::<RingConfig>();
-    let (to_test, results) = std::sync::mpsc::channel();
-    let coord = std::thread::spawn(move || {
-        leap::sys::netns::enter(&path).expect("setns");
-        let mut rings = HostRings::connect(hosts, TOKEN.into(), "ns").expect("connect");
-        for rc in from_test {
-            let started = Instant::now();
-            let r = rings.run_ring(&rc).map_err(|e| e.to_string());
-            let _ = to_test.send((r, started.elapsed()));
-        }
-    });
+    let Coordinator { rings: to_coord, results, thread: coord } = c.coordinator();
     // Long enough to be killed in the middle (minutes if left alone).
     to_coord.send(ring(TransportKind::Udp, 1_000_000)).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);

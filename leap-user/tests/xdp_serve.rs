@@ -17,10 +17,9 @@ use std::time::{Duration, Instant};
 
 use leap::bench::BenchReport;
 use leap::ring::{Placement, RingConfig};
-use leap::serve::coordinator::HostRings;
 use leap::transport::open::TransportKind;
 use leap::transport::xdp::ObjectSource;
-use serve_common::{Cluster, Privilege, TOKEN};
+use serve_common::{Cluster, Coordinator, Privilege};
 use xdp_common::xdp_attachment;
 
 fn object_path() -> PathBuf {
@@ -63,17 +62,7 @@ fn bench_across_agents_measures_both_xdp_paths_and_detaches() {
 #[ignore = "needs root and the BPF object: run by cargo xtask ci (stage ebpf)"]
 fn killed_agent_during_an_xdp_run_leaves_no_program_attached_on_the_others() {
     let mut c = Cluster::new("xk", Some(&object_path()), Privilege::Root);
-    let hosts = c.hosts();
-    let path = c.topo.nodes()[0].path();
-    let (to_coord, from_test) = std::sync::mpsc::channel::<RingConfig>();
-    let (to_test, results) = std::sync::mpsc::channel();
-    let coord = std::thread::spawn(move || {
-        leap::sys::netns::enter(&path).expect("setns");
-        let mut rings = HostRings::connect(hosts, TOKEN.into(), "ns").expect("connect");
-        for rc in from_test {
-            let _ = to_test.send(rings.run_ring(&rc).map_err(|e| e.to_string()));
-        }
-    });
+    let Coordinator { rings: to_coord, results, thread: coord } = c.coordinator();
     let ring = |frames| {
         let mut rc = RingConfig::new(TransportKind::Xdp, 3, 16_392, frames);
         rc.placement = Placement::Hosts;
@@ -90,7 +79,7 @@ fn killed_agent_during_an_xdp_run_leaves_no_program_attached_on_the_others() {
     }
     std::thread::sleep(Duration::from_millis(700));
     c.kill_agent(2);
-    let e = results.recv_timeout(Duration::from_secs(30)).expect("reported in time").expect_err("fails");
+    let e = results.recv_timeout(Duration::from_secs(30)).expect("reported in time").0.expect_err("fails");
     assert!(e.contains("h2") && e.contains("connection lost"), "{e}");
     for i in 0..2 {
         assert!(!c.client(i).status().unwrap().1, "host {i} still runs a member");
@@ -98,7 +87,7 @@ fn killed_agent_during_an_xdp_run_leaves_no_program_attached_on_the_others() {
     assert_detached(&c, &[0, 1]);
     c.start_agent(2);
     to_coord.send(ring(300)).unwrap();
-    let r = results.recv_timeout(Duration::from_secs(30)).expect("in time").expect("the next run works");
+    let r = results.recv_timeout(Duration::from_secs(30)).expect("in time").0.expect("the next run works");
     assert_eq!((r.frames_delivered, r.frames_corrupt), (300, 0));
     assert_detached(&c, &[0, 1, 2]);
     drop(to_coord);

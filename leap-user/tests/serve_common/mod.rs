@@ -13,7 +13,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use leap::netns::Topology;
-use leap::serve::coordinator::{Client, HostSpec};
+use leap::ring::{RingConfig, RingReport};
+use leap::serve::coordinator::{Client, HostRings, HostSpec};
 
 /// The agents' control port.
 pub const CONTROL_PORT: u16 = 7700;
@@ -76,6 +77,25 @@ impl Cluster {
     }
 
     /// The hosts, for a coordinator.
+    /// A coordinator living in host 0's namespace for the whole test: it
+    /// runs every ring sent to it and reports each result with its duration.
+    /// Dropping the sender ends it.
+    pub fn coordinator(&self) -> Coordinator {
+        let (hosts, path) = (self.hosts(), self.topo.nodes()[0].path());
+        let (to_coord, from_test) = std::sync::mpsc::channel::<RingConfig>();
+        let (to_test, results) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            leap::sys::netns::enter(&path).expect("setns");
+            let mut rings = HostRings::connect(hosts, TOKEN.into(), "ns").expect("connect");
+            for rc in from_test {
+                let started = Instant::now();
+                let r = rings.run_ring(&rc).map_err(|e| e.to_string());
+                let _ = to_test.send((r, started.elapsed()));
+            }
+        });
+        Coordinator { rings: to_coord, results, thread }
+    }
+
     pub fn hosts(&self) -> Vec<HostSpec> {
         (0..3)
             .map(|i| {
@@ -214,4 +234,11 @@ impl Drop for Cluster {
         let _ = std::fs::remove_dir_all(&self.dir);
         // The topology goes next (field drop): namespaces, veths, XDP.
     }
+}
+
+/// See [`Cluster::coordinator`].
+pub struct Coordinator {
+    pub rings: std::sync::mpsc::Sender<RingConfig>,
+    pub results: std::sync::mpsc::Receiver<(Result<RingReport, String>, Duration)>,
+    pub thread: std::thread::JoinHandle<()>,
 }
