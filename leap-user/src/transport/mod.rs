@@ -235,6 +235,9 @@ pub struct Stats {
     /// Datagrams the kernel dropped on the node's UDP socket (receive buffer
     /// full) before leap saw them.
     pub kernel_drops: u64,
+    /// Frame bytes copied in user space (receive and send, retransmit
+    /// buffer included): divided by the bytes moved, the copies per hop.
+    pub copied_bytes: u64,
     /// Dropped datagrams by reason.
     pub drops: Drops,
 }
@@ -260,6 +263,7 @@ impl Stats {
         self.hellos_sent += o.hellos_sent;
         self.hellos_received += o.hellos_received;
         self.kernel_drops += o.kernel_drops;
+        self.copied_bytes += o.copied_bytes;
         let (d, e) = (&mut self.drops, &o.drops);
         d.short += e.short;
         d.bad_magic += e.bad_magic;
