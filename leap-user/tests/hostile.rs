@@ -377,7 +377,10 @@ fn datagrams_the_kernel_drops_before_leap_sees_them_are_counted() {
             let _ = flood.send_to(&junk, b_addr);
         }
         let _ = b.recv_prev(&mut out);
-        if b.stats().kernel_drops > 0 {
+        // The driver may have read part of the flood as it came: what it
+        // left queued is read here.
+        let s = b.stats();
+        if s.kernel_drops > 0 && s.drops.bad_magic + s.kernel_drops >= 20_000 {
             break;
         }
     }

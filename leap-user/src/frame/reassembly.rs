@@ -235,20 +235,24 @@ impl Assembly {
     }
 
     /// Copies the chunks received so far from `src` to `dst`.
-    fn copy_received(&self, src: &[u8], dst: &mut [u8]) {
+    /// Returns the bytes copied.
+    fn copy_received(&self, src: &[u8], dst: &mut [u8]) -> u64 {
         let full = usize::from(self.total) * CHUNK_PAYLOAD_MAX;
         let end = self.len.unwrap_or(full).min(src.len()).min(dst.len());
         if self.received == self.total || u32::from(self.received) * 2 >= u32::from(self.total) {
             dst[..end].copy_from_slice(&src[..end]);
-            return;
+            return end as u64;
         }
+        let mut copied = 0;
         for id in 0..self.total {
             let at = usize::from(id) * CHUNK_PAYLOAD_MAX;
             if self.has(id) && at < end {
                 let to = (at + CHUNK_PAYLOAD_MAX).min(end);
                 dst[at..to].copy_from_slice(&src[at..to]);
+                copied += (to - at) as u64;
             }
         }
+        copied
     }
 
     fn missing(&self) -> impl Iterator<Item = u16> + '_ {
@@ -281,6 +285,8 @@ pub struct Reassembler {
     /// A frame whose CRC check failed (to fetch again).
     corrupt: Option<u16>,
     drops: Drops,
+    /// Bytes moved between buffers (side slot to the caller's and back).
+    copied: u64,
 }
 
 impl Reassembler {
@@ -311,7 +317,15 @@ impl Reassembler {
             placed_since_check: 0,
             corrupt: None,
             drops: Drops::default(),
+            copied: 0,
         }
+    }
+
+    /// Bytes moved between buffers so far: chunks kept in a side slot and
+    /// moved to the caller's buffer by [`Self::begin`], or the other way by
+    /// [`Self::suspend`] (each chunk's first placement is not counted).
+    pub fn copied(&self) -> u64 {
+        self.copied
     }
 
     /// Drops counted so far.
@@ -390,7 +404,7 @@ impl Reassembler {
             slot.asm.reset(exp);
             return None;
         }
-        slot.asm.copy_received(&slot.buf, out);
+        self.copied += slot.asm.copy_received(&slot.buf, out);
         std::mem::swap(&mut self.cur, &mut slot.asm);
         slot.asm.reset(exp);
         if self.cur.is_complete() { self.finish(out) } else { None }
@@ -490,7 +504,7 @@ impl Reassembler {
         if slot.buf.len() < max {
             slot.buf.resize(max, 0);
         }
-        self.cur.copy_received(out, &mut slot.buf);
+        self.copied += self.cur.copy_received(out, &mut slot.buf);
         std::mem::swap(&mut self.cur, &mut slot.asm);
         self.cur.reset(exp);
     }

@@ -163,17 +163,38 @@ impl RetransmitBuffer {
     /// Keeps a copy of frame `seq` (`head ++ tail`), sent with `reserved` and
     /// followed on the wire by `trailer` (at most 4 bytes).
     pub fn store(&mut self, seq: u16, reserved: u16, head: &[u8], tail: &[u8], trailer: &[u8]) {
+        let len = head.len() + tail.len();
+        let data = self.slot_mut(seq, len);
+        data[..head.len()].copy_from_slice(head);
+        data[head.len()..].copy_from_slice(tail);
+        self.commit(seq, reserved, len, trailer);
+    }
+
+    /// The memory that will keep frame `seq` of `len` bytes, to write the
+    /// frame in place before sending it from there; then [`Self::commit`].
+    /// The frame kept in that slot before (`seq` minus the buffer's size) is
+    /// forgotten.
+    pub fn slot_mut(&mut self, seq: u16, len: usize) -> &mut [u8] {
         let i = self.slot(seq);
         let s = &mut self.slots[i];
         if s.wanted > 0 {
             self.pending -= 1;
         }
-        let len = head.len() + tail.len();
+        s.valid = false;
+        s.wanted = 0;
         if s.data.len() < len {
             s.data.resize(len, 0);
         }
-        s.data[..head.len()].copy_from_slice(head);
-        s.data[head.len()..len].copy_from_slice(tail);
+        &mut s.data[..len]
+    }
+
+    /// Keeps the `len` bytes written through [`Self::slot_mut`] as frame
+    /// `seq`, sent with `reserved` and followed on the wire by `trailer` (at
+    /// most 4 bytes).
+    pub fn commit(&mut self, seq: u16, reserved: u16, len: usize, trailer: &[u8]) {
+        let i = self.slot(seq);
+        let s = &mut self.slots[i];
+        debug_assert!(s.data.len() >= len && !s.valid);
         let tl = trailer.len().min(4);
         s.trailer[..tl].copy_from_slice(&trailer[..tl]);
         s.trailer_len = tl as u8;

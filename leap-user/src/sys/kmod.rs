@@ -200,6 +200,39 @@ impl Device {
         }
     }
 
+    /// The first `len` bytes of receive bank `bank`, in place.
+    ///
+    /// # Panics
+    ///
+    /// When the range is outside the bank.
+    ///
+    /// # Safety
+    ///
+    /// The bank must be held by this file (delivered by
+    /// `LEAP_IOCTL_WAIT_FRAME` and not released) for as long as the slice
+    /// lives: the module writes only banks that no file holds, so the bytes
+    /// cannot change under the reference.
+    pub unsafe fn held_bank(&self, bank: usize, len: usize) -> &[u8] {
+        assert!(bank < RX_BANKS && len <= BANK_LEN, "outside bank {bank}");
+        // SAFETY: the range lies inside the mapping (checked above), which
+        // lives as long as `self`; the caller guarantees the module does not
+        // write it meanwhile (the bank is held).
+        unsafe { std::slice::from_raw_parts(self.map.as_ptr().add(bank * BANK_LEN), len) }
+    }
+
+    /// The first `len` bytes of the TX area, to write a frame in place.
+    ///
+    /// # Panics
+    ///
+    /// When `len` is longer than the TX area.
+    pub fn tx_area(&mut self, len: usize) -> &mut [u8] {
+        assert!(len <= HALF_LEN, "{len} bytes do not fit the TX area");
+        // SAFETY: TX_OFFSET + len <= MMAP_LEN; the module reads the TX area
+        // only during a SEND ioctl of this file, which cannot run while
+        // `self` is borrowed mutably, and never writes it.
+        unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(TX_OFFSET), len) }
+    }
+
     /// Copies the whole receive half (all 64 banks) into `out`.
     ///
     /// # Panics
@@ -229,6 +262,16 @@ impl Device {
             at += p.len();
         }
         total
+    }
+}
+
+impl crate::transport::lend::Release for Device {
+    fn release(&self, bank: u32) {
+        if let Err(e) = self.release_bank(bank) {
+            // The bank stays held: the module counts it busy until this file
+            // is closed. Nothing else can be done from a drop.
+            log::warn!("LEAP_IOCTL_RELEASE_BANK {bank} failed: {e}");
+        }
     }
 }
 

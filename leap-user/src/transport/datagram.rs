@@ -20,6 +20,7 @@
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use leap_common::chunk::{CHUNK_DATAGRAM_MAX, CHUNK_PAYLOAD_MAX, ChunkHeader, ChunkKind, flags};
@@ -27,6 +28,7 @@ use leap_common::hello::{Hello, caps};
 use socket2::Socket;
 
 use super::udp::{UdpConfig, UdpSender};
+use super::lend::OwnedBuf;
 use super::{FrameKind, Received, Result, Stats, TransportError};
 use crate::frame::peer::{Peer, random_u64};
 use crate::frame::reliable::{
@@ -88,7 +90,7 @@ impl LogLimit {
 /// Sending, reassembly and loss recovery of one datagram backend.
 #[derive(Debug)]
 pub struct DatagramLink {
-    socket: Socket,
+    socket: Arc<Socket>,
     sender: UdpSender,
     reasm: Reassembler,
     cfg: UdpConfig,
@@ -114,6 +116,10 @@ pub struct DatagramLink {
     drained: bool,
     drain_first: bool,
     nack_buf: Box<[u8; CHUNK_DATAGRAM_MAX]>,
+    /// Frames written in place by [`Self::send_with`] that are not kept.
+    tx: OwnedBuf,
+    /// When the last frame was sent (the driver looks more often then).
+    last_send: Option<Instant>,
 }
 
 impl DatagramLink {
@@ -133,7 +139,7 @@ impl DatagramLink {
         Self {
             reasm: Reassembler::with_window(cfg.max_frame_len, cfg.window),
             retx: reliable.then(|| RetransmitBuffer::new(cfg.keep_frames)),
-            socket,
+            socket: Arc::new(socket),
             sender,
             stats: Stats::default(),
             nack: NackTimer::default(),
@@ -151,6 +157,8 @@ impl DatagramLink {
             drained: true,
             drain_first: false,
             nack_buf: Box::new([0; CHUNK_DATAGRAM_MAX]),
+            tx: OwnedBuf::default(),
+            last_send: None,
             cfg,
         }
     }
@@ -158,6 +166,11 @@ impl DatagramLink {
     /// The UDP socket frames leave from.
     pub fn socket(&self) -> &Socket {
         &self.socket
+    }
+
+    /// The UDP socket, shared (a receive path waits on it without the link).
+    pub fn shared_socket(&self) -> Arc<Socket> {
+        Arc::clone(&self.socket)
     }
 
     /// The settings.
@@ -198,6 +211,7 @@ impl DatagramLink {
     pub fn stats(&self) -> Stats {
         let mut s = self.stats;
         s.drops = *self.reasm.drops();
+        s.copied_bytes += self.reasm.copied();
         s
     }
 
@@ -210,13 +224,8 @@ impl DatagramLink {
     /// truncated ones are counted as oversize, and with `gro` a coalesced
     /// datagram is cut at its segment size. Returns the datagrams taken as
     /// chunks (hellos not counted).
-    pub fn take_batch(&mut self, rx: &crate::sys::udp::RxBatch, gro: bool, out: &mut [u8]) -> u64 {
-        self.take_batch_into(rx, gro, Some(out))
-    }
-
-    /// As [`Self::take_batch`]; without a buffer every chunk goes to a side
-    /// slot of the reassembly.
-    fn take_batch_into(&mut self, rx: &crate::sys::udp::RxBatch, gro: bool, mut out: Option<&mut [u8]>) -> u64 {
+    /// Without a buffer every chunk goes to a side slot of the reassembly.
+    pub fn take_batch(&mut self, rx: &crate::sys::udp::RxBatch, gro: bool, mut out: Option<&mut [u8]>) -> u64 {
         if let Some(d) = rx.kernel_drops() {
             self.stats.kernel_drops = u64::from(d);
         }
@@ -282,12 +291,7 @@ impl DatagramLink {
     ///
     /// As [`UdpSender::send`], unless the frame can be recovered by NACKs.
     pub fn send(&mut self, kind: FrameKind, head: &[u8], tail: &[u8]) -> Result<()> {
-        if self.stats.frames_sent == 0 && !self.cfg.original_compat {
-            self.await_next_proof(FIRST_PROOF_WAIT);
-        }
-        let now = Instant::now();
-        self.send_hellos(now);
-        let reserved = self.reserved_for(kind);
+        let reserved = self.prepare_send(kind);
         let crc;
         let trailer: &[u8] = if reserved & flags::CRC != 0 {
             crc = crc32c::crc32c_append(crc32c::crc32c(head), tail).to_le_bytes();
@@ -303,13 +307,67 @@ impl DatagramLink {
         let kept = match &mut self.retx {
             Some(retx) if reserved & flags::LEAP != 0 => {
                 retx.store(seq, reserved, head, tail, trailer);
-                self.probe.sent(now, &self.cfg.timers, seq);
+                self.stats.copied_bytes += (head.len() + tail.len()) as u64;
                 true
             }
             _ => false,
         };
+        self.sent(seq, kept, head.len() + tail.len(), res)
+    }
+
+    /// As [`Self::send`] for a frame of `len` bytes that `fill` writes in
+    /// place: into the slot that keeps it for NACKs when it is kept, else
+    /// into a buffer of the link. Sent from there, never copied.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::send`].
+    pub fn send_with(&mut self, kind: FrameKind, len: usize, fill: &mut dyn FnMut(&mut [u8])) -> Result<()> {
+        if len == 0 || len > leap_common::chunk::FRAME_LEN_MAX {
+            return Err(TransportError::BadFrameLen(len));
+        }
+        let reserved = self.prepare_send(kind);
+        let seq = self.sender.next_seq();
+        let keep = reserved & flags::LEAP != 0 && self.retx.is_some();
+        let frame = match (&mut self.retx, keep) {
+            (Some(retx), true) => retx.slot_mut(seq, len),
+            _ => self.tx.get(len),
+        };
+        fill(frame);
+        let crc;
+        let trailer: &[u8] = if reserved & flags::CRC != 0 {
+            crc = crc32c::crc32c(frame).to_le_bytes();
+            &crc
+        } else {
+            &[]
+        };
+        let res = self.sender.send(&self.socket, reserved, frame, &[], trailer);
+        if keep && let Some(retx) = &mut self.retx {
+            retx.commit(seq, reserved, len, trailer);
+        }
+        self.sent(seq, keep, len, res)
+    }
+
+    /// Before a frame leaves: the first waits for the next node's proof,
+    /// challenges go out when due. Returns the frame's `reserved` field.
+    fn prepare_send(&mut self, kind: FrameKind) -> u16 {
+        if self.stats.frames_sent == 0 && !self.cfg.original_compat {
+            self.await_next_proof(FIRST_PROOF_WAIT);
+        }
+        self.send_hellos(Instant::now());
+        self.reserved_for(kind)
+    }
+
+    /// Counts a frame sent (or attempted) as `seq`; a failed send of a kept
+    /// frame is recovered by NACKs.
+    fn sent(&mut self, seq: u16, kept: bool, len: usize, res: Result<u16>) -> Result<()> {
+        let now = Instant::now();
+        if kept {
+            self.probe.sent(now, &self.cfg.timers, seq);
+        }
+        self.last_send = Some(now);
         self.stats.frames_sent += 1;
-        self.stats.bytes_sent += (head.len() + tail.len()) as u64;
+        self.stats.bytes_sent += len as u64;
         match res {
             Ok(chunks) => {
                 self.stats.chunks_sent += u64::from(chunks);
@@ -327,9 +385,11 @@ impl DatagramLink {
         }
     }
 
-    /// Takes one received datagram (UDP payload) from `src`.
-    pub fn datagram(&mut self, src: Option<SocketAddr>, datagram: &[u8], out: &mut [u8]) {
-        self.take(src, datagram, Some(out));
+    /// Takes one received datagram (UDP payload) from `src`: a chunk of the
+    /// expected frame goes into `out`, others (and all without `out`) to
+    /// side slots of the reassembly.
+    pub fn datagram(&mut self, src: Option<SocketAddr>, datagram: &[u8], out: Option<&mut [u8]>) {
+        self.take(src, datagram, out);
     }
 
     /// Takes one datagram; returns whether it was meant as a chunk (not a
@@ -390,6 +450,8 @@ impl DatagramLink {
         };
         if r != Push::Dropped {
             self.stats.chunks_received += 1;
+            // Out of the receive path's buffer into the frame's.
+            self.stats.copied_bytes += payload.len() as u64;
         }
         if let Push::Complete(got) = r {
             self.done = Some(got);
@@ -479,7 +541,7 @@ impl DatagramLink {
             match rx.recv(fd, false) {
                 // The kernel reports GRO segments only where GRO is on.
                 Ok(_) => {
-                    self.take_batch_into(&rx, true, None);
+                    self.take_batch(&rx, true, None);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(_) => return,
@@ -633,6 +695,16 @@ impl DatagramLink {
             return Err(self.lost());
         }
         if self.retx.is_some() && self.next_is_leap() {
+            next = earliest(next, self.service_sender(now));
+        }
+        Ok(next)
+    }
+
+    /// Probes of the last frame sent and paced retransmissions; returns when
+    /// to look again.
+    fn service_sender(&mut self, now: Instant) -> Option<Instant> {
+        let mut next = None;
+        {
             let (probe, due) = self.probe.poll(now, &self.cfg.timers);
             if let Some(seq) = probe
                 && let Some((frame, reserved, trailer)) = self.retx.as_ref().and_then(|r| r.get(seq))
@@ -650,7 +722,36 @@ impl DatagramLink {
             next = earliest(next, due);
             next = earliest(next, self.pace_retransmits(now));
         }
-        Ok(next)
+        next
+    }
+
+    /// What the driver does while the caller is away (computing): hellos,
+    /// NACKs of the expected frame, probes, paced retransmissions (NACKs from
+    /// the next node were answered as they were drained). Frames are given
+    /// up only inside a receive call, which reports it.
+    fn service_background(&mut self, now: Instant) {
+        self.send_hellos(now);
+        if self.recovering() {
+            if let Some(seq) = self.reasm.take_corrupt() {
+                self.send_nack(seq, true);
+            } else if let Some(exp) = self.reasm.expected()
+                && let NackDecision::Send =
+                    self.nack.poll(now, &self.cfg.timers, exp, self.reasm.progress(), self.reasm.saw_ahead())
+            {
+                self.send_nack(exp, false);
+            }
+        }
+        if self.retx.is_some() && self.next_is_leap() {
+            self.service_sender(now);
+        }
+    }
+
+    /// Whether the driver should look often: a frame is being assembled,
+    /// retransmissions wait, or a frame left recently (NACKs may come).
+    fn busy(&self, now: Instant) -> bool {
+        self.reasm.has_partial()
+            || self.retx.as_ref().is_some_and(RetransmitBuffer::has_pending)
+            || self.last_send.is_some_and(|t| now.duration_since(t) < BUSY_AFTER_SEND)
     }
 
     fn lost(&mut self) -> TransportError {
@@ -665,46 +766,6 @@ impl DatagramLink {
         Ok(got)
     }
 
-    /// Receives the next frame into `out`. `pump(link, out, wait)` must take
-    /// what the receive path holds and feed it to [`Self::datagram`]; with
-    /// `Some(d)` it may first sleep up to `d` for something to arrive, with
-    /// `None` it must not block.
-    ///
-    /// # Errors
-    ///
-    /// [`TransportError::Timeout`] at the deadline, [`TransportError::FrameLost`]
-    /// when a frame is given up, or the pump's error (as `call`).
-    pub fn recv_with<F>(&mut self, out: &mut [u8], call: &'static str, mut pump: F) -> Result<Received>
-    where
-        F: FnMut(&mut Self, &mut [u8], Option<Duration>) -> io::Result<()>,
-    {
-        self.done = None;
-        if let Some(got) = self.reasm.begin(out) {
-            return self.delivered(got);
-        }
-        let start = Instant::now();
-        let deadline = self.cfg.recv_timeout.map(|t| start + t);
-        loop {
-            if let Some(got) = self.done.take() {
-                return self.delivered(got);
-            }
-            let now = Instant::now();
-            let timer = self.service(now)?;
-            if deadline.is_some_and(|d| now >= d) {
-                return Err(self.deadline_passed(out));
-            }
-            let wait = if now.duration_since(start) < self.cfg.spin || std::mem::take(&mut self.drain_first) {
-                None
-            } else {
-                let until = earliest(earliest(timer, deadline), Some(now + WAKE_TICK)).unwrap_or(now);
-                Some(until.saturating_duration_since(now).max(Duration::from_micros(50)))
-            };
-            let before = self.taken;
-            pump(self, out, wait).map_err(|e| TransportError::io(call, e))?;
-            self.drained = self.taken == before;
-        }
-    }
-
     fn deadline_passed(&mut self, out: &[u8]) -> TransportError {
         self.stats.timeouts += 1;
         if self.reasm.has_partial() && !self.recovering() {
@@ -717,6 +778,208 @@ impl DatagramLink {
         }
         self.reasm.suspend(out);
         TransportError::Timeout(self.cfg.recv_timeout.unwrap_or_default())
+    }
+}
+
+/// How long after sending a frame the driver keeps looking every
+/// [`DRIVE_TICK`] (the next node's NACKs for it come within that).
+const BUSY_AFTER_SEND: Duration = Duration::from_secs(1);
+
+/// What a datagram backend receives from (a UDP socket, AF_XDP sockets, a
+/// BPF ring buffer): it waits without holding the link, then hands what
+/// arrived to the link.
+pub trait RxPath: Send {
+    /// Sleeps until something may have arrived, at most `wait` (it may also
+    /// receive already, to hand over in the next [`Self::drain`]).
+    ///
+    /// # Errors
+    ///
+    /// The failed system call.
+    fn wait(&mut self, wait: Duration) -> io::Result<()>;
+
+    /// Takes what arrived, without blocking, into `link`: the expected
+    /// frame's chunks into `out`, everything else (all of it without `out`)
+    /// into side slots.
+    ///
+    /// # Errors
+    ///
+    /// The failed system call.
+    fn drain(&mut self, link: &mut DatagramLink, out: Option<&mut [u8]>) -> io::Result<()>;
+}
+
+/// Locks the link; a panic elsewhere while it was held leaves counters and
+/// buffers that are still memory-safe to use.
+pub(crate) fn lock(link: &Mutex<DatagramLink>) -> MutexGuard<'_, DatagramLink> {
+    link.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Receives the next frame into `out` through `rx`. The link is locked only
+/// while it works, never while `rx` sleeps, so a sender on another thread
+/// is not held up by a waiting receiver.
+///
+/// # Errors
+///
+/// [`TransportError::Timeout`] at the deadline, [`TransportError::FrameLost`]
+/// when a frame is given up, or the receive path's error (as `call`).
+pub fn recv<R: RxPath + ?Sized>(
+    link: &Mutex<DatagramLink>,
+    rx: &mut R,
+    out: &mut [u8],
+    call: &'static str,
+) -> Result<Received> {
+    let start = Instant::now();
+    let deadline = {
+        let mut l = lock(link);
+        l.done = None;
+        if let Some(got) = l.reasm.begin(out) {
+            return l.delivered(got);
+        }
+        l.cfg.recv_timeout.map(|t| start + t)
+    };
+    loop {
+        let wait = {
+            let mut l = lock(link);
+            if let Some(got) = l.done.take() {
+                return l.delivered(got);
+            }
+            let now = Instant::now();
+            let timer = l.service(now)?;
+            if deadline.is_some_and(|d| now >= d) {
+                return Err(l.deadline_passed(out));
+            }
+            if now.duration_since(start) < l.cfg.spin || std::mem::take(&mut l.drain_first) {
+                None
+            } else {
+                let until = earliest(earliest(timer, deadline), Some(now + WAKE_TICK)).unwrap_or(now);
+                Some(until.saturating_duration_since(now).max(Duration::from_micros(50)))
+            }
+        };
+        if let Some(w) = wait {
+            rx.wait(w).map_err(|e| TransportError::io(call, e))?;
+        }
+        let mut l = lock(link);
+        let before = l.taken;
+        rx.drain(&mut l, Some(out)).map_err(|e| TransportError::io(call, e))?;
+        l.drained = l.taken == before;
+    }
+}
+
+/// How often the driver looks while there is recovery work, and while
+/// there is none.
+pub const DRIVE_TICK: Duration = Duration::from_millis(1);
+const IDLE_TICK: Duration = Duration::from_millis(20);
+
+/// The caller must have been out of its receive call this long before the
+/// driver steps in (a pipeline that receives again within it never meets
+/// the driver).
+const DRIVE_GRACE: Duration = Duration::from_millis(1);
+
+/// The receive path with the time the caller last left a receive call.
+#[derive(Debug)]
+pub struct RxSide<R> {
+    path: R,
+    left_at: Instant,
+}
+
+/// The state a datagram transport's halves and its driver share: the link
+/// (sending, reassembly, recovery) and the receive path, each behind its own
+/// lock. Lock order: receive path, then link.
+#[derive(Debug)]
+pub struct Shared<R> {
+    link: Mutex<DatagramLink>,
+    rx: Mutex<RxSide<R>>,
+}
+
+impl<R: RxPath> Shared<R> {
+    /// Shares `link` and `rx`.
+    pub fn new(link: DatagramLink, rx: R) -> Arc<Self> {
+        Arc::new(Self { link: Mutex::new(link), rx: Mutex::new(RxSide { path: rx, left_at: Instant::now() }) })
+    }
+
+    /// The link, locked.
+    pub fn link(&self) -> MutexGuard<'_, DatagramLink> {
+        lock(&self.link)
+    }
+
+    /// The receive path, locked (waits for a receive call on another thread
+    /// to end).
+    pub fn rx(&self) -> MutexGuard<'_, RxSide<R>> {
+        self.rx.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Receives the next frame into `out` (see [`recv`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`recv`].
+    pub fn recv(&self, out: &mut [u8], call: &'static str) -> Result<Received> {
+        let mut rx = self.rx();
+        let res = recv(&self.link, &mut rx.path, out, call);
+        rx.left_at = Instant::now();
+        res
+    }
+
+    /// One look by the driver: if no receive call runs and the caller has
+    /// been away for a while, takes what arrived (answering NACKs) and runs
+    /// the recovery timers. Returns when to look again.
+    pub fn drive_once(&self) -> Duration {
+        let mut rx = match self.rx.try_lock() {
+            Ok(rx) => rx,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return DRIVE_TICK,
+        };
+        let now = Instant::now();
+        if now.duration_since(rx.left_at) < DRIVE_GRACE {
+            return DRIVE_TICK;
+        }
+        let mut link = lock(&self.link);
+        let drained = rx.path.wait(Duration::ZERO).and_then(|()| rx.path.drain(&mut link, None));
+        if let Err(e) = drained {
+            link.send_log.warn(format_args!("the driver's receive failed: {e}"));
+        }
+        link.service_background(now);
+        if link.busy(now) { DRIVE_TICK } else { IDLE_TICK }
+    }
+}
+
+/// A thread that drives loss recovery while the caller computes (see
+/// [`Shared::drive_once`]); stopped and joined when dropped.
+#[derive(Debug)]
+pub struct Driver {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Driver {
+    /// Starts driving `shared` until dropped (or until `shared` is gone).
+    ///
+    /// # Errors
+    ///
+    /// The thread could not be spawned.
+    pub fn spawn<R: RxPath + 'static>(shared: &Arc<Shared<R>>, name: &str) -> io::Result<Self> {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = Arc::new(AtomicBool::new(false));
+        let weak = Arc::downgrade(shared);
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::Builder::new().name(format!("leap-drive-{name}")).spawn(move || {
+            while !flag.load(Ordering::Acquire) {
+                let Some(shared) = weak.upgrade() else { return };
+                let tick = shared.drive_once();
+                drop(shared);
+                std::thread::park_timeout(tick);
+            }
+        })?;
+        Ok(Self { stop, thread: Some(thread) })
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
     }
 }
 

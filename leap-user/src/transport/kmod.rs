@@ -25,7 +25,7 @@ use leap_common::kmod::{
     ABI_VERSION, Counters, DEVICE_PATH, HALF_LEN, INFO_SCOPE_FILE, Info, WAIT_STATUS_LOST, features,
 };
 
-use super::{Drops, FrameKind, Received, Result, Stats, Transport, TransportError};
+use super::{Drops, FrameKind, Lent, Received, Result, Stats, Transport, TransportError};
 use crate::sys::kmod::Device;
 
 /// Features this backend needs from the loaded module.
@@ -234,27 +234,13 @@ impl KmodTransport {
             .map_err(|e| syscall("LEAP_IOCTL_GET_INFO", &self.cfg.device, e))
     }
 
-    fn syscall(&self, call: &'static str, source: io::Error) -> TransportError {
-        syscall(call, &self.cfg.device, source).into()
-    }
-}
-
-impl Transport for KmodTransport {
-    fn name(&self) -> &'static str {
-        "kmod"
-    }
-
-    fn send_next_parts(&mut self, kind: FrameKind, header: &[u8], payload: &[u8]) -> Result<()> {
-        let len = header.len() + payload.len();
-        if len == 0 || len > HALF_LEN {
-            return Err(TransportError::BadFrameLen(len));
-        }
+    /// Sends the frame of `len` bytes in the TX area.
+    fn send_tx(&mut self, kind: FrameKind, len: usize) -> Result<()> {
         let reserved = match (self.cfg.original_compat, kind) {
             (true, _) => 0,
             (false, FrameKind::Data) => flags::LEAP,
             (false, FrameKind::Control) => flags::LEAP | ChunkKind::Control as u16,
         };
-        self.dev.write_tx(&[header, payload]);
         self.dev.send_frame(len as u32, reserved).map_err(|e| self.syscall("LEAP_IOCTL_SEND_FRAME", e))?;
         self.stats.frames_sent += 1;
         self.stats.chunks_sent += len.div_ceil(leap_common::chunk::CHUNK_PAYLOAD_MAX) as u64;
@@ -262,7 +248,9 @@ impl Transport for KmodTransport {
         Ok(())
     }
 
-    fn recv_prev(&mut self, out: &mut [u8]) -> Result<Received> {
+    /// Waits for the next frame (held in its bank until released) and tells
+    /// its kind; counts it as received.
+    fn wait(&mut self) -> Result<(leap_common::kmod::Wait, FrameKind)> {
         let deadline = self.cfg.recv_timeout.map(|t| Instant::now() + t);
         // A signal may interrupt the wait: retry until the deadline, at most
         // a bounded number of times.
@@ -286,29 +274,76 @@ impl Transport for KmodTransport {
                 });
             }
             let len = w.len as usize;
-            let bank = w.bank as u32;
-            if len > out.len() {
-                self.dev.release_bank(bank).map_err(|e| self.syscall("LEAP_IOCTL_RELEASE_BANK", e))?;
-                return Err(TransportError::FrameTooLarge { len, capacity: out.len() });
-            }
-            self.dev.read_bank(w.bank as usize, 0, &mut out[..len]);
-            self.dev.release_bank(bank).map_err(|e| self.syscall("LEAP_IOCTL_RELEASE_BANK", e))?;
             let kind = if w.flags & flags::LEAP != 0 {
                 match w.flags & flags::KIND_MASK {
                     k if k == ChunkKind::Control as u16 => FrameKind::Control,
                     _ => FrameKind::Data,
                 }
-            } else if ControlMessage::decode_frame(&out[..len]).is_ok() {
-                FrameKind::Control
             } else {
-                FrameKind::Data
+                // The original's frames carry no kind: look at the frame in
+                // place.
+                // SAFETY: WAIT_FRAME just handed the bank to this file and
+                // nothing releases it before the slice's last use here.
+                let frame = unsafe { self.dev.held_bank(w.bank as usize, len) };
+                if ControlMessage::decode_frame(frame).is_ok() { FrameKind::Control } else { FrameKind::Data }
             };
             self.stats.frames_received += 1;
             self.stats.chunks_received += u64::from(w.chunks);
             self.stats.bytes_received += len as u64;
-            return Ok(Received { len, kind });
+            return Ok((w, kind));
         }
         Err(self.syscall("LEAP_IOCTL_WAIT_FRAME", io::Error::from(io::ErrorKind::Interrupted)))
+    }
+
+    fn syscall(&self, call: &'static str, source: io::Error) -> TransportError {
+        syscall(call, &self.cfg.device, source).into()
+    }
+}
+
+impl Transport for KmodTransport {
+    fn name(&self) -> &'static str {
+        "kmod"
+    }
+
+    fn send_next_parts(&mut self, kind: FrameKind, header: &[u8], payload: &[u8]) -> Result<()> {
+        let len = header.len() + payload.len();
+        if len == 0 || len > HALF_LEN {
+            return Err(TransportError::BadFrameLen(len));
+        }
+        self.dev.write_tx(&[header, payload]);
+        self.stats.copied_bytes += len as u64;
+        self.send_tx(kind, len)
+    }
+
+    fn recv_prev(&mut self, out: &mut [u8]) -> Result<Received> {
+        let (w, kind) = self.wait()?;
+        let len = w.len as usize;
+        let bank = w.bank as u32;
+        if len > out.len() {
+            self.dev.release_bank(bank).map_err(|e| self.syscall("LEAP_IOCTL_RELEASE_BANK", e))?;
+            return Err(TransportError::FrameTooLarge { len, capacity: out.len() });
+        }
+        self.dev.read_bank(w.bank as usize, 0, &mut out[..len]);
+        self.stats.copied_bytes += len as u64;
+        self.dev.release_bank(bank).map_err(|e| self.syscall("LEAP_IOCTL_RELEASE_BANK", e))?;
+        Ok(Received { len, kind })
+    }
+
+    fn recv_prev_lent(&mut self) -> Result<Lent<'_>> {
+        let (w, kind) = self.wait()?;
+        // SAFETY: WAIT_FRAME handed the bank to this file; the `Lent` gives
+        // it back (RELEASE_BANK) when dropped, after its last use of the
+        // slice, and `self` stays borrowed until then.
+        let bytes = unsafe { self.dev.held_bank(w.bank as usize, w.len as usize) };
+        Ok(Lent::with_release(bytes, kind, &self.dev, w.bank as u32))
+    }
+
+    fn send_next_with(&mut self, kind: FrameKind, len: usize, fill: &mut dyn FnMut(&mut [u8])) -> Result<()> {
+        if len == 0 || len > HALF_LEN {
+            return Err(TransportError::BadFrameLen(len));
+        }
+        fill(self.dev.tx_area(len));
+        self.send_tx(kind, len)
     }
 
     fn set_recv_timeout(&mut self, timeout: Option<Duration>) {

@@ -2,7 +2,9 @@
 //! counters.
 
 pub mod datagram;
+pub mod halves;
 pub mod kmod;
+pub mod lend;
 pub mod open;
 pub mod tcp;
 pub mod udp;
@@ -13,6 +15,8 @@ use std::time::Duration;
 
 use leap_common::control::{CONTROL_FRAME_MIN, ControlMessage};
 use serde::Serialize;
+
+pub use lend::Lent;
 
 /// What a received frame is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -315,6 +319,27 @@ pub trait Transport: Send {
     /// [`TransportError::FrameTooLarge`], or a system-call error.
     fn recv_prev(&mut self, buf: &mut [u8]) -> Result<Received>;
 
+    /// Receives the next frame from the previous node and lends it: the
+    /// caller reads it where the transport put it (the kernel module's
+    /// receive bank, the transport's own reassembly buffer) and gives it back
+    /// by dropping it. Waits at most the receive timeout.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::recv_prev`].
+    fn recv_prev_lent(&mut self) -> Result<Lent<'_>>;
+
+    /// Sends a frame of `len` bytes that `fill` writes in place into memory
+    /// the transport owns (the module's transmit area; in reliable mode the
+    /// slot that keeps the frame for NACKs), so the frame is not copied
+    /// again. `fill` gets exactly `len` bytes, holding whatever an earlier
+    /// frame left: it must write all of them.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::send_next_parts`].
+    fn send_next_with(&mut self, kind: FrameKind, len: usize, fill: &mut dyn FnMut(&mut [u8])) -> Result<()>;
+
     /// Sets the receive deadline of [`Self::recv_prev`] (`None`: wait forever).
     fn set_recv_timeout(&mut self, timeout: Option<Duration>);
 
@@ -362,6 +387,18 @@ pub trait Transport: Send {
         self.send_next_parts(FrameKind::Control, &head, &padding)
     }
 
+    /// Splits the transport into a sender and a receiver that live on
+    /// different threads: a worker receives frame N+1 while it computes N
+    /// and sends N-1. Loss recovery keeps running in the background.
+    ///
+    /// # Errors
+    ///
+    /// [`TransportError::Unsupported`] where the backend cannot (the
+    /// transport is dropped).
+    fn split(self: Box<Self>) -> Result<Halves> {
+        Err(TransportError::Unsupported("split"))
+    }
+
     /// Sends a frame back to the previous node, where the backend can.
     ///
     /// # Errors
@@ -381,6 +418,78 @@ pub trait Transport: Send {
     }
 }
 
+/// The sending half of a split transport (see [`Transport::split`]).
+pub trait FrameSender: Send {
+    /// Short name of the transport.
+    fn name(&self) -> &'static str;
+
+    /// As [`Transport::send_next_parts`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Transport::send_next_parts`].
+    fn send_next_parts(&mut self, kind: FrameKind, header: &[u8], payload: &[u8]) -> Result<()>;
+
+    /// As [`Transport::send_next_with`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Transport::send_next_with`].
+    fn send_next_with(&mut self, kind: FrameKind, len: usize, fill: &mut dyn FnMut(&mut [u8])) -> Result<()>;
+
+    /// The transport's counters (both halves).
+    fn stats(&self) -> Stats;
+
+    /// As [`Transport::send_next`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Transport::send_next_parts`].
+    fn send_next(&mut self, frame: &[u8]) -> Result<()> {
+        self.send_next_parts(FrameKind::Data, frame, &[])
+    }
+}
+
+/// The receiving half of a split transport (see [`Transport::split`]).
+pub trait FrameReceiver: Send {
+    /// Short name of the transport.
+    fn name(&self) -> &'static str;
+
+    /// As [`Transport::recv_prev`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Transport::recv_prev`].
+    fn recv_prev(&mut self, buf: &mut [u8]) -> Result<Received>;
+
+    /// As [`Transport::recv_prev_lent`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Transport::recv_prev`].
+    fn recv_prev_lent(&mut self) -> Result<Lent<'_>>;
+
+    /// As [`Transport::set_recv_timeout`].
+    fn set_recv_timeout(&mut self, timeout: Option<Duration>);
+
+    /// The transport's counters (both halves).
+    fn stats(&self) -> Stats;
+}
+
+/// A transport split in two (see [`Transport::split`]).
+pub struct Halves {
+    /// Sends to the next node.
+    pub sender: Box<dyn FrameSender>,
+    /// Receives from the previous node.
+    pub receiver: Box<dyn FrameReceiver>,
+}
+
+impl std::fmt::Debug for Halves {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Halves").field("transport", &self.sender.name()).finish_non_exhaustive()
+    }
+}
+
 impl<T: Transport + ?Sized> Transport for Box<T> {
     fn name(&self) -> &'static str {
         (**self).name()
@@ -390,6 +499,12 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
     }
     fn recv_prev(&mut self, buf: &mut [u8]) -> Result<Received> {
         (**self).recv_prev(buf)
+    }
+    fn recv_prev_lent(&mut self) -> Result<Lent<'_>> {
+        (**self).recv_prev_lent()
+    }
+    fn send_next_with(&mut self, kind: FrameKind, len: usize, fill: &mut dyn FnMut(&mut [u8])) -> Result<()> {
+        (**self).send_next_with(kind, len, fill)
     }
     fn set_recv_timeout(&mut self, timeout: Option<Duration>) {
         (**self).set_recv_timeout(timeout)
@@ -402,6 +517,9 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
     }
     fn send_control(&mut self, msg: &ControlMessage, frame_len: usize) -> Result<()> {
         (**self).send_control(msg, frame_len)
+    }
+    fn split(self: Box<Self>) -> Result<Halves> {
+        (*self).split()
     }
     fn send_prev(&mut self, frame: &[u8]) -> Result<()> {
         (**self).send_prev(frame)

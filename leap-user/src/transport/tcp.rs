@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use leap_common::control::ControlMessage;
 use socket2::{Domain, Protocol, Socket, Type};
 
-use super::{FrameKind, Received, Result, Stats, Transport, TransportError};
+use super::lend::OwnedBuf;
+use super::{FrameKind, Lent, Received, Result, Stats, Transport, TransportError};
 
 /// How frames are delimited on the stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -112,6 +113,10 @@ pub struct TcpTransport {
     from_prev: Option<Inbound>,
     to_next: Option<Inbound>,
     stats: Stats,
+    /// What [`Transport::recv_prev_lent`] lends and
+    /// [`Transport::send_next_with`] fills.
+    lend: OwnedBuf,
+    tx: OwnedBuf,
 }
 
 /// Whether an error means the connection is gone (as opposed to a deadline).
@@ -257,6 +262,8 @@ impl TcpTransport {
             to_next: Some(Inbound::new(to_next)),
             listener,
             stats: Stats::default(),
+            lend: OwnedBuf::default(),
+            tx: OwnedBuf::default(),
             cfg,
         };
         t.set_recv_timeout(t.cfg.recv_timeout);
@@ -460,6 +467,28 @@ impl Transport for TcpTransport {
                 Err(e)
             }
         }
+    }
+
+    fn recv_prev_lent(&mut self) -> Result<Lent<'_>> {
+        // The kernel copies straight into the transport's buffer, as it
+        // would into the caller's: TCP has no copy to save on receive.
+        let mut lend = std::mem::take(&mut self.lend);
+        let cap = self.cfg.frame_len.max(1);
+        let res = self.recv_prev(lend.get(cap));
+        self.lend = lend;
+        let got = res?;
+        Ok(Lent::new(&self.lend.all()[..got.len], got.kind))
+    }
+
+    fn send_next_with(&mut self, kind: FrameKind, len: usize, fill: &mut dyn FnMut(&mut [u8])) -> Result<()> {
+        if len == 0 || u32::try_from(len).is_err() {
+            return Err(TransportError::BadFrameLen(len));
+        }
+        let mut tx = std::mem::take(&mut self.tx);
+        fill(tx.get(len));
+        let res = self.send_next_parts(kind, &tx.all()[..len], &[]);
+        self.tx = tx;
+        res
     }
 
     fn set_recv_timeout(&mut self, timeout: Option<Duration>) {

@@ -5,13 +5,15 @@
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
+use std::sync::Arc;
 use std::time::Duration;
 
 use leap_common::chunk::{CHUNK_DATAGRAM_MAX, CHUNK_HEADER_LEN, FRAME_LEN_MAX, flags};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-use super::datagram::{DatagramLink, Reliability};
-use super::{FrameKind, Received, Result, Stats, Transport, TransportError};
+use super::datagram::{DatagramLink, Reliability, RxPath};
+use super::halves::{DatagramCore, DatagramReceiver, DatagramSender};
+use super::{FrameKind, Halves, Lent, Received, Result, Stats, Transport, TransportError};
 use crate::frame::Chunker;
 use crate::frame::chunker::ChunkRef;
 use crate::frame::reliable::Timers;
@@ -240,15 +242,60 @@ impl UdpSender {
 /// next node and receiving from the previous one.
 #[derive(Debug)]
 pub struct UdpTransport {
-    link: DatagramLink,
-    rx: RxBatch,
+    core: DatagramCore<UdpRx>,
+}
+
+/// The UDP transport's receive path: `recvmmsg` batches, with GRO where the
+/// kernel has it.
+#[derive(Debug)]
+pub struct UdpRx {
+    socket: Arc<Socket>,
+    batch: RxBatch,
     gro: bool,
     /// The socket's current `SO_RCVTIMEO`, to set it only once.
     rcvtimeo: Duration,
+    /// A blocking wait already received into `batch`.
+    filled: bool,
 }
 
+/// Waits at least this long block in `recvmmsg` with `SO_RCVTIMEO` (tick
+/// granularity is fine there); shorter ones use `ppoll`.
+const LONG_WAIT: Duration = Duration::from_millis(15);
+
+impl RxPath for UdpRx {
+    fn wait(&mut self, wait: Duration) -> io::Result<()> {
+        if wait < LONG_WAIT {
+            // Short waits (loss-recovery timers) need ppoll's precision.
+            wait_readable(self.socket.as_fd(), wait)?;
+            return Ok(());
+        }
+        // Long waits block in recvmmsg itself: one system call.
+        if self.rcvtimeo != LONG_WAIT {
+            self.socket.set_read_timeout(Some(LONG_WAIT))?;
+            self.rcvtimeo = LONG_WAIT;
+        }
+        self.batch.recv(self.socket.as_fd(), true)?;
+        self.filled = true;
+        Ok(())
+    }
+
+    fn drain(&mut self, link: &mut DatagramLink, out: Option<&mut [u8]>) -> io::Result<()> {
+        if !std::mem::take(&mut self.filled) {
+            self.batch.recv(self.socket.as_fd(), false)?;
+        }
+        link.take_batch(&self.batch, self.gro, out);
+        Ok(())
+    }
+}
+
+/// The sending half of a split [`UdpTransport`].
+pub type UdpSendHalf = DatagramSender<UdpRx>;
+/// The receiving half of a split [`UdpTransport`].
+pub type UdpRecvHalf = DatagramReceiver<UdpRx>;
+
 impl UdpTransport {
-    /// Binds `cfg.listen` and prepares to send to `cfg.next`.
+    /// Binds `cfg.listen` and prepares to send to `cfg.next`; starts the
+    /// thread that runs loss recovery while the caller is not receiving.
     ///
     /// # Errors
     ///
@@ -264,29 +311,34 @@ impl UdpTransport {
         let socket = bind_socket(cfg.listen)?;
         let gro = cfg.gro && enable_gro(socket.as_fd());
         // With GRO one slot may hold a 64 KiB super-datagram.
-        let rx = if gro { RxBatch::new(16, 65536) } else { RxBatch::new(64, CHUNK_DATAGRAM_MAX + 1) };
+        let batch = if gro { RxBatch::new(16, 65536) } else { RxBatch::new(64, CHUNK_DATAGRAM_MAX + 1) };
         let listen = cfg.listen;
         let link = DatagramLink::new(socket, cfg, true);
         log::debug!("udp {listen}: GSO {}, GRO {gro}", link.gso());
-        Ok(Self { link, rx, gro, rcvtimeo: Duration::ZERO })
+        let rx = UdpRx { socket: link.shared_socket(), batch, gro, rcvtimeo: Duration::ZERO, filled: false };
+        let core = DatagramCore::new(link, rx, "udp", "recvmmsg")
+            .map_err(|source| UdpError::Socket { call: "spawn driver", addr: listen, source })?;
+        Ok(Self { core })
     }
 
     /// The bound address (useful with port 0).
     pub fn local_addr(&self) -> Option<SocketAddr> {
-        self.link.socket().local_addr().ok().and_then(|a| a.as_socket())
+        self.core.shared().link().socket().local_addr().ok().and_then(|a| a.as_socket())
     }
 
     /// Whether the next and the previous node proved to be leap nodes (until
     /// then they are spoken to exactly as the original would be). Hellos are
-    /// answered inside [`Transport::recv_prev`].
+    /// answered inside [`Transport::recv_prev`] and by the driver.
     pub fn neighbours_are_leap(&self) -> (bool, bool) {
-        (self.link.next_is_leap(), self.link.prev_is_leap())
+        let link = self.core.shared().link();
+        (link.next_is_leap(), link.prev_is_leap())
+    }
+
+    /// Splits into a sender and a receiver for two threads.
+    pub fn into_halves(self) -> (UdpSendHalf, UdpRecvHalf) {
+        self.core.split()
     }
 }
-
-/// Waits at least this long block in `recvmmsg` with `SO_RCVTIMEO` (tick
-/// granularity is fine there); shorter ones use `ppoll`.
-const LONG_WAIT: Duration = Duration::from_millis(15);
 
 impl Transport for UdpTransport {
     fn name(&self) -> &'static str {
@@ -294,41 +346,31 @@ impl Transport for UdpTransport {
     }
 
     fn send_next_parts(&mut self, kind: FrameKind, header: &[u8], payload: &[u8]) -> Result<()> {
-        self.link.send(kind, header, payload)
+        self.core.send_parts(kind, header, payload)
+    }
+
+    fn send_next_with(&mut self, kind: FrameKind, len: usize, fill: &mut dyn FnMut(&mut [u8])) -> Result<()> {
+        self.core.send_with(kind, len, fill)
     }
 
     fn recv_prev(&mut self, out: &mut [u8]) -> Result<Received> {
-        let Self { link, rx, gro, rcvtimeo } = self;
-        link.recv_with(out, "recvmmsg", |link, out, wait| {
-            let fd = link.socket().as_fd();
-            let block = match wait {
-                None => false,
-                // Short waits (loss-recovery timers) need ppoll's precision;
-                // then take what arrived without blocking.
-                Some(w) if w < LONG_WAIT => {
-                    wait_readable(fd, w)?;
-                    false
-                }
-                // Long waits block in recvmmsg itself: one system call.
-                Some(_) => {
-                    if *rcvtimeo != LONG_WAIT {
-                        link.socket().set_read_timeout(Some(LONG_WAIT))?;
-                        *rcvtimeo = LONG_WAIT;
-                    }
-                    true
-                }
-            };
-            rx.recv(link.socket().as_fd(), block)?;
-            link.take_batch(rx, *gro, out);
-            Ok(())
-        })
+        self.core.recv(out)
+    }
+
+    fn recv_prev_lent(&mut self) -> Result<Lent<'_>> {
+        self.core.recv_lent()
     }
 
     fn set_recv_timeout(&mut self, timeout: Option<Duration>) {
-        self.link.set_recv_timeout(timeout);
+        self.core.set_recv_timeout(timeout);
     }
 
     fn stats(&self) -> Stats {
-        self.link.stats()
+        self.core.stats()
+    }
+
+    fn split(self: Box<Self>) -> Result<Halves> {
+        let (s, r) = self.into_halves();
+        Ok(Halves { sender: Box::new(s), receiver: Box::new(r) })
     }
 }

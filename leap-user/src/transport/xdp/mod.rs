@@ -37,6 +37,8 @@ pub mod xsk;
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use leap_common::chunk::{CHUNK_DATAGRAM_MAX, ChunkKind};
@@ -49,9 +51,10 @@ pub use self::packet::{Reject, RxFilter};
 pub use self::program::{AttachMode, AttachedMode, PinnedProgram, XdpProgram};
 pub use self::ringbuf::RingReader;
 pub use self::xsk::{XskConfig, XskSocket, ZeroCopy};
-use super::datagram::DatagramLink;
+use super::datagram::{DatagramLink, RxPath};
+use super::halves::{DatagramCore, DatagramReceiver, DatagramSender};
 use super::udp::{UdpConfig, bind_socket};
-use super::{FrameKind, Received, Result, Stats, Transport};
+use super::{FrameKind, Halves, Lent, Received, Result, Stats, Transport, TransportError};
 use crate::sys::udp::RxBatch;
 
 /// How chunks reach user space.
@@ -302,24 +305,92 @@ const KERNEL_EVERY: u32 = 16;
 /// buffer) and, for whatever the program passes, through the UDP socket;
 /// sending, reassembly and loss recovery are the shared [`DatagramLink`].
 pub struct XdpTransport {
-    // Pins first, then the sockets (their XSKMAP entries go with them),
-    // then the program.
+    // Pins first, then the sockets (their XSKMAP entries go with them, in
+    // the core's receive path; the driver thread is joined first), then the
+    // program.
     _pins: Option<program::MapPins>,
-    rx: Rx,
+    core: DatagramCore<XdpRx>,
     program: XdpProgram,
-    link: DatagramLink,
     /// What user space checks every chunk against.
     filter: RxFilter,
     cfg: XdpTransportConfig,
     mode: AttachedMode,
     zero_copy: bool,
+    /// Chunks taken from the UDP socket.
+    via_kernel: Arc<AtomicU64>,
+}
+
+/// The XDP transport's receive path: the AF_XDP sockets or the ring buffer,
+/// and the UDP socket for what the program passes.
+pub struct XdpRx {
+    rx: Rx,
+    socket: Arc<socket2::Socket>,
+    filter: RxFilter,
+    port: u16,
     /// Datagrams that reached the UDP socket instead (a queue without an
     /// AF_XDP socket, NACKs arriving on another interface, ...).
     kernel_rx: RxBatch,
     /// Pumps since the UDP socket was last read.
     kernel_age: u32,
-    /// Chunks taken from the UDP socket.
-    via_kernel: u64,
+    /// Whether the last wait saw the UDP socket readable.
+    udp_ready: bool,
+    via_kernel: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for XdpRx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("XdpRx").field("port", &self.port).finish_non_exhaustive()
+    }
+}
+
+/// The sending half of a split [`XdpTransport`].
+pub type XdpSendHalf = DatagramSender<XdpRx>;
+/// The receiving half of a split [`XdpTransport`]; the program stays
+/// attached while it lives.
+pub type XdpRecvHalf = DatagramReceiver<XdpRx>;
+
+impl RxPath for XdpRx {
+    fn wait(&mut self, wait: Duration) -> io::Result<()> {
+        self.udp_ready = wait_any(&mut self.rx, self.socket.as_fd(), wait)?;
+        Ok(())
+    }
+
+    fn drain(&mut self, link: &mut DatagramLink, mut out: Option<&mut [u8]>) -> io::Result<()> {
+        let Self { rx, socket, filter, port, kernel_rx, kernel_age, udp_ready, via_kernel } = self;
+        let port = *port;
+        let mut foreign = 0u64;
+        match rx {
+            Rx::Xsk(socks) => {
+                for s in socks.iter_mut() {
+                    s.recv(BATCH, |frame| match filter.admit_frame(frame) {
+                        Ok(d) if d.dst_port() == port => link.datagram(Some(d.src), d.payload, out.as_deref_mut()),
+                        Ok(_) => foreign += 1,
+                        Err(r) => r.count(link.drops_mut()),
+                    });
+                }
+            }
+            Rx::Ring(ring) => {
+                ring.recv(BATCH as usize, |rec: &RingRecord| match filter.admit_record(rec) {
+                    Ok((src, d)) if rec.dst_port == port => link.datagram(Some(src), d, out.as_deref_mut()),
+                    Ok(_) => foreign += 1,
+                    Err(r) => r.count(link.drops_mut()),
+                });
+            }
+        }
+        // Not for this node's port: cannot happen unless the maps were
+        // changed behind our back.
+        if foreign > 0 {
+            link.count_foreign(foreign);
+        }
+        *kernel_age += 1;
+        if std::mem::take(udp_ready) || *kernel_age >= KERNEL_EVERY {
+            *kernel_age = 0;
+            kernel_rx.recv(socket.as_fd(), false)?;
+            // The socket has no UDP_GRO: one chunk per datagram.
+            via_kernel.fetch_add(link.take_batch(kernel_rx, false, out), Ordering::Relaxed);
+        }
+        Ok(())
+    }
 }
 
 impl std::fmt::Debug for XdpTransport {
@@ -413,19 +484,20 @@ impl XdpTransport {
             if zero_copy { "zero-copy" } else { "copy" },
             link.gso()
         );
-        Ok(Self {
-            _pins: pins,
+        let via_kernel = Arc::new(AtomicU64::new(0));
+        let path = XdpRx {
             rx,
-            program,
-            link,
-            filter,
-            mode,
-            zero_copy,
+            socket: link.shared_socket(),
+            filter: filter.clone(),
+            port,
             kernel_rx: RxBatch::new(16, CHUNK_DATAGRAM_MAX + 1),
             kernel_age: 0,
-            via_kernel: 0,
-            cfg,
-        })
+            udp_ready: false,
+            via_kernel: Arc::clone(&via_kernel),
+        };
+        let core = DatagramCore::new(link, path, cfg.delivery.transport_name(), "poll")
+            .map_err(|e| TransportError::io("spawn driver", e))?;
+        Ok(Self { _pins: pins, core, program, filter, mode, zero_copy, via_kernel, cfg })
     }
 
     /// How the program is attached.
@@ -462,7 +534,16 @@ impl XdpTransport {
     /// queue, or they came in on another interface, like NACKs from the
     /// next node).
     pub fn chunks_via_kernel(&self) -> u64 {
-        self.via_kernel
+        self.via_kernel.load(Ordering::Relaxed)
+    }
+
+    /// Splits into a sender and a receiver for two threads. The program
+    /// stays attached until the receiver is dropped (it holds the program).
+    pub fn into_halves(self) -> (XdpSendHalf, XdpRecvHalf) {
+        let Self { _pins, core, program, .. } = self;
+        let (s, mut r) = core.split();
+        r.keep_alive(Box::new((program, _pins)));
+        (s, r)
     }
 }
 
@@ -489,68 +570,45 @@ impl Transport for XdpTransport {
     }
 
     fn send_next_parts(&mut self, kind: FrameKind, header: &[u8], payload: &[u8]) -> Result<()> {
-        self.link.send(kind, header, payload)
+        self.core.send_parts(kind, header, payload)
+    }
+
+    fn send_next_with(&mut self, kind: FrameKind, len: usize, fill: &mut dyn FnMut(&mut [u8])) -> Result<()> {
+        self.core.send_with(kind, len, fill)
     }
 
     fn recv_prev(&mut self, out: &mut [u8]) -> Result<Received> {
-        let Self { rx, program, link, filter, cfg, kernel_rx, kernel_age, via_kernel, .. } = self;
-        let port = cfg.udp.listen.port();
-        let log = cfg.log;
-        link.recv_with(out, "poll", |link, out, wait| {
-            let udp_ready = match wait {
-                Some(w) => wait_any(rx, link.socket().as_fd(), w)?,
-                None => false,
-            };
-            let mut foreign = 0u64;
-            match rx {
-                Rx::Xsk(socks) => {
-                    for s in socks.iter_mut() {
-                        s.recv(BATCH, |frame| match filter.admit_frame(frame) {
-                            Ok(d) if d.dst_port() == port => link.datagram(Some(d.src), d.payload, out),
-                            Ok(_) => foreign += 1,
-                            Err(r) => r.count(link.drops_mut()),
-                        });
-                    }
-                }
-                Rx::Ring(ring) => {
-                    ring.recv(BATCH as usize, |rec: &RingRecord| match filter.admit_record(rec) {
-                        Ok((src, d)) if rec.dst_port == port => link.datagram(Some(src), d, out),
-                        Ok(_) => foreign += 1,
-                        Err(r) => r.count(link.drops_mut()),
-                    });
-                }
-            }
-            // Not for this node's port: cannot happen unless the maps were
-            // changed behind our back.
-            if foreign > 0 {
-                link.count_foreign(foreign);
-            }
-            *kernel_age += 1;
-            if udp_ready || *kernel_age >= KERNEL_EVERY {
-                *kernel_age = 0;
-                kernel_rx.recv(link.socket().as_fd(), false)?;
-                // The socket has no UDP_GRO: one chunk per datagram.
-                *via_kernel += link.take_batch(kernel_rx, false, out);
-            }
-            if log {
-                program.flush_log();
-            }
-            Ok(())
-        })
+        let res = self.core.recv(out);
+        if self.cfg.log {
+            self.program.flush_log();
+        }
+        res
+    }
+
+    fn recv_prev_lent(&mut self) -> Result<Lent<'_>> {
+        if self.cfg.log {
+            self.program.flush_log();
+        }
+        self.core.recv_lent()
+    }
+
+    fn split(self: Box<Self>) -> Result<Halves> {
+        let (s, r) = self.into_halves();
+        Ok(Halves { sender: Box::new(s), receiver: Box::new(r) })
     }
 
     fn set_recv_timeout(&mut self, timeout: Option<Duration>) {
-        self.link.set_recv_timeout(timeout);
+        self.core.set_recv_timeout(timeout);
     }
 
     fn stats(&self) -> Stats {
-        self.link.stats()
+        self.core.stats()
     }
 
     fn backend_counters(&self) -> Option<serde_json::Value> {
         let mut j = self.program.counters().ok()?.to_json();
         if let Some(o) = j.as_object_mut() {
-            o.insert("chunks_via_kernel".into(), self.via_kernel.into());
+            o.insert("chunks_via_kernel".into(), self.chunks_via_kernel().into());
         }
         Some(j)
     }

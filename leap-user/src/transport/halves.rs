@@ -1,0 +1,189 @@
+//! A datagram transport as the caller holds it: the [`Shared`] link and
+//! receive path, a [`Driver`] thread that runs loss recovery while the
+//! caller computes, and the buffer received frames are lent from. It splits
+//! into a sending and a receiving half for two threads.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::datagram::{DatagramLink, Driver, RxPath, Shared};
+use super::lend::OwnedBuf;
+use super::{FrameKind, FrameReceiver, FrameSender, Lent, Received, Result, Stats};
+
+/// A datagram transport's state as its owner (or its two halves) use it.
+#[derive(Debug)]
+pub struct DatagramCore<R: RxPath + 'static> {
+    shared: Arc<Shared<R>>,
+    driver: Arc<Driver>,
+    lend: OwnedBuf,
+    name: &'static str,
+    call: &'static str,
+    max_frame_len: usize,
+}
+
+impl<R: RxPath + 'static> DatagramCore<R> {
+    /// Shares `link` and `rx` and starts their driver. `name` names the
+    /// transport, `call` the receive path's system call in errors.
+    ///
+    /// # Errors
+    ///
+    /// The driver thread could not be started.
+    pub fn new(link: DatagramLink, rx: R, name: &'static str, call: &'static str) -> io::Result<Self> {
+        let max_frame_len = link.config().max_frame_len;
+        let shared = Shared::new(link, rx);
+        let driver = Arc::new(Driver::spawn(&shared, name)?);
+        Ok(Self { shared, driver, lend: OwnedBuf::default(), name, call, max_frame_len })
+    }
+
+    /// The shared state (the link and the receive path, each locked on use).
+    pub fn shared(&self) -> &Shared<R> {
+        &self.shared
+    }
+
+    /// See [`super::Transport::send_next_parts`].
+    ///
+    /// # Errors
+    ///
+    /// As [`DatagramLink::send`].
+    pub fn send_parts(&self, kind: FrameKind, head: &[u8], tail: &[u8]) -> Result<()> {
+        self.shared.link().send(kind, head, tail)
+    }
+
+    /// See [`super::Transport::send_next_with`].
+    ///
+    /// # Errors
+    ///
+    /// As [`DatagramLink::send_with`].
+    pub fn send_with(&self, kind: FrameKind, len: usize, fill: &mut dyn FnMut(&mut [u8])) -> Result<()> {
+        self.shared.link().send_with(kind, len, fill)
+    }
+
+    /// Receives into the caller's buffer.
+    ///
+    /// # Errors
+    ///
+    /// As [`Shared::recv`].
+    pub fn recv(&self, out: &mut [u8]) -> Result<Received> {
+        self.shared.recv(out, self.call)
+    }
+
+    /// Receives into the transport's buffer and lends the frame.
+    ///
+    /// # Errors
+    ///
+    /// As [`Shared::recv`].
+    pub fn recv_lent(&mut self) -> Result<Lent<'_>> {
+        lend(&self.shared, &mut self.lend, self.max_frame_len, self.call)
+    }
+
+    /// Sets the receive deadline.
+    pub fn set_recv_timeout(&self, t: Option<Duration>) {
+        self.shared.link().set_recv_timeout(t);
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> Stats {
+        self.shared.link().stats()
+    }
+
+    /// Splits into a sender and a receiver for two threads; the driver runs
+    /// until both are dropped.
+    pub fn split(self) -> (DatagramSender<R>, DatagramReceiver<R>) {
+        let sender = DatagramSender { shared: Arc::clone(&self.shared), _driver: Arc::clone(&self.driver), name: self.name };
+        let receiver = DatagramReceiver {
+            shared: self.shared,
+            _driver: self.driver,
+            lend: self.lend,
+            name: self.name,
+            call: self.call,
+            max_frame_len: self.max_frame_len,
+            keep: None,
+        };
+        (sender, receiver)
+    }
+}
+
+fn lend<'a, R: RxPath>(
+    shared: &Shared<R>,
+    buf: &'a mut OwnedBuf,
+    max_frame_len: usize,
+    call: &'static str,
+) -> Result<Lent<'a>> {
+    let got = shared.recv(buf.get(max_frame_len), call)?;
+    Ok(Lent::new(&buf.all()[..got.len], got.kind))
+}
+
+/// The sending half of a datagram transport.
+#[derive(Debug)]
+pub struct DatagramSender<R: RxPath + 'static> {
+    shared: Arc<Shared<R>>,
+    _driver: Arc<Driver>,
+    name: &'static str,
+}
+
+/// The receiving half of a datagram transport.
+pub struct DatagramReceiver<R: RxPath + 'static> {
+    shared: Arc<Shared<R>>,
+    _driver: Arc<Driver>,
+    lend: OwnedBuf,
+    name: &'static str,
+    call: &'static str,
+    max_frame_len: usize,
+    /// What must live as long as the receive path (the XDP program).
+    keep: Option<Box<dyn std::any::Any + Send>>,
+}
+
+impl<R: RxPath + 'static> std::fmt::Debug for DatagramReceiver<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatagramReceiver").field("name", &self.name).finish_non_exhaustive()
+    }
+}
+
+impl<R: RxPath + 'static> DatagramReceiver<R> {
+    /// Keeps `what` alive until this half is dropped (after the shared
+    /// state's reference).
+    pub fn keep_alive(&mut self, what: Box<dyn std::any::Any + Send>) {
+        self.keep = Some(what);
+    }
+}
+
+impl<R: RxPath + 'static> FrameSender for DatagramSender<R> {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn send_next_parts(&mut self, kind: FrameKind, header: &[u8], payload: &[u8]) -> Result<()> {
+        self.shared.link().send(kind, header, payload)
+    }
+
+    fn send_next_with(&mut self, kind: FrameKind, len: usize, fill: &mut dyn FnMut(&mut [u8])) -> Result<()> {
+        self.shared.link().send_with(kind, len, fill)
+    }
+
+    fn stats(&self) -> Stats {
+        self.shared.link().stats()
+    }
+}
+
+impl<R: RxPath + 'static> FrameReceiver for DatagramReceiver<R> {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn recv_prev(&mut self, buf: &mut [u8]) -> Result<Received> {
+        self.shared.recv(buf, self.call)
+    }
+
+    fn recv_prev_lent(&mut self) -> Result<Lent<'_>> {
+        lend(&self.shared, &mut self.lend, self.max_frame_len, self.call)
+    }
+
+    fn set_recv_timeout(&mut self, timeout: Option<Duration>) {
+        self.shared.link().set_recv_timeout(timeout);
+    }
+
+    fn stats(&self) -> Stats {
+        self.shared.link().stats()
+    }
+}
