@@ -63,7 +63,10 @@ fn frames_of_every_size_arrive_intact() {
     }
     let s = b.stats();
     assert_eq!(s.frames_received, 8);
-    assert_eq!(s.drops.total(), 0);
+    // A's driver may send a tail-loss probe of its last frame while the test
+    // prepares the next one: B drops it as stale, nothing else.
+    assert_eq!(s.drops.total() - s.drops.stale, 0, "{s:?}");
+    assert!(s.drops.stale <= a.stats().probes, "{s:?}");
 }
 
 #[test]
