@@ -5,6 +5,12 @@
 //! 0, which reads the "logits". Runs on loopback with UDP; swap the
 //! transport kind for TCP, XDP or the kernel module.
 //!
+//! Frames go through the lending API: a stage reads the frame where its
+//! transport received it (`recv_prev_lent`) and writes its output where
+//! its transport sends from (`send_next_with`), with the transport split in
+//! a sender and a receiver. `examples/async_pipeline.rs` is the same on
+//! tokio.
+//!
 //! ```sh
 //! cargo run --example pipeline -- udp
 //! ```
@@ -12,6 +18,7 @@
 use std::net::{SocketAddr, UdpSocket};
 use std::time::Duration;
 
+use leap::transport::Halves;
 use leap::transport::open::{Endpoint, Options, TransportKind, open};
 use leap::{FrameKind, Transport};
 use leap_common::frame::{FrameHeader, frame_len};
@@ -22,31 +29,33 @@ fn free_addr() -> SocketAddr {
     UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr()).expect("a free loopback port")
 }
 
-fn to_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_ne_bytes()).collect()
-}
-
-fn from_bytes(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4).map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]])).collect()
+/// Writes stage `layer`'s output for the frame `input` into `out` (same
+/// length): the header is kept, every activation is transformed. Reads the
+/// frame where the transport lent it and writes where the transport sends
+/// from: no copy of the frame in between.
+fn apply(input: &[u8], out: &mut [u8], layer: impl Fn(f32) -> f32) {
+    out[..FrameHeader::LEN].copy_from_slice(&input[..FrameHeader::LEN]);
+    for (o, i) in out[FrameHeader::LEN..].chunks_exact_mut(4).zip(input[FrameHeader::LEN..].chunks_exact(4)) {
+        o.copy_from_slice(&layer(f32::from_ne_bytes([i[0], i[1], i[2], i[3]])).to_ne_bytes());
+    }
 }
 
 /// A middle stage: receive, apply `layer`, forward. Stops after `steps`.
-fn stage(mut t: Box<dyn Transport>, steps: usize, layer: impl Fn(&mut [f32])) -> Result<(), leap::TransportError> {
-    let mut buf = vec![0u8; frame_len(DIM)];
+/// The transport is split: the receiver lends frame N while the sender
+/// writes the result in place.
+fn stage(t: Box<dyn Transport>, steps: usize, layer: impl Fn(f32) -> f32) -> Result<(), leap::TransportError> {
+    let Halves { mut sender, mut receiver } = t.split()?;
     let mut done = 0;
     while done < steps {
-        let got = match t.recv_prev(&mut buf) {
-            Ok(got) => got,
+        let frame = match receiver.recv_prev_lent() {
+            Ok(f) => f,
             Err(e) if e.is_timeout() => continue,
             Err(e) => return Err(e),
         };
-        if got.kind == FrameKind::Control {
+        if frame.kind() == FrameKind::Control {
             continue;
         }
-        let hdr = FrameHeader::read(&buf).expect("frames carry a header");
-        let mut x = from_bytes(&buf[FrameHeader::LEN..got.len]);
-        layer(&mut x);
-        t.send_multipart_next(&hdr.to_bytes(), &to_bytes(&x))?;
+        sender.send_next_with(FrameKind::Data, frame.len(), &mut |out| apply(&frame, out, &layer))?;
         done += 1;
     }
     Ok(())
@@ -67,37 +76,40 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         iface: Some("lo".into()),
     };
     let mut workers = Vec::new();
-    for (i, layer) in [(1, 2.0f32), (2, 1.0)] {
+    for i in [1usize, 2] {
         let (ep, opts) = (endpoint(i), opts.clone());
         workers.push(std::thread::spawn(move || {
             let t = open(kind, &ep, &opts).expect("open a middle stage");
             // Stage 1 doubles, stage 2 adds one.
-            if i == 1 {
-                stage(t, steps, move |x| x.iter_mut().for_each(|v| *v *= layer))
-            } else {
-                stage(t, steps, move |x| x.iter_mut().for_each(|v| *v += layer))
-            }
+            if i == 1 { stage(t, steps, |v| v * 2.0) } else { stage(t, steps, |v| v + 1.0) }
         }));
     }
     let mut head = open(kind, &endpoint(0), &opts)?;
     // Let UDP stages bind before the first frame (TCP waits by itself).
     std::thread::sleep(Duration::from_millis(100));
-    let mut buf = vec![0u8; frame_len(DIM)];
+    let x = |pos: i32, i: usize| (i as f32) * 0.001 + pos as f32;
     for pos in 0..steps as i32 {
-        let x: Vec<f32> = (0..DIM).map(|i| (i as f32) * 0.001 + pos as f32).collect();
-        let hdr = FrameHeader { pos, flags: FrameHeader::REPLY };
-        head.send_multipart_next(&hdr.to_bytes(), &to_bytes(&x))?;
-        let got = loop {
-            match head.recv_prev(&mut buf) {
-                Ok(got) => break got,
+        // The head writes its frame where the transport sends it from.
+        head.send_next_with(FrameKind::Data, frame_len(DIM), &mut |buf| {
+            buf[..FrameHeader::LEN].copy_from_slice(&FrameHeader { pos, flags: FrameHeader::REPLY }.to_bytes());
+            for (i, v) in buf[FrameHeader::LEN..].chunks_exact_mut(4).enumerate() {
+                v.copy_from_slice(&x(pos, i).to_ne_bytes());
+            }
+        })?;
+        let back = loop {
+            match head.recv_prev_lent() {
+                Ok(f) => break f,
                 Err(e) if e.is_timeout() => continue,
                 Err(e) => return Err(e.into()),
             }
         };
-        let back = FrameHeader::read(&buf).expect("header");
-        let y = from_bytes(&buf[FrameHeader::LEN..got.len]);
-        assert_eq!(back.pos, pos, "frames come back in order");
-        assert!(x.iter().zip(&y).all(|(a, b)| (a * 2.0 + 1.0 - b).abs() < 1e-3), "stage arithmetic");
+        assert_eq!(back.len(), frame_len(DIM));
+        assert_eq!(FrameHeader::read(&back).expect("header").pos, pos, "frames come back in order");
+        let ok = back[FrameHeader::LEN..]
+            .chunks_exact(4)
+            .enumerate()
+            .all(|(i, b)| (x(pos, i) * 2.0 + 1.0 - f32::from_ne_bytes([b[0], b[1], b[2], b[3]])).abs() < 1e-3);
+        assert!(ok, "stage arithmetic");
     }
     for w in workers {
         w.join().expect("stage thread")?;

@@ -225,11 +225,18 @@ impl Device {
     /// # Panics
     ///
     /// When `len` is longer than the TX area.
-    pub fn tx_area(&mut self, len: usize) -> &mut [u8] {
+    ///
+    /// # Safety
+    ///
+    /// No other reference to the TX area may exist while the slice lives,
+    /// and no SEND ioctl of this file may run meanwhile (the module reads
+    /// the area then): one thread writes and sends, as a node's sender does.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn tx_area(&self, len: usize) -> &mut [u8] {
         assert!(len <= HALF_LEN, "{len} bytes do not fit the TX area");
-        // SAFETY: TX_OFFSET + len <= MMAP_LEN; the module reads the TX area
-        // only during a SEND ioctl of this file, which cannot run while
-        // `self` is borrowed mutably, and never writes it.
+        // SAFETY: TX_OFFSET + len <= MMAP_LEN and the mapping lives as long
+        // as `self`; the module never writes the TX area, and the caller
+        // guarantees that nobody else touches it meanwhile.
         unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(TX_OFFSET), len) }
     }
 
@@ -251,13 +258,28 @@ impl Device {
     ///
     /// When the parts are longer than the TX area.
     pub fn write_tx(&mut self, parts: &[&[u8]]) -> usize {
+        // SAFETY: `self` is borrowed mutably: no other reference to the TX
+        // area, and no SEND of this file, can exist meanwhile.
+        unsafe { self.write_tx_shared(parts) }
+    }
+
+    /// As [`Self::write_tx`] through a shared reference.
+    ///
+    /// # Panics
+    ///
+    /// When the parts are longer than the TX area.
+    ///
+    /// # Safety
+    ///
+    /// As [`Self::tx_area`]: one writer and sender at a time.
+    pub unsafe fn write_tx_shared(&self, parts: &[&[u8]]) -> usize {
         let total: usize = parts.iter().map(|p| p.len()).sum();
         assert!(total <= HALF_LEN, "{total} bytes do not fit the TX area");
         let mut at = TX_OFFSET;
         for p in parts {
             // SAFETY: TX_OFFSET + total <= MMAP_LEN (checked above); the
             // module only reads the TX area during a SEND ioctl of this file,
-            // which cannot run now since `self` is borrowed mutably.
+            // which the caller guarantees does not run now.
             unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), self.map.as_mut_ptr().add(at), p.len()) };
             at += p.len();
         }

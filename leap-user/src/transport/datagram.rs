@@ -27,8 +27,8 @@ use leap_common::chunk::{CHUNK_DATAGRAM_MAX, CHUNK_PAYLOAD_MAX, ChunkHeader, Chu
 use leap_common::hello::{Hello, caps};
 use socket2::Socket;
 
-use super::udp::{UdpConfig, UdpSender};
 use super::lend::OwnedBuf;
+use super::udp::{UdpConfig, UdpSender};
 use super::{FrameKind, Received, Result, Stats, TransportError};
 use crate::frame::peer::{Peer, random_u64};
 use crate::frame::reliable::{
@@ -120,6 +120,8 @@ pub struct DatagramLink {
     tx: OwnedBuf,
     /// When the last frame was sent (the driver looks more often then).
     last_send: Option<Instant>,
+    /// The first frame waited for the next node's proof (once per link).
+    proof_waited: bool,
 }
 
 impl DatagramLink {
@@ -159,6 +161,7 @@ impl DatagramLink {
             nack_buf: Box::new([0; CHUNK_DATAGRAM_MAX]),
             tx: OwnedBuf::default(),
             last_send: None,
+            proof_waited: false,
             cfg,
         }
     }
@@ -187,6 +190,21 @@ impl DatagramLink {
     /// the first valid chunk and locked).
     pub fn prev(&self) -> Option<SocketAddr> {
         self.prev
+    }
+
+    /// How long the first frame waits for the next node's proof.
+    pub const FIRST_PROOF_WAIT: Duration = FIRST_PROOF_WAIT;
+
+    /// Whether the first frame still has to wait for the next node's proof
+    /// (see [`Self::FIRST_PROOF_WAIT`]).
+    pub fn awaits_proof(&self) -> bool {
+        !self.proof_waited && !self.cfg.original_compat && !self.next_is_leap()
+    }
+
+    /// Marks the wait for the next node's proof as done (an event loop
+    /// waited its own way while the driver exchanged hellos).
+    pub fn proof_wait_done(&mut self) {
+        self.proof_waited = true;
     }
 
     /// Whether the next node proved to be a leap node.
@@ -351,7 +369,7 @@ impl DatagramLink {
     /// Before a frame leaves: the first waits for the next node's proof,
     /// challenges go out when due. Returns the frame's `reserved` field.
     fn prepare_send(&mut self, kind: FrameKind) -> u16 {
-        if self.stats.frames_sent == 0 && !self.cfg.original_compat {
+        if !self.proof_waited && !self.cfg.original_compat {
             self.await_next_proof(FIRST_PROOF_WAIT);
         }
         self.send_hellos(Instant::now());
@@ -520,6 +538,7 @@ impl DatagramLink {
     /// arrive) meanwhile. An original next node never answers: it then gets
     /// the original format, from the first frame on, until it does.
     fn await_next_proof(&mut self, limit: Duration) {
+        self.proof_waited = true;
         let start = Instant::now();
         let mut rx = crate::sys::udp::RxBatch::new(4, 65536);
         while !self.next_is_leap() {
@@ -805,12 +824,90 @@ pub trait RxPath: Send {
     ///
     /// The failed system call.
     fn drain(&mut self, link: &mut DatagramLink, out: Option<&mut [u8]>) -> io::Result<()>;
+
+    /// A descriptor that becomes readable when [`Self::drain`] may find
+    /// something (a duplicate of the socket, or an epoll set).
+    ///
+    /// # Errors
+    ///
+    /// The failed system call.
+    fn ready_fd(&self) -> io::Result<std::os::fd::OwnedFd>;
+
+    /// Before waiting on [`Self::ready_fd`] outside [`Self::wait`].
+    fn prepare_wait(&mut self) {}
 }
 
 /// Locks the link; a panic elsewhere while it was held leaves counters and
 /// buffers that are still memory-safe to use.
 pub(crate) fn lock(link: &Mutex<DatagramLink>) -> MutexGuard<'_, DatagramLink> {
     link.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A receive call in progress: when it started and its deadline.
+#[derive(Clone, Copy, Debug)]
+pub struct RecvCall {
+    start: Instant,
+    deadline: Option<Instant>,
+}
+
+/// What one look at a receive call found.
+#[derive(Clone, Copy, Debug)]
+enum RecvPoll {
+    /// The frame is complete (and counted).
+    Ready(Received),
+    /// Wait this long for the receive path (`None`: look again at once).
+    Wait(Option<Duration>),
+}
+
+/// What a receive step that must not block found (see [`Shared::try_recv`]).
+#[derive(Clone, Copy, Debug)]
+pub enum TryRecv {
+    /// The frame is complete.
+    Frame(Received),
+    /// Datagrams were taken; look again at once.
+    More,
+    /// The receive path is empty: wait until it is readable, at most this
+    /// long (timers), or not at all with `None`.
+    Empty(Option<Duration>),
+}
+
+impl DatagramLink {
+    /// Starts a receive call into `out`: the frame if it is already there.
+    fn recv_begin(&mut self, out: &mut [u8]) -> std::result::Result<Result<Received>, RecvCall> {
+        self.done = None;
+        let start = Instant::now();
+        match self.reasm.begin(out) {
+            Some(got) => Ok(self.delivered(got)),
+            None => Err(RecvCall { start, deadline: self.cfg.recv_timeout.map(|t| start + t) }),
+        }
+    }
+
+    /// Delivers a frame completed by the receive path, or runs the timers
+    /// and says how long to wait.
+    fn recv_poll(&mut self, call: &RecvCall, out: &mut [u8]) -> Result<RecvPoll> {
+        if let Some(got) = self.done.take() {
+            return self.delivered(got).map(RecvPoll::Ready);
+        }
+        let now = Instant::now();
+        let timer = self.service(now)?;
+        if call.deadline.is_some_and(|d| now >= d) {
+            return Err(self.deadline_passed(out));
+        }
+        Ok(RecvPoll::Wait(if now.duration_since(call.start) < self.cfg.spin || std::mem::take(&mut self.drain_first) {
+            None
+        } else {
+            let until = earliest(earliest(timer, call.deadline), Some(now + WAKE_TICK)).unwrap_or(now);
+            Some(until.saturating_duration_since(now).max(Duration::from_micros(50)))
+        }))
+    }
+
+    /// Hands what `rx` holds to the link; returns whether it took anything.
+    fn recv_drain<R: RxPath + ?Sized>(&mut self, rx: &mut R, out: &mut [u8], call: &'static str) -> Result<bool> {
+        let before = self.taken;
+        rx.drain(self, Some(out)).map_err(|e| TransportError::io(call, e))?;
+        self.drained = self.taken == before;
+        Ok(!self.drained)
+    }
 }
 
 /// Receives the next frame into `out` through `rx`. The link is locked only
@@ -827,40 +924,18 @@ pub fn recv<R: RxPath + ?Sized>(
     out: &mut [u8],
     call: &'static str,
 ) -> Result<Received> {
-    let start = Instant::now();
-    let deadline = {
-        let mut l = lock(link);
-        l.done = None;
-        if let Some(got) = l.reasm.begin(out) {
-            return l.delivered(got);
-        }
-        l.cfg.recv_timeout.map(|t| start + t)
+    let rc = match lock(link).recv_begin(out) {
+        Ok(got) => return got,
+        Err(rc) => rc,
     };
     loop {
-        let wait = {
-            let mut l = lock(link);
-            if let Some(got) = l.done.take() {
-                return l.delivered(got);
-            }
-            let now = Instant::now();
-            let timer = l.service(now)?;
-            if deadline.is_some_and(|d| now >= d) {
-                return Err(l.deadline_passed(out));
-            }
-            if now.duration_since(start) < l.cfg.spin || std::mem::take(&mut l.drain_first) {
-                None
-            } else {
-                let until = earliest(earliest(timer, deadline), Some(now + WAKE_TICK)).unwrap_or(now);
-                Some(until.saturating_duration_since(now).max(Duration::from_micros(50)))
-            }
-        };
-        if let Some(w) = wait {
-            rx.wait(w).map_err(|e| TransportError::io(call, e))?;
+        let poll = lock(link).recv_poll(&rc, out)?;
+        match poll {
+            RecvPoll::Ready(got) => return Ok(got),
+            RecvPoll::Wait(Some(w)) => rx.wait(w).map_err(|e| TransportError::io(call, e))?,
+            RecvPoll::Wait(None) => {}
         }
-        let mut l = lock(link);
-        let before = l.taken;
-        rx.drain(&mut l, Some(out)).map_err(|e| TransportError::io(call, e))?;
-        l.drained = l.taken == before;
+        lock(link).recv_drain(rx, out, call)?;
     }
 }
 
@@ -888,12 +963,68 @@ pub struct RxSide<R> {
 pub struct Shared<R> {
     link: Mutex<DatagramLink>,
     rx: Mutex<RxSide<R>>,
+    /// An async receive call waits for the receive path: the driver stands
+    /// back (the call runs the timers and reads the path itself).
+    receiving: std::sync::atomic::AtomicBool,
 }
 
 impl<R: RxPath> Shared<R> {
     /// Shares `link` and `rx`.
     pub fn new(link: DatagramLink, rx: R) -> Arc<Self> {
-        Arc::new(Self { link: Mutex::new(link), rx: Mutex::new(RxSide { path: rx, left_at: Instant::now() }) })
+        Arc::new(Self {
+            link: Mutex::new(link),
+            rx: Mutex::new(RxSide { path: rx, left_at: Instant::now() }),
+            receiving: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// Starts a receive call that waits its own way (async): the frame if
+    /// it is already there. The driver stands back until [`Self::end_call`].
+    pub fn begin_call(&self, out: &mut [u8]) -> std::result::Result<Result<Received>, RecvCall> {
+        self.receiving.store(true, std::sync::atomic::Ordering::Release);
+        let res = self.link().recv_begin(out);
+        if res.is_ok() {
+            self.end_call();
+        }
+        res
+    }
+
+    /// One step of a receive call that must not block.
+    ///
+    /// # Errors
+    ///
+    /// As [`recv`].
+    pub fn try_recv(&self, rc: &RecvCall, out: &mut [u8], call: &'static str) -> Result<TryRecv> {
+        let mut rx = self.rx();
+        let mut link = lock(&self.link);
+        let wait = match link.recv_poll(rc, out)? {
+            RecvPoll::Ready(got) => return Ok(TryRecv::Frame(got)),
+            RecvPoll::Wait(w) => w,
+        };
+        Ok(if link.recv_drain(&mut rx.path, out, call)? { TryRecv::More } else { TryRecv::Empty(wait) })
+    }
+
+    /// Ends a receive call begun with [`Self::begin_call`] (however it
+    /// ended): the driver may step in again.
+    pub fn end_call(&self) {
+        self.rx().left_at = Instant::now();
+        self.receiving.store(false, std::sync::atomic::Ordering::Release);
+    }
+
+    /// A descriptor that becomes readable when the receive path may have
+    /// something (to await in an event loop).
+    ///
+    /// # Errors
+    ///
+    /// `dup` or `epoll` failed.
+    pub fn ready_fd(&self) -> io::Result<std::os::fd::OwnedFd> {
+        self.rx().path.ready_fd()
+    }
+
+    /// Before an event loop waits on [`Self::ready_fd`]: wakes the kernel's
+    /// side where the path needs it (AF_XDP fill rings).
+    pub fn prepare_wait(&self) {
+        self.rx().path.prepare_wait();
     }
 
     /// The link, locked.
@@ -929,7 +1060,7 @@ impl<R: RxPath> Shared<R> {
             Err(std::sync::TryLockError::WouldBlock) => return DRIVE_TICK,
         };
         let now = Instant::now();
-        if now.duration_since(rx.left_at) < DRIVE_GRACE {
+        if now.duration_since(rx.left_at) < DRIVE_GRACE || self.receiving.load(std::sync::atomic::Ordering::Acquire) {
             return DRIVE_TICK;
         }
         let mut link = lock(&self.link);

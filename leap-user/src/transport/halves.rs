@@ -41,6 +41,13 @@ impl<R: RxPath + 'static> DatagramCore<R> {
         &self.shared
     }
 
+    /// The shared state, the buffer frames are lent from, the largest frame
+    /// and the receive path's call name.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn parts(&mut self) -> (&Shared<R>, &mut OwnedBuf, usize, &'static str) {
+        (&self.shared, &mut self.lend, self.max_frame_len, self.call)
+    }
+
     /// See [`super::Transport::send_next_parts`].
     ///
     /// # Errors
@@ -90,7 +97,8 @@ impl<R: RxPath + 'static> DatagramCore<R> {
     /// Splits into a sender and a receiver for two threads; the driver runs
     /// until both are dropped.
     pub fn split(self) -> (DatagramSender<R>, DatagramReceiver<R>) {
-        let sender = DatagramSender { shared: Arc::clone(&self.shared), _driver: Arc::clone(&self.driver), name: self.name };
+        let sender =
+            DatagramSender { shared: Arc::clone(&self.shared), _driver: Arc::clone(&self.driver), name: self.name };
         let receiver = DatagramReceiver {
             shared: self.shared,
             _driver: self.driver,
@@ -140,7 +148,21 @@ impl<R: RxPath + 'static> std::fmt::Debug for DatagramReceiver<R> {
     }
 }
 
+impl<R: RxPath + 'static> DatagramSender<R> {
+    /// The shared state.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn shared(&self) -> &Shared<R> {
+        &self.shared
+    }
+}
+
 impl<R: RxPath + 'static> DatagramReceiver<R> {
+    /// As [`DatagramCore::parts`].
+    #[cfg(feature = "tokio")]
+    pub(crate) fn parts(&mut self) -> (&Shared<R>, &mut OwnedBuf, usize, &'static str) {
+        (&self.shared, &mut self.lend, self.max_frame_len, self.call)
+    }
+
     /// Keeps `what` alive until this half is dropped (after the shared
     /// state's reference).
     pub fn keep_alive(&mut self, what: Box<dyn std::any::Any + Send>) {

@@ -17,6 +17,7 @@
 use std::io;
 use std::net::{SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use leap_common::chunk::{ChunkKind, flags};
@@ -25,7 +26,9 @@ use leap_common::kmod::{
     ABI_VERSION, Counters, DEVICE_PATH, HALF_LEN, INFO_SCOPE_FILE, Info, WAIT_STATUS_LOST, features,
 };
 
-use super::{Drops, FrameKind, Lent, Received, Result, Stats, Transport, TransportError};
+use super::{
+    Drops, FrameKind, FrameReceiver, FrameSender, Halves, Lent, Received, Result, Stats, Transport, TransportError,
+};
 use crate::sys::kmod::Device;
 
 /// Features this backend needs from the loaded module.
@@ -183,9 +186,10 @@ fn open_device(path: &Path) -> Result<Device, KmodError> {
 /// One ring node on `/dev/leap_tensor`.
 #[derive(Debug)]
 pub struct KmodTransport {
-    dev: Device,
+    dev: Arc<Device>,
     cfg: KmodConfig,
-    stats: Stats,
+    /// Shared by the halves of a split transport.
+    stats: Arc<Mutex<Stats>>,
 }
 
 impl KmodTransport {
@@ -219,7 +223,7 @@ impl KmodTransport {
             cfg.port,
             cfg.next
         );
-        Ok(Self { dev, cfg, stats: Stats::default() })
+        Ok(Self { dev: Arc::new(dev), cfg, stats: Arc::default() })
     }
 
     /// The module's counters for this node.
@@ -242,9 +246,10 @@ impl KmodTransport {
             (false, FrameKind::Control) => flags::LEAP | ChunkKind::Control as u16,
         };
         self.dev.send_frame(len as u32, reserved).map_err(|e| self.syscall("LEAP_IOCTL_SEND_FRAME", e))?;
-        self.stats.frames_sent += 1;
-        self.stats.chunks_sent += len.div_ceil(leap_common::chunk::CHUNK_PAYLOAD_MAX) as u64;
-        self.stats.bytes_sent += len as u64;
+        let mut s = self.count();
+        s.frames_sent += 1;
+        s.chunks_sent += len.div_ceil(leap_common::chunk::CHUNK_PAYLOAD_MAX) as u64;
+        s.bytes_sent += len as u64;
         Ok(())
     }
 
@@ -259,14 +264,14 @@ impl KmodTransport {
             let w = match self.dev.wait_frame(left) {
                 Ok(Some(w)) => w,
                 Ok(None) => {
-                    self.stats.timeouts += 1;
+                    self.count().timeouts += 1;
                     return Err(TransportError::Timeout(self.cfg.recv_timeout.unwrap_or_default()));
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(self.syscall("LEAP_IOCTL_WAIT_FRAME", e)),
             };
             if w.status == WAIT_STATUS_LOST {
-                self.stats.frames_lost += 1;
+                self.count().frames_lost += 1;
                 return Err(TransportError::FrameLost {
                     seq: w.seq,
                     missing: w.total_chunks.saturating_sub(w.chunks as u16),
@@ -287,12 +292,22 @@ impl KmodTransport {
                 let frame = unsafe { self.dev.held_bank(w.bank as usize, len) };
                 if ControlMessage::decode_frame(frame).is_ok() { FrameKind::Control } else { FrameKind::Data }
             };
-            self.stats.frames_received += 1;
-            self.stats.chunks_received += u64::from(w.chunks);
-            self.stats.bytes_received += len as u64;
+            let mut s = self.count();
+            s.frames_received += 1;
+            s.chunks_received += u64::from(w.chunks);
+            s.bytes_received += len as u64;
             return Ok((w, kind));
         }
         Err(self.syscall("LEAP_IOCTL_WAIT_FRAME", io::Error::from(io::ErrorKind::Interrupted)))
+    }
+
+    fn count(&self) -> std::sync::MutexGuard<'_, Stats> {
+        self.stats.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The same node, for the other half of a split.
+    fn half(&self) -> Self {
+        Self { dev: Arc::clone(&self.dev), cfg: self.cfg.clone(), stats: Arc::clone(&self.stats) }
     }
 
     fn syscall(&self, call: &'static str, source: io::Error) -> TransportError {
@@ -310,8 +325,11 @@ impl Transport for KmodTransport {
         if len == 0 || len > HALF_LEN {
             return Err(TransportError::BadFrameLen(len));
         }
-        self.dev.write_tx(&[header, payload]);
-        self.stats.copied_bytes += len as u64;
+        // SAFETY: this node is the only writer of its TX area: an unsplit
+        // transport is borrowed mutably, and of a split one only the sending
+        // half sends.
+        unsafe { self.dev.write_tx_shared(&[header, payload]) };
+        self.count().copied_bytes += len as u64;
         self.send_tx(kind, len)
     }
 
@@ -324,7 +342,7 @@ impl Transport for KmodTransport {
             return Err(TransportError::FrameTooLarge { len, capacity: out.len() });
         }
         self.dev.read_bank(w.bank as usize, 0, &mut out[..len]);
-        self.stats.copied_bytes += len as u64;
+        self.count().copied_bytes += len as u64;
         self.dev.release_bank(bank).map_err(|e| self.syscall("LEAP_IOCTL_RELEASE_BANK", e))?;
         Ok(Received { len, kind })
     }
@@ -335,14 +353,16 @@ impl Transport for KmodTransport {
         // it back (RELEASE_BANK) when dropped, after its last use of the
         // slice, and `self` stays borrowed until then.
         let bytes = unsafe { self.dev.held_bank(w.bank as usize, w.len as usize) };
-        Ok(Lent::with_release(bytes, kind, &self.dev, w.bank as u32))
+        Ok(Lent::with_release(bytes, kind, &*self.dev, w.bank as u32))
     }
 
     fn send_next_with(&mut self, kind: FrameKind, len: usize, fill: &mut dyn FnMut(&mut [u8])) -> Result<()> {
         if len == 0 || len > HALF_LEN {
             return Err(TransportError::BadFrameLen(len));
         }
-        fill(self.dev.tx_area(len));
+        // SAFETY: as in `send_next_parts`: the only writer of the TX area,
+        // and the slice is gone before the SEND ioctl.
+        fill(unsafe { self.dev.tx_area(len) });
         self.send_tx(kind, len)
     }
 
@@ -351,15 +371,78 @@ impl Transport for KmodTransport {
     }
 
     fn stats(&self) -> Stats {
-        let mut s = self.stats;
+        self.all_stats()
+    }
+
+    fn backend_counters(&self) -> Option<serde_json::Value> {
+        Some(counters_json(&self.counters().ok()?))
+    }
+
+    fn split(self: Box<Self>) -> Result<Halves> {
+        let sender = KmodSendHalf(self.half());
+        Ok(Halves { sender: Box::new(sender), receiver: Box::new(KmodRecvHalf(*self)) })
+    }
+}
+
+impl KmodTransport {
+    /// Counters of both halves, with the module's drops.
+    fn all_stats(&self) -> Stats {
+        let mut s = *self.count();
         if let Ok(c) = self.counters() {
             s.drops = drops(&c);
         }
         s
     }
+}
 
-    fn backend_counters(&self) -> Option<serde_json::Value> {
-        Some(counters_json(&self.counters().ok()?))
+/// The sending half of a split [`KmodTransport`]: the TX area and the SEND
+/// ioctl. The module serialises sends against its configuration, never
+/// against a waiting receiver.
+#[derive(Debug)]
+pub struct KmodSendHalf(KmodTransport);
+
+/// The receiving half of a split [`KmodTransport`]: waits for frames and
+/// lends their banks.
+#[derive(Debug)]
+pub struct KmodRecvHalf(KmodTransport);
+
+impl FrameSender for KmodSendHalf {
+    fn name(&self) -> &'static str {
+        "kmod"
+    }
+
+    fn send_next_parts(&mut self, kind: FrameKind, header: &[u8], payload: &[u8]) -> Result<()> {
+        self.0.send_next_parts(kind, header, payload)
+    }
+
+    fn send_next_with(&mut self, kind: FrameKind, len: usize, fill: &mut dyn FnMut(&mut [u8])) -> Result<()> {
+        self.0.send_next_with(kind, len, fill)
+    }
+
+    fn stats(&self) -> Stats {
+        self.0.all_stats()
+    }
+}
+
+impl FrameReceiver for KmodRecvHalf {
+    fn name(&self) -> &'static str {
+        "kmod"
+    }
+
+    fn recv_prev(&mut self, buf: &mut [u8]) -> Result<Received> {
+        self.0.recv_prev(buf)
+    }
+
+    fn recv_prev_lent(&mut self) -> Result<Lent<'_>> {
+        self.0.recv_prev_lent()
+    }
+
+    fn set_recv_timeout(&mut self, timeout: Option<Duration>) {
+        self.0.cfg.recv_timeout = timeout;
+    }
+
+    fn stats(&self) -> Stats {
+        self.0.all_stats()
     }
 }
 

@@ -1,6 +1,8 @@
 //! The [`Transport`] trait every backend implements, its error type and its
 //! counters.
 
+#[cfg(feature = "tokio")]
+pub mod asyncio;
 pub mod datagram;
 pub mod halves;
 pub mod kmod;

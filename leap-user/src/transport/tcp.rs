@@ -9,13 +9,14 @@
 use std::io::{self, IoSlice, Read};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use leap_common::control::ControlMessage;
 use socket2::{Domain, Protocol, Socket, Type};
 
 use super::lend::OwnedBuf;
-use super::{FrameKind, Lent, Received, Result, Stats, Transport, TransportError};
+use super::{FrameKind, FrameReceiver, FrameSender, Halves, Lent, Received, Result, Stats, Transport, TransportError};
 
 /// How frames are delimited on the stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -500,6 +501,14 @@ impl Transport for TcpTransport {
         self.stats
     }
 
+    fn split(self: Box<Self>) -> Result<Halves> {
+        let Self { cfg, listener, from_prev, to_next, stats, lend, tx } = *self;
+        let stats = Arc::new(Mutex::new(stats));
+        let sender = TcpSendHalf { cfg: cfg.clone(), to_next, stats: Arc::clone(&stats), tx };
+        let receiver = TcpRecvHalf { cfg, listener, from_prev, stats, lend };
+        Ok(Halves { sender: Box::new(sender), receiver: Box::new(receiver) })
+    }
+
     fn send_prev(&mut self, frame: &[u8]) -> Result<()> {
         let inb = self.from_prev.as_mut().ok_or(TransportError::PeerClosed("previous"))?;
         Self::write(&mut inb.stream, None, self.cfg.framing, FrameKind::Data, frame, &[])
@@ -508,5 +517,135 @@ impl Transport for TcpTransport {
     fn recv_next(&mut self, buf: &mut [u8]) -> Result<Received> {
         let inb = self.to_next.as_mut().ok_or(TransportError::PeerClosed("next"))?;
         Self::read(inb, &self.cfg, buf, "next")
+    }
+}
+
+/// The sending half of a split [`TcpTransport`]: the connection to the next
+/// node (re-established with backoff when it breaks).
+#[derive(Debug)]
+pub struct TcpSendHalf {
+    cfg: TcpConfig,
+    to_next: Option<Inbound>,
+    stats: Arc<Mutex<Stats>>,
+    tx: OwnedBuf,
+}
+
+/// The receiving half of a split [`TcpTransport`]: the listener and the
+/// connection from the previous node (accepted again when it breaks).
+#[derive(Debug)]
+pub struct TcpRecvHalf {
+    cfg: TcpConfig,
+    listener: TcpListener,
+    from_prev: Option<Inbound>,
+    stats: Arc<Mutex<Stats>>,
+    lend: OwnedBuf,
+}
+
+fn counters(stats: &Mutex<Stats>) -> std::sync::MutexGuard<'_, Stats> {
+    stats.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl TcpSendHalf {
+    fn send(&mut self, kind: FrameKind, header: &[u8], payload: &[u8]) -> Result<()> {
+        if let Some(inb) = &mut self.to_next {
+            // The receiving half reads on its own thread: nothing to drain.
+            match TcpTransport::write(&mut inb.stream, None, self.cfg.framing, kind, header, payload) {
+                Ok(()) => return self.sent(header.len() + payload.len()),
+                Err(e) if is_broken(&e) => {
+                    log::warn!("connection to the next node {} lost ({e}); reconnecting", self.cfg.next)
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.to_next = None;
+        let s = connect_with_backoff(self.cfg.next, self.cfg.setup_timeout)?;
+        let inb = self.to_next.insert(Inbound::new(s));
+        TcpTransport::write(&mut inb.stream, None, self.cfg.framing, kind, header, payload)?;
+        self.sent(header.len() + payload.len())
+    }
+
+    fn sent(&self, len: usize) -> Result<()> {
+        let mut s = counters(&self.stats);
+        s.frames_sent += 1;
+        s.bytes_sent += len as u64;
+        Ok(())
+    }
+}
+
+impl FrameSender for TcpSendHalf {
+    fn name(&self) -> &'static str {
+        "tcp"
+    }
+
+    fn send_next_parts(&mut self, kind: FrameKind, header: &[u8], payload: &[u8]) -> Result<()> {
+        self.send(kind, header, payload)
+    }
+
+    fn send_next_with(&mut self, kind: FrameKind, len: usize, fill: &mut dyn FnMut(&mut [u8])) -> Result<()> {
+        if len == 0 || u32::try_from(len).is_err() {
+            return Err(TransportError::BadFrameLen(len));
+        }
+        let mut tx = std::mem::take(&mut self.tx);
+        fill(tx.get(len));
+        let res = self.send(kind, &tx.all()[..len], &[]);
+        self.tx = tx;
+        res
+    }
+
+    fn stats(&self) -> Stats {
+        *counters(&self.stats)
+    }
+}
+
+impl FrameReceiver for TcpRecvHalf {
+    fn name(&self) -> &'static str {
+        "tcp"
+    }
+
+    fn recv_prev(&mut self, buf: &mut [u8]) -> Result<Received> {
+        if self.from_prev.is_none() {
+            let wait = self.cfg.recv_timeout.unwrap_or(self.cfg.setup_timeout);
+            let s = accept_from(&self.listener, self.cfg.prev, wait)?;
+            log::info!("previous node connected again from {:?}", s.peer_addr().ok());
+            let t = self.cfg.recv_timeout.map(|t| t.max(Duration::from_millis(1)));
+            let _ = s.set_read_timeout(t);
+            self.from_prev = Some(Inbound::new(s));
+        }
+        let inb = self.from_prev.as_mut().expect("connected");
+        let res = TcpTransport::read(inb, &self.cfg, buf, "previous");
+        let mut s = counters(&self.stats);
+        match &res {
+            Ok(got) => {
+                s.frames_received += 1;
+                s.bytes_received += got.len as u64;
+            }
+            Err(e) if e.is_timeout() => s.timeouts += 1,
+            Err(e) if is_broken(e) => {
+                log::info!("connection from the previous node lost ({e}); accepting it again when it comes back");
+                self.from_prev = None;
+            }
+            Err(_) => {}
+        }
+        res
+    }
+
+    fn recv_prev_lent(&mut self) -> Result<Lent<'_>> {
+        let mut lend = std::mem::take(&mut self.lend);
+        let cap = self.cfg.frame_len.max(1);
+        let res = self.recv_prev(lend.get(cap));
+        self.lend = lend;
+        let got = res?;
+        Ok(Lent::new(&self.lend.all()[..got.len], got.kind))
+    }
+
+    fn set_recv_timeout(&mut self, timeout: Option<Duration>) {
+        self.cfg.recv_timeout = timeout;
+        if let Some(inb) = &self.from_prev {
+            let _ = inb.stream.set_read_timeout(timeout.map(|t| t.max(Duration::from_millis(1))));
+        }
+    }
+
+    fn stats(&self) -> Stats {
+        *counters(&self.stats)
     }
 }

@@ -279,6 +279,10 @@ impl RxPath for UdpRx {
         Ok(())
     }
 
+    fn ready_fd(&self) -> io::Result<std::os::fd::OwnedFd> {
+        self.socket.as_fd().try_clone_to_owned()
+    }
+
     fn drain(&mut self, link: &mut DatagramLink, out: Option<&mut [u8]>) -> io::Result<()> {
         if !std::mem::take(&mut self.filled) {
             self.batch.recv(self.socket.as_fd(), false)?;
@@ -287,6 +291,10 @@ impl RxPath for UdpRx {
         Ok(())
     }
 }
+
+/// A [`UdpTransport`] driven by tokio.
+#[cfg(feature = "tokio")]
+pub type AsyncUdp = super::asyncio::AsyncDatagram<UdpRx>;
 
 /// The sending half of a split [`UdpTransport`].
 pub type UdpSendHalf = DatagramSender<UdpRx>;
@@ -316,8 +324,11 @@ impl UdpTransport {
         let link = DatagramLink::new(socket, cfg, true);
         log::debug!("udp {listen}: GSO {}, GRO {gro}", link.gso());
         let rx = UdpRx { socket: link.shared_socket(), batch, gro, rcvtimeo: Duration::ZERO, filled: false };
-        let core = DatagramCore::new(link, rx, "udp", "recvmmsg")
-            .map_err(|source| UdpError::Socket { call: "spawn driver", addr: listen, source })?;
+        let core = DatagramCore::new(link, rx, "udp", "recvmmsg").map_err(|source| UdpError::Socket {
+            call: "spawn driver",
+            addr: listen,
+            source,
+        })?;
         Ok(Self { core })
     }
 
@@ -337,6 +348,16 @@ impl UdpTransport {
     /// Splits into a sender and a receiver for two threads.
     pub fn into_halves(self) -> (UdpSendHalf, UdpRecvHalf) {
         self.core.split()
+    }
+
+    /// The same transport driven by the current tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// No runtime, or registering the socket failed.
+    #[cfg(feature = "tokio")]
+    pub fn into_async(self) -> io::Result<AsyncUdp> {
+        super::asyncio::AsyncDatagram::new(self.core)
     }
 }
 

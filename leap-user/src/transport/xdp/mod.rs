@@ -343,6 +343,10 @@ impl std::fmt::Debug for XdpRx {
     }
 }
 
+/// An [`XdpTransport`] driven by tokio.
+#[cfg(feature = "tokio")]
+pub type AsyncXdp = super::asyncio::AsyncDatagram<XdpRx>;
+
 /// The sending half of a split [`XdpTransport`].
 pub type XdpSendHalf = DatagramSender<XdpRx>;
 /// The receiving half of a split [`XdpTransport`]; the program stays
@@ -353,6 +357,22 @@ impl RxPath for XdpRx {
     fn wait(&mut self, wait: Duration) -> io::Result<()> {
         self.udp_ready = wait_any(&mut self.rx, self.socket.as_fd(), wait)?;
         Ok(())
+    }
+
+    fn ready_fd(&self) -> io::Result<std::os::fd::OwnedFd> {
+        let udp = self.socket.as_fd();
+        match &self.rx {
+            Rx::Xsk(socks) => sys::epoll_set(socks.iter().map(XskSocket::fd).chain([udp])),
+            Rx::Ring(ring) => sys::epoll_set([ring.fd(), udp]),
+        }
+    }
+
+    fn prepare_wait(&mut self) {
+        if let Rx::Xsk(socks) = &mut self.rx {
+            socks.iter_mut().for_each(XskSocket::kick);
+        }
+        // The UDP socket may hold what the program passed: read it next time.
+        self.udp_ready = true;
     }
 
     fn drain(&mut self, link: &mut DatagramLink, mut out: Option<&mut [u8]>) -> io::Result<()> {
@@ -535,6 +555,17 @@ impl XdpTransport {
     /// next node).
     pub fn chunks_via_kernel(&self) -> u64 {
         self.via_kernel.load(Ordering::Relaxed)
+    }
+
+    /// The same transport driven by the current tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// No runtime, or registering the descriptors failed.
+    #[cfg(feature = "tokio")]
+    pub fn into_async(self) -> io::Result<AsyncXdp> {
+        let Self { _pins, core, program, .. } = self;
+        super::asyncio::AsyncDatagram::keeping(core, Some(Box::new((program, _pins))))
     }
 
     /// Splits into a sender and a receiver for two threads. The program

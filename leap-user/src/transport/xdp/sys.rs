@@ -131,6 +131,34 @@ impl Drop for UmemArea {
 /// # Errors
 ///
 /// The `poll` error, or more than 16 descriptors.
+/// An epoll set watching `fds` for input (level-triggered): readable itself
+/// whenever one of them is, so one descriptor can stand for all in an event
+/// loop.
+///
+/// # Errors
+///
+/// `epoll_create1` or `epoll_ctl`.
+pub fn epoll_set<'a>(fds: impl IntoIterator<Item = std::os::fd::BorrowedFd<'a>>) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    // SAFETY: plain system call without pointers.
+    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if ep < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `ep` was just returned by the kernel and is owned by nobody
+    // else.
+    let owned = unsafe { std::os::fd::OwnedFd::from_raw_fd(ep) };
+    for fd in fds {
+        let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: fd.as_raw_fd() as u64 };
+        // SAFETY: `ev` is a valid epoll_event alive for the call; both
+        // descriptors are open for its duration.
+        if unsafe { libc::epoll_ctl(owned.as_raw_fd(), libc::EPOLL_CTL_ADD, fd.as_raw_fd(), &mut ev) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(owned)
+}
+
 pub fn poll_readable<'a>(
     fds: impl IntoIterator<Item = std::os::fd::BorrowedFd<'a>>,
     timeout: std::time::Duration,
