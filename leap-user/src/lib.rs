@@ -20,6 +20,22 @@
 //! assert_eq!(got.len, 16392);
 //! # Ok(()) }
 //! ```
+//!
+//! # Layers
+//!
+//! Each module names only the ones below it (`tests/layering.rs` checks):
+//!
+//! - [`sys`]: system calls and kernel ABI mirrors;
+//! - [`frame`]: chunking, reassembly, loss recovery and the plain types
+//!   frames arrive as ([`frame::types`]); no system calls;
+//! - [`netns`]: rings of network namespaces;
+//! - [`transport`]: inside it, [`transport::config`] (what every backend is
+//!   configured with) and the sending half below `datagram` (shared by the
+//!   datagram backends), that below the backends (`tcp`, `udp`, `kmod`,
+//!   `xdp`), and [`transport::open`], which only dispatches by name, on top;
+//! - [`telemetry`]: counters and the stats socket;
+//! - [`ring`]: the node loop and the local ring runner;
+//! - `bench`, `serve` and `cli`: the binary's.
 
 pub mod bench;
 pub mod cli;

@@ -354,7 +354,7 @@ pub fn drops(c: &Counters) -> Drops {
 /// # Errors
 ///
 /// [`KmodError`] (IPv6 addresses included).
-pub fn open_endpoint(ep: &super::open::Endpoint, opts: &super::open::Options) -> Result<KmodTransport, KmodError> {
+pub fn open_endpoint(ep: &super::config::Endpoint, opts: &super::config::Options) -> Result<KmodTransport, KmodError> {
     if opts.frame_len > leap_common::kmod::BANK_FRAME_MAX {
         return Err(KmodError::FrameTooLarge(opts.frame_len));
     }

@@ -49,8 +49,9 @@ pub use self::packet::{Reject, RxFilter};
 pub use self::program::{AttachMode, AttachedMode, PinnedProgram, XdpProgram};
 pub use self::ringbuf::RingReader;
 pub use self::xsk::{XskConfig, XskSocket, ZeroCopy};
+use super::config::UdpConfig;
 use super::datagram::DatagramLink;
-use super::udp::{UdpConfig, bind_socket};
+use super::udp::bind_socket;
 use super::{FrameKind, Received, Result, Stats, Transport};
 use crate::sys::udp::RxBatch;
 
@@ -169,15 +170,15 @@ impl XdpTransportConfig {
 /// as [`XdpTransport::open`].
 pub fn open_endpoint(
     delivery: Delivery,
-    ep: &super::open::Endpoint,
-    opts: &super::open::Options,
+    ep: &super::config::Endpoint,
+    opts: &super::config::Options,
 ) -> Result<XdpTransport> {
     let iface = ep.iface.as_deref().ok_or_else(|| {
         XdpError::Config(format!("--transport {} needs the interface frames arrive on", delivery.transport_name()))
     })?;
     let mode = <AttachMode as clap::ValueEnum>::from_str(&opts.xdp_mode, true)
         .map_err(|_| XdpError::Config(format!("unknown XDP mode {:?}: auto, drv or skb", opts.xdp_mode)))?;
-    let mut cfg = XdpTransportConfig::new(iface, super::open::udp_config(ep, opts), delivery);
+    let mut cfg = XdpTransportConfig::new(iface, super::config::udp_config(ep, opts), delivery);
     cfg.mode = mode;
     cfg.object = ObjectSource::from_option(opts.xdp_object.clone());
     cfg.pin = opts.xdp_pin;
@@ -195,7 +196,7 @@ pub fn open_endpoint(
 const BUFFERED_FRAMES: usize = 8;
 
 /// AF_XDP ring and UMEM sizes and ring-buffer bytes that hold
-/// [`BUFFERED_FRAMES`] frames of `frame_len` bytes, within bounds (at most
+/// `BUFFERED_FRAMES` frames of `frame_len` bytes, within bounds (at most
 /// 8192 ring entries, a 32 MiB UMEM per socket, a 32 MiB ring buffer). With
 /// the defaults alone, several megabyte frames in flight overflowed the
 /// rings, and every overflow came back as retransmissions.
