@@ -15,8 +15,8 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::netns::Topology;
-use crate::transport::Stats;
 use crate::transport::open::{Endpoint, Options, TransportKind};
+use crate::transport::{BackendCounters, Stats};
 
 pub use node::{HeadConfig, HeadReport, NeighbourPolicy, WorkerConfig, run_head, run_worker};
 
@@ -35,6 +35,7 @@ pub enum Placement {
 
 /// A ring to run on this host.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct RingConfig {
     /// Backend.
     pub transport: TransportKind,
@@ -230,12 +231,12 @@ pub struct RingReport {
     pub control_ack: Option<bool>,
     /// Counters summed over all nodes.
     pub stats: Stats,
-    /// Backend counters (XDP program, kernel module), summed over nodes.
+    /// XDP program counters, summed over nodes.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub xdp: Option<serde_json::Value>,
-    /// Kernel module counters, when the module was used.
+    pub xdp: Option<BackendCounters>,
+    /// Kernel module counters, summed over nodes, when the module was used.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub kmod: Option<serde_json::Value>,
+    pub kmod: Option<BackendCounters>,
 }
 
 /// Why a ring run failed.
@@ -535,12 +536,12 @@ pub fn assemble(
     cfg: &RingConfig,
     head: HeadSummary,
     stats: Stats,
-    counters: &[serde_json::Value],
+    counters: &[BackendCounters],
     cpu: Duration,
 ) -> RingReport {
     let elapsed = head.elapsed_s.max(1e-9);
     let delivered = head.delivered;
-    let backend = sum_json(counters);
+    let backend = BackendCounters::sum(counters);
     let is_kmod = cfg.transport == TransportKind::Kmod;
     RingReport {
         transport: cfg.transport.as_str().into(),
@@ -563,40 +564,7 @@ pub fn assemble(
         retransmits: stats.retransmits,
         control_ack: head.control_ack,
         stats,
-        xdp: if is_kmod { None } else { backend.clone() },
+        xdp: if is_kmod { None } else { backend },
         kmod: if is_kmod { backend } else { None },
     }
-}
-
-/// Sums JSON objects of numbers key by key (nested objects too).
-pub fn sum_json(items: &[serde_json::Value]) -> Option<serde_json::Value> {
-    use serde_json::Value;
-    fn add(acc: &mut Value, v: &Value) {
-        match (acc, v) {
-            (Value::Object(a), Value::Object(b)) => {
-                for (k, bv) in b {
-                    match a.get_mut(k) {
-                        Some(av) => add(av, bv),
-                        None => {
-                            a.insert(k.clone(), bv.clone());
-                        }
-                    }
-                }
-            }
-            (a @ Value::Number(_), Value::Number(b)) => {
-                if let (Some(x), Some(y)) = (a.as_u64(), b.as_u64()) {
-                    *a = Value::from(x + y);
-                } else if let (Some(x), Some(y)) = (a.as_f64(), b.as_f64()) {
-                    *a = Value::from(x + y);
-                }
-            }
-            _ => {}
-        }
-    }
-    let mut it = items.iter();
-    let mut acc = it.next()?.clone();
-    for v in it {
-        add(&mut acc, v);
-    }
-    Some(acc)
 }

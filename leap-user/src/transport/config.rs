@@ -36,6 +36,7 @@ pub enum TcpFraming {
 
 /// How to attach: what the user asked for.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[non_exhaustive]
 pub enum AttachMode {
     /// Native (driver) mode, else generic (SKB) mode with a warning.
     #[default]
@@ -44,6 +45,28 @@ pub enum AttachMode {
     Drv,
     /// Generic (SKB) mode only.
     Skb,
+}
+
+impl AttachMode {
+    /// The name on the command line and in configuration files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Drv => "drv",
+            Self::Skb => "skb",
+        }
+    }
+}
+
+impl std::str::FromStr for AttachMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        [Self::Auto, Self::Drv, Self::Skb]
+            .into_iter()
+            .find(|m| m.as_str() == s)
+            .ok_or_else(|| format!("`{s}`: choose auto, drv or skb"))
+    }
 }
 
 impl fmt::Display for AttachMode {
@@ -58,6 +81,7 @@ impl fmt::Display for AttachMode {
 
 /// Settings of a [`UdpTransport`](super::udp::UdpTransport).
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct UdpConfig {
     /// Address to bind: chunks arrive here and leave from here.
     pub listen: SocketAddr,
@@ -121,6 +145,7 @@ impl UdpConfig {
 
 /// Where a node sits in the ring.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct Endpoint {
     /// This node's address (listen / bind / source).
     pub listen: SocketAddr,
@@ -133,8 +158,31 @@ pub struct Endpoint {
     pub iface: Option<String>,
 }
 
+impl Endpoint {
+    /// A node listening on `listen` and sending to `next`, taking frames
+    /// from the first source (locked in) and with no interface named.
+    pub fn new(listen: SocketAddr, next: SocketAddr) -> Self {
+        Self { listen, next, prev: None, iface: None }
+    }
+
+    /// Takes frames only from `prev`.
+    #[must_use]
+    pub fn with_prev(mut self, prev: SocketAddr) -> Self {
+        self.prev = Some(prev);
+        self
+    }
+
+    /// Frames arrive on `iface` (XDP attaches there).
+    #[must_use]
+    pub fn with_iface(mut self, iface: &str) -> Self {
+        self.iface = Some(iface.into());
+        self
+    }
+}
+
 /// How to open a backend.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct Options {
     /// Frame size (TCP raw framing needs it; datagram backends size buffers).
     pub frame_len: usize,
@@ -150,8 +198,8 @@ pub struct Options {
     pub spin: Duration,
     /// XDP object to load instead of the embedded one.
     pub xdp_object: Option<PathBuf>,
-    /// XDP attach mode: `auto`, `drv` or `skb`.
-    pub xdp_mode: String,
+    /// XDP attach mode.
+    pub xdp_mode: AttachMode,
     /// AF_XDP receive queues (`None`: every receive queue of the interface).
     pub xdp_queues: Option<Vec<u32>>,
     /// VLAN IDs a tagged chunk may carry on the XDP path (empty: untagged
@@ -183,7 +231,7 @@ impl Default for Options {
             original_compat: false,
             spin: Duration::ZERO,
             xdp_object: None,
-            xdp_mode: "auto".into(),
+            xdp_mode: AttachMode::Auto,
             xdp_queues: None,
             xdp_vlans: Vec::new(),
             xdp_pin: false,

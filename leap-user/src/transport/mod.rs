@@ -20,6 +20,7 @@ pub use crate::frame::types::{Drops, FrameKind, Received};
 
 /// Errors of every backend.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TransportError {
     /// A system call failed.
     #[error("{call} failed: {source}")]
@@ -75,9 +76,25 @@ pub enum TransportError {
     /// A control message could not be encoded.
     #[error("invalid control message: {0:?}")]
     Control(leap_common::control::ControlError),
-    /// Anything a specific backend reports (XDP, kernel module).
+    /// The UDP backend could not be set up.
     #[error(transparent)]
-    Backend(Box<dyn std::error::Error + Send + Sync>),
+    Udp(#[from] udp::UdpError),
+    /// The XDP backend failed.
+    #[error(transparent)]
+    Xdp(#[from] xdp::XdpError),
+    /// The kernel-module backend failed.
+    #[error(transparent)]
+    Kmod(#[from] kmod::KmodError),
+    /// No frame came back around the ring for too long (the head's stall
+    /// timeout).
+    #[error("no frame came back for {waited:?} ({last})")]
+    Stalled {
+        /// How long the head waited.
+        waited: Duration,
+        /// The last receive error.
+        #[source]
+        last: Box<TransportError>,
+    },
 }
 
 impl TransportError {
@@ -192,6 +209,125 @@ impl Stats {
     }
 }
 
+/// What a backend counts beyond [`Stats`]: the XDP program's decisions or
+/// the kernel module's counters. Serialised as one flat object of counters
+/// by name (what `leap stats --json` shows under `backend`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BackendCounters {
+    /// The XDP backends (`xdp`, `xdp-ringbuf`).
+    #[non_exhaustive]
+    Xdp {
+        /// The program's decisions, summed over CPUs.
+        program: xdp::XdpCounters,
+        /// Chunks that reached user space through the kernel's UDP socket
+        /// instead of the program.
+        chunks_via_kernel: u64,
+    },
+    /// The `leap_kmod` kernel module (counters of this open file).
+    Kmod(leap_common::kmod::Counters),
+}
+
+impl BackendCounters {
+    /// The XDP backends' counters.
+    pub fn xdp(program: xdp::XdpCounters, chunks_via_kernel: u64) -> Self {
+        Self::Xdp { program, chunks_via_kernel }
+    }
+
+    /// Every counter by name, in a fixed order.
+    pub fn values(&self) -> Vec<(&'static str, u64)> {
+        match self {
+            Self::Xdp { program, chunks_via_kernel } => {
+                let mut v = program.values().collect::<Vec<_>>();
+                v.push((XDP_VIA_KERNEL, *chunks_via_kernel));
+                v
+            }
+            Self::Kmod(c) => kmod::counter_values(c).collect(),
+        }
+    }
+
+    /// One counter by name.
+    pub fn get(&self, name: &str) -> Option<u64> {
+        self.values().into_iter().find(|(k, _)| *k == name).map(|(_, v)| v)
+    }
+
+    /// Adds `other`'s counters to these (ring-wide sums).
+    ///
+    /// # Errors
+    ///
+    /// When the two come from different backends (nothing is added).
+    pub fn add(&mut self, other: &Self) -> Result<(), MixedBackends> {
+        match (self, other) {
+            (Self::Xdp { program, chunks_via_kernel }, Self::Xdp { program: p, chunks_via_kernel: v }) => {
+                program.add(p);
+                *chunks_via_kernel += v;
+            }
+            (Self::Kmod(a), Self::Kmod(b)) => kmod::add_counters(a, b),
+            _ => return Err(MixedBackends),
+        }
+        Ok(())
+    }
+
+    /// The sum of `items`; `None` when there are none. Counters of another
+    /// backend than the first are left out.
+    pub fn sum<'a>(items: impl IntoIterator<Item = &'a Self>) -> Option<Self> {
+        let mut it = items.into_iter();
+        let mut acc = *it.next()?;
+        for c in it {
+            let _ = acc.add(c);
+        }
+        Some(acc)
+    }
+}
+
+impl std::fmt::Display for BackendCounters {
+    /// One line per counter, as `leap xdp stats` prints the program's.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (k, v) in self.values() {
+            writeln!(f, "{k:<22}{v:>14}")?;
+        }
+        Ok(())
+    }
+}
+
+/// [`BackendCounters::add`] of counters of different backends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("counters of different backends cannot be added")]
+pub struct MixedBackends;
+
+/// Name of [`BackendCounters::Xdp::chunks_via_kernel`] when serialised.
+const XDP_VIA_KERNEL: &str = "chunks_via_kernel";
+
+impl Serialize for BackendCounters {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let values = self.values();
+        let mut m = s.serialize_map(Some(values.len()))?;
+        for (k, v) in values {
+            m.serialize_entry(k, &v)?;
+        }
+        m.end()
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for BackendCounters {
+    /// From the flat object [`Serialize`] writes: the kernel module's when it
+    /// has the module's `rx_chunks`, else the XDP program's. Names it does
+    /// not know (from a newer leap) are ignored.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let map: std::collections::BTreeMap<String, u64> = serde::Deserialize::deserialize(d)?;
+        let get = |k: &str| map.get(k).copied();
+        if map.contains_key("rx_chunks") {
+            Ok(Self::Kmod(kmod::counters_from(get)))
+        } else {
+            Ok(Self::Xdp {
+                program: xdp::XdpCounters::from_values(get),
+                chunks_via_kernel: get(XDP_VIA_KERNEL).unwrap_or(0),
+            })
+        }
+    }
+}
+
 /// Moves frames around the ring: to the next node, from the previous one.
 ///
 /// Frames are opaque bytes (in practice an 8-byte
@@ -227,8 +363,8 @@ pub trait Transport: Send {
     /// The counters so far.
     fn stats(&self) -> Stats;
 
-    /// Backend-specific counters (e.g. the XDP program's), as JSON.
-    fn backend_counters(&self) -> Option<serde_json::Value> {
+    /// Backend-specific counters (the XDP program's, the kernel module's).
+    fn backend_counters(&self) -> Option<BackendCounters> {
         None
     }
 
@@ -303,7 +439,7 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
     fn stats(&self) -> Stats {
         (**self).stats()
     }
-    fn backend_counters(&self) -> Option<serde_json::Value> {
+    fn backend_counters(&self) -> Option<BackendCounters> {
         (**self).backend_counters()
     }
     fn send_control(&mut self, msg: &ControlMessage, frame_len: usize) -> Result<()> {
@@ -314,5 +450,38 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
     }
     fn recv_next(&mut self, buf: &mut [u8]) -> Result<Received> {
         (**self).recv_next(buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_counters_serialise_flat_and_come_back_as_the_same_backend() {
+        let program = xdp::XdpCounters::from_values(|k| (k == "to_xsk").then_some(12));
+        let x = BackendCounters::xdp(program, 3);
+        let j = serde_json::to_value(x).unwrap();
+        assert_eq!((j["to_xsk"].as_u64(), j["chunks_via_kernel"].as_u64()), (Some(12), Some(3)));
+        assert_eq!(serde_json::from_value::<BackendCounters>(j).unwrap(), x);
+
+        let mut c = leap_common::kmod::Counters::default();
+        c.rx_chunks = 5;
+        c.drop_not_unicast = 1;
+        let k = BackendCounters::Kmod(c);
+        let j = serde_json::to_value(k).unwrap();
+        assert_eq!(j["rx_chunks"], 5);
+        assert_eq!(serde_json::from_value::<BackendCounters>(j).unwrap(), k);
+    }
+
+    #[test]
+    fn backend_counters_add_up_per_backend_only() {
+        let x = BackendCounters::xdp(xdp::XdpCounters::from_values(|_| Some(1)), 2);
+        let k = BackendCounters::Kmod(leap_common::kmod::Counters { rx_chunks: 1, ..Default::default() });
+        let sum = BackendCounters::sum(&[x, x, k]).unwrap();
+        assert_eq!((sum.get("to_xsk"), sum.get("chunks_via_kernel")), (Some(2), Some(4)));
+        let mut k2 = k;
+        assert_eq!(k2.add(&x), Err(MixedBackends));
+        assert_eq!(k2.add(&k).map(|()| k2.get("rx_chunks")), Ok(Some(2)));
     }
 }

@@ -21,6 +21,7 @@ const PREFIX_LEN: usize = 8;
 
 /// Settings of a [`TcpTransport`].
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct TcpConfig {
     /// Address to listen on for the previous node (exactly this address).
     pub listen: SocketAddr,

@@ -13,7 +13,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 pub use super::config::UdpConfig;
 use super::datagram::DatagramLink;
 pub use super::send::UdpSender;
-use super::{FrameKind, Received, Result, Stats, Transport, TransportError};
+use super::{FrameKind, Received, Result, Stats, Transport};
 use crate::sys::udp::{RxBatch, enable_gro, set_int, wait_readable};
 
 /// Socket buffer size asked for (the original used 8 MiB).
@@ -36,12 +36,6 @@ pub enum UdpError {
     /// The configuration cannot work.
     #[error("{0}")]
     Config(String),
-}
-
-impl From<UdpError> for TransportError {
-    fn from(e: UdpError) -> Self {
-        TransportError::Backend(Box::new(e))
-    }
 }
 
 /// Opens a UDP socket bound to `addr` with large buffers.

@@ -5,7 +5,6 @@ use std::io;
 use std::path::PathBuf;
 
 use super::program::AttachMode;
-use crate::transport::TransportError;
 
 /// Errors of the XDP backend and of `leap xdp`.
 #[derive(Debug, thiserror::Error)]
@@ -124,11 +123,5 @@ impl XdpError {
     /// Wraps an aya map error.
     pub(crate) fn map(map: &'static str) -> impl FnOnce(aya::maps::MapError) -> Self {
         move |source| Self::Map { map, source }
-    }
-}
-
-impl From<XdpError> for TransportError {
-    fn from(e: XdpError) -> Self {
-        TransportError::Backend(Box::new(e))
     }
 }

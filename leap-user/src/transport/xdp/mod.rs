@@ -52,7 +52,7 @@ pub use self::xsk::{XskConfig, XskSocket, ZeroCopy};
 use super::config::UdpConfig;
 use super::datagram::DatagramLink;
 use super::udp::bind_socket;
-use super::{FrameKind, Received, Result, Stats, Transport};
+use super::{BackendCounters, FrameKind, Received, Result, Stats, Transport};
 use crate::sys::udp::RxBatch;
 
 /// How chunks reach user space.
@@ -99,6 +99,7 @@ pub enum PartialChecksums {
 
 /// Settings of an [`XdpTransport`].
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct XdpTransportConfig {
     /// Addresses, deadlines, frame limit and sending options, as for UDP.
     /// `udp.prev`, when set, turns the program's peer filter on.
@@ -166,7 +167,7 @@ impl XdpTransportConfig {
 ///
 /// # Errors
 ///
-/// [`XdpError::Config`] without an interface or with an unknown mode, else
+/// [`XdpError::Config`] without an interface, else
 /// as [`XdpTransport::open`].
 pub fn open_endpoint(
     delivery: Delivery,
@@ -176,10 +177,8 @@ pub fn open_endpoint(
     let iface = ep.iface.as_deref().ok_or_else(|| {
         XdpError::Config(format!("--transport {} needs the interface frames arrive on", delivery.transport_name()))
     })?;
-    let mode = <AttachMode as clap::ValueEnum>::from_str(&opts.xdp_mode, true)
-        .map_err(|_| XdpError::Config(format!("unknown XDP mode {:?}: auto, drv or skb", opts.xdp_mode)))?;
     let mut cfg = XdpTransportConfig::new(iface, super::config::udp_config(ep, opts), delivery);
-    cfg.mode = mode;
+    cfg.mode = opts.xdp_mode;
     cfg.object = ObjectSource::from_option(opts.xdp_object.clone());
     cfg.pin = opts.xdp_pin;
     (cfg.xsk, cfg.ring_bytes) = buffers_for(opts.frame_len);
@@ -548,12 +547,8 @@ impl Transport for XdpTransport {
         self.link.stats()
     }
 
-    fn backend_counters(&self) -> Option<serde_json::Value> {
-        let mut j = self.program.counters().ok()?.to_json();
-        if let Some(o) = j.as_object_mut() {
-            o.insert("chunks_via_kernel".into(), self.via_kernel.into());
-        }
-        Some(j)
+    fn backend_counters(&self) -> Option<BackendCounters> {
+        Some(BackendCounters::xdp(self.program.counters().ok()?, self.via_kernel))
     }
 }
 
