@@ -37,11 +37,14 @@
 //! - [`ring`]: the node loop and the local ring runner;
 //! - `bench`, `serve` and `cli`: the binary's.
 
+#[cfg(feature = "cli")]
 pub mod bench;
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod frame;
 pub mod netns;
 pub mod ring;
+#[cfg(feature = "cli")]
 pub mod serve;
 pub mod sys;
 pub mod telemetry;

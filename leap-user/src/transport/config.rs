@@ -35,7 +35,8 @@ pub enum TcpFraming {
 }
 
 /// How to attach: what the user asked for.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[non_exhaustive]
 pub enum AttachMode {
     /// Native (driver) mode, else generic (SKB) mode with a warning.

@@ -56,7 +56,8 @@ use super::{BackendCounters, FrameKind, Received, Result, Stats, Transport};
 use crate::sys::udp::RxBatch;
 
 /// How chunks reach user space.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum Delivery {
     /// Redirected into AF_XDP sockets (`--transport xdp`).
     Xsk,
@@ -341,7 +342,7 @@ impl XdpTransport {
     ///
     /// # Errors
     ///
-    /// [`XdpError`] for anything XDP, wrapped in [`super::TransportError::Backend`];
+    /// [`XdpError`] for anything XDP, wrapped in [`super::TransportError::Xdp`];
     /// the UDP socket's errors likewise.
     pub fn open(cfg: XdpTransportConfig) -> Result<Self> {
         let udp = &cfg.udp;
