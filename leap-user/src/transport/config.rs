@@ -60,14 +60,28 @@ impl AttachMode {
 }
 
 impl std::str::FromStr for AttachMode {
-    type Err = String;
+    type Err = UnknownName;
 
-    fn from_str(s: &str) -> Result<Self, String> {
-        [Self::Auto, Self::Drv, Self::Skb]
-            .into_iter()
-            .find(|m| m.as_str() == s)
-            .ok_or_else(|| format!("`{s}`: choose auto, drv or skb"))
+    fn from_str(s: &str) -> Result<Self, UnknownName> {
+        [Self::Auto, Self::Drv, Self::Skb].into_iter().find(|m| m.as_str() == s).ok_or_else(|| UnknownName {
+            what: "XDP mode",
+            name: s.into(),
+            choices: &["auto", "drv", "skb"],
+        })
     }
+}
+
+/// A name that selects none of the choices (of transports, XDP modes).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} `{name}`; choose one of: {}", choices.join(", "))]
+#[non_exhaustive]
+pub struct UnknownName {
+    /// What the name was to select.
+    pub what: &'static str,
+    /// The name given.
+    pub name: String,
+    /// The names there are.
+    pub choices: &'static [&'static str],
 }
 
 impl fmt::Display for AttachMode {

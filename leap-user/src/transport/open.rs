@@ -1,7 +1,7 @@
 //! Choosing and opening a backend by name, for the CLI, the ring runner and
 //! embedders that take the transport from configuration.
 
-pub use super::config::{Endpoint, Options, udp_config};
+pub use super::config::{Endpoint, Options, UnknownName, udp_config};
 use super::tcp::{TcpConfig, TcpTransport};
 use super::udp::UdpTransport;
 use super::{Result, Transport};
@@ -27,7 +27,7 @@ impl TransportKind {
     pub const ALL: [TransportKind; 5] = [Self::Tcp, Self::Udp, Self::Xdp, Self::XdpRingbuf, Self::Kmod];
 
     /// The name used on the command line and in reports.
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Self::Tcp => "tcp",
             Self::Udp => "udp",
@@ -50,12 +50,22 @@ impl std::fmt::Display for TransportKind {
 }
 
 impl std::str::FromStr for TransportKind {
-    type Err = String;
+    type Err = UnknownName;
 
-    fn from_str(s: &str) -> Result<Self, String> {
-        Self::ALL.into_iter().find(|k| k.as_str() == s).ok_or_else(|| {
-            let names: Vec<_> = Self::ALL.iter().map(|k| k.as_str()).collect();
-            format!("unknown transport `{s}`; choose one of: {}", names.join(", "))
+    fn from_str(s: &str) -> Result<Self, UnknownName> {
+        const NAMES: [&str; TransportKind::ALL.len()] = {
+            let mut names = [""; TransportKind::ALL.len()];
+            let mut i = 0;
+            while i < names.len() {
+                names[i] = TransportKind::ALL[i].as_str();
+                i += 1;
+            }
+            names
+        };
+        Self::ALL.into_iter().find(|k| k.as_str() == s).ok_or_else(|| UnknownName {
+            what: "transport",
+            name: s.into(),
+            choices: &NAMES,
         })
     }
 }
