@@ -65,6 +65,7 @@ impl Default for Limits {
 
 /// Errors starting the telemetry servers.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TelemetryError {
     /// The metrics address cannot be bound.
     #[error("cannot serve metrics on {addr}: {source}")]

@@ -70,6 +70,7 @@ impl KmodConfig {
 
 /// Errors of the kernel-module backend.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum KmodError {
     /// Frames larger than one receive bank cannot cross the module.
     #[error(

@@ -465,9 +465,7 @@ mod tests {
         assert_eq!((j["to_xsk"].as_u64(), j["chunks_via_kernel"].as_u64()), (Some(12), Some(3)));
         assert_eq!(serde_json::from_value::<BackendCounters>(j).unwrap(), x);
 
-        let mut c = leap_common::kmod::Counters::default();
-        c.rx_chunks = 5;
-        c.drop_not_unicast = 1;
+        let c = leap_common::kmod::Counters { rx_chunks: 5, drop_not_unicast: 1, ..Default::default() };
         let k = BackendCounters::Kmod(c);
         let j = serde_json::to_value(k).unwrap();
         assert_eq!(j["rx_chunks"], 5);

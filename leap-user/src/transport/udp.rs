@@ -21,6 +21,7 @@ pub const SOCKET_BUFFER: usize = 8 << 20;
 
 /// Errors setting up a UDP transport.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum UdpError {
     /// A socket call failed.
     #[error("{call} {addr}: {source}")]

@@ -8,6 +8,7 @@ use super::program::AttachMode;
 
 /// Errors of the XDP backend and of `leap xdp`.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum XdpError {
     /// This build carries no XDP object and none was given.
     #[error(
