@@ -21,6 +21,15 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Features
+//!
+//! - `cli` (default): the `leap` binary's part: the command line (`cli`),
+//!   the benchmark (`bench`) and the remote agent and coordinator
+//!   (`serve`), with clap, anyhow, env_logger, indicatif, toml and
+//!   signal-hook. An embedder that only moves frames turns it off
+//!   (`default-features = false`) and gets the transport alone: backends,
+//!   reassembly, the node loop and telemetry.
+//!
 //! # Layers
 //!
 //! Each module names only the ones below it (`tests/layering.rs` checks):
