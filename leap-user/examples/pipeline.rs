@@ -64,17 +64,14 @@ fn stage(t: Box<dyn Transport>, steps: usize, layer: impl Fn(f32) -> f32) -> Res
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let kind: TransportKind = std::env::args().nth(1).unwrap_or_else(|| "udp".into()).parse()?;
     let addrs = [free_addr(), free_addr(), free_addr()];
-    let opts =
-        Options { frame_len: frame_len(DIM), recv_timeout: Some(Duration::from_millis(200)), ..Options::default() };
+    let mut opts = Options::default();
+    opts.frame_len = frame_len(DIM);
+    opts.recv_timeout = Some(Duration::from_millis(200));
     let steps = 100;
     // Each stage opens its transport in its own thread, as separate
     // processes (or machines) would; TCP connects concurrently.
-    let endpoint = |i: usize| Endpoint {
-        listen: addrs[i],
-        next: addrs[(i + 1) % 3],
-        prev: Some(addrs[(i + 2) % 3]),
-        iface: Some("lo".into()),
-    };
+    let endpoint =
+        |i: usize| Endpoint::new(addrs[i], addrs[(i + 1) % 3]).with_prev(addrs[(i + 2) % 3]).with_iface("lo");
     let mut workers = Vec::new();
     for i in [1usize, 2] {
         let (ep, opts) = (endpoint(i), opts.clone());

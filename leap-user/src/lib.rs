@@ -20,12 +20,40 @@
 //! assert_eq!(got.len, 16392);
 //! # Ok(()) }
 //! ```
+//!
+//! # Features
+//!
+//! - `cli` (default): the `leap` binary's part: the command line (`cli`),
+//!   the benchmark (`bench`) and the remote agent and coordinator
+//!   (`serve`), with clap, anyhow, env_logger, indicatif, toml and
+//!   signal-hook. An embedder that only moves frames turns it off
+//!   (`default-features = false`) and gets the transport alone: backends,
+//!   reassembly, the node loop and telemetry.
+//!
+//! # Layers
+//!
+//! Each module names only the ones below it (`tests/layering.rs` checks):
+//!
+//! - [`sys`]: system calls and kernel ABI mirrors;
+//! - [`frame`]: chunking, reassembly, loss recovery and the plain types
+//!   frames arrive as ([`frame::types`]); no system calls;
+//! - [`netns`]: rings of network namespaces;
+//! - [`transport`]: inside it, [`transport::config`] (what every backend is
+//!   configured with) and the sending half below `datagram` (shared by the
+//!   datagram backends), that below the backends (`tcp`, `udp`, `kmod`,
+//!   `xdp`), and [`transport::open`], which only dispatches by name, on top;
+//! - [`telemetry`]: counters and the stats socket;
+//! - [`ring`]: the node loop and the local ring runner;
+//! - `bench`, `serve` and `cli`: the binary's.
 
+#[cfg(feature = "cli")]
 pub mod bench;
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod frame;
 pub mod netns;
 pub mod ring;
+#[cfg(feature = "cli")]
 pub mod serve;
 pub mod sys;
 pub mod telemetry;

@@ -14,6 +14,7 @@ use std::process::{Command, Stdio};
 
 /// Errors building a topology.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum NetnsError {
     /// A command failed.
     #[error("`{cmd}` failed: {stderr}")]

@@ -219,24 +219,19 @@ fn run(case: Case) {
     let compute = case.worker_compute;
     let worker = std::thread::spawn(move || {
         let mut w = udp(w_addr, w_next, w_prev);
-        let cfg = WorkerConfig { frame_size: FRAME, compute, policy: NeighbourPolicy::Wait, telemetry: None };
+        let mut cfg = WorkerConfig::new(FRAME);
+        cfg.compute = compute;
+        cfg.policy = NeighbourPolicy::Wait;
         run_worker(&mut w, &cfg, &stop2).unwrap();
         w
     });
     let _busy = case.contention.then(Contention::start);
-    let hc = HeadConfig {
-        frame_size: FRAME,
-        frames: case.frames,
-        inflight: 1,
-        stall_timeout: Duration::from_secs(20),
-        lost_after: Some(Duration::from_secs(4)),
-        retry: true,
-        control_workers: case.control.then_some(2),
-        progress: None,
-        telemetry: None,
-        stop: None,
-        pause: case.head_pause,
-    };
+    let mut hc = HeadConfig::new(FRAME, case.frames);
+    hc.stall_timeout = Duration::from_secs(20);
+    hc.lost_after = Some(Duration::from_secs(4));
+    hc.retry = true;
+    hc.control_workers = case.control.then_some(2);
+    hc.pause = case.head_pause;
     let rep = run_head(&mut head, &hc).unwrap();
     stop.store(true, Ordering::Relaxed);
     let w = worker.join().unwrap();

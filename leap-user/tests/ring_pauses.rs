@@ -37,7 +37,9 @@ impl Worker {
         let s = stop.clone();
         let thread = std::thread::spawn(move || {
             let mut t = node(listen, next, prev);
-            let cfg = WorkerConfig { frame_size: FRAME, compute, policy: NeighbourPolicy::Wait, telemetry: None };
+            let mut cfg = WorkerConfig::new(FRAME);
+            cfg.compute = compute;
+            cfg.policy = NeighbourPolicy::Wait;
             run_worker(&mut t, &cfg, &s).unwrap();
             t.stats()
         });
@@ -60,19 +62,11 @@ impl Drop for Worker {
 }
 
 fn head(t: &mut UdpTransport, frames: u64, pause: Duration) -> HeadReport {
-    let hc = HeadConfig {
-        frame_size: FRAME,
-        frames,
-        inflight: 1,
-        stall_timeout: Duration::from_secs(30),
-        lost_after: Some(Duration::from_secs(8)),
-        retry: true,
-        control_workers: None,
-        progress: None,
-        telemetry: None,
-        stop: None,
-        pause,
-    };
+    let mut hc = HeadConfig::new(FRAME, frames);
+    hc.stall_timeout = Duration::from_secs(30);
+    hc.lost_after = Some(Duration::from_secs(8));
+    hc.retry = true;
+    hc.pause = pause;
     run_head(t, &hc).unwrap()
 }
 

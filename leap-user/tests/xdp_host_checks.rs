@@ -140,7 +140,7 @@ impl Node {
                     rep_tx
                         .send(Report {
                             frame,
-                            xdp: t.backend_counters().unwrap(),
+                            xdp: serde_json::to_value(t.backend_counters().unwrap()).unwrap(),
                             drops: serde_json::to_value(stats.drops).unwrap(),
                             chunks_received: stats.chunks_received,
                         })

@@ -21,12 +21,12 @@ fn lossy(kind: TransportKind, key: &str) {
     assert_eq!((r.frames_delivered, r.frames_corrupt), (frames, 0), "{r:?}");
     assert!(r.retransmits > 0 && r.stats.nacks_received > 0, "{r:?}");
     let xdp = r.xdp.expect("xdp counters");
-    let via_xdp = xdp[key].as_u64().unwrap();
+    let via_xdp = xdp.get(key).unwrap();
     // Every hop of every frame: 12 chunks; some of them lost on the way.
     assert!(via_xdp >= frames * 12 * 3 * 9 / 10, "{xdp}");
-    assert!(xdp["chunks_via_kernel"].as_u64().unwrap() >= r.stats.nacks_received, "{xdp}");
-    assert_eq!(xdp["malformed"], 0, "{xdp}");
-    assert_eq!(xdp["wrong_source"], 0, "{xdp}");
+    assert!(xdp.get("chunks_via_kernel").unwrap() >= r.stats.nacks_received, "{xdp}");
+    assert_eq!(xdp.get("malformed"), Some(0), "{xdp}");
+    assert_eq!(xdp.get("wrong_source"), Some(0), "{xdp}");
 }
 
 #[test]

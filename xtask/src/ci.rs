@@ -90,6 +90,40 @@ fn ring_smoke(leap: &Path, transport: &str, placement: &str, frames: u64) -> Res
     Ok(())
 }
 
+/// Crates only the `leap` binary may depend on (its `cli` feature).
+const BINARY_ONLY: &[&str] = &["clap", "indicatif", "env_logger", "toml", "anyhow"];
+
+/// The library without its `cli` feature builds and depends on none of
+/// [`BINARY_ONLY`]: an embedder gets the transport alone.
+fn core_library() -> Result<()> {
+    run(cargo().args(["build", "-p", "leap", "--no-default-features", "--locked"]))?;
+    let tree = util::output(cargo().args([
+        "tree",
+        "-p",
+        "leap",
+        "--no-default-features",
+        "-e",
+        "normal",
+        "--prefix",
+        "none",
+        "--locked",
+    ]))?;
+    if let Some(found) = binary_only_in(&tree) {
+        bail!(
+            "`leap --no-default-features` depends on `{found}`, which only the binary may use (make it optional, behind the `cli` feature)"
+        );
+    }
+    eprintln!("ci: the core library depends on none of {}", BINARY_ONLY.join(", "));
+    Ok(())
+}
+
+/// The first crate of [`BINARY_ONLY`] in `cargo tree --prefix none` output.
+fn binary_only_in(tree: &str) -> Option<&'static str> {
+    tree.lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .find_map(|name| BINARY_ONLY.iter().copied().find(|b| *b == name))
+}
+
 /// Runs the stages.
 ///
 /// # Errors
@@ -126,7 +160,10 @@ pub fn run_ci(args: Args) -> Result<()> {
     stage("clippy", &mut || {
         run(cargo().args(["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"]))
     })?;
-    stage("test", &mut || run(cargo().args(["test", "--workspace", "--locked"])))?;
+    stage("test", &mut || {
+        run(cargo().args(["test", "--workspace", "--locked"]))?;
+        core_library()
+    })?;
     stage("fuzz", &mut || {
         // Bounded: 20 s per target (chunk parser, reassembly, control decoder).
         run(cargo()
@@ -186,4 +223,17 @@ pub fn run_ci(args: Args) -> Result<()> {
     eprintln!("ci: all stages passed in {:.0} s", started.elapsed().as_secs_f64());
     println!("ci: {passed} passed, 0 failed");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn binary_only_crates_are_found_by_exact_name() {
+        let tree = "leap v0.1.0 (/src/leap-user)\naya v0.14.0\ntoml_datetime v0.6.8\nclap_lex v0.7.4\n";
+        assert_eq!(binary_only_in(tree), None);
+        assert_eq!(binary_only_in(&format!("{tree}anyhow v1.0.98\n")), Some("anyhow"));
+        assert_eq!(binary_only_in("leap v0.1.0\nclap v4.5.38 (*)\n"), Some("clap"));
+    }
 }

@@ -50,7 +50,9 @@ enum Cmd {
 }
 
 fn main() -> Result<()> {
-    match Cli::parse().cmd {
+    let cli = Cli::parse();
+    util::init_root()?;
+    match cli.cmd {
         Cmd::Ci(args) => ci::run_ci(args),
         Cmd::Bench(args) => bench::run_bench(args),
         Cmd::BuildEbpf { install } => ebpf::build_ebpf(install).map(drop),

@@ -6,9 +6,52 @@ use std::sync::OnceLock;
 
 use anyhow::{Context, Result, bail};
 
-/// The workspace root (parent of `xtask/`).
+/// The workspace root found by [`init_root`].
+static ROOT: OnceLock<PathBuf> = OnceLock::new();
+
+/// Finds the workspace root from the current directory, once per run, so
+/// that an xtask binary built elsewhere still works on the checkout it is
+/// run in.
+///
+/// # Errors
+///
+/// When the current directory is not inside the leap repository.
+pub fn init_root() -> Result<()> {
+    let cwd = std::env::current_dir().context("cannot read the current directory")?;
+    let root = find_root(&cwd)?;
+    let _ = ROOT.set(root);
+    Ok(())
+}
+
+/// The workspace root (the directory of the `Cargo.toml` whose
+/// `[workspace]` has the `xtask` member).
+///
+/// # Panics
+///
+/// When [`init_root`] has not succeeded (`main` calls it first).
 pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+    ROOT.get().expect("util::init_root runs first in main").clone()
+}
+
+/// The nearest directory at or above `dir` whose `Cargo.toml` declares a
+/// `[workspace]` with the `xtask` member.
+///
+/// # Errors
+///
+/// When there is none: `cargo xtask` was run outside the leap repository.
+pub fn find_root(dir: &Path) -> Result<PathBuf> {
+    for d in dir.ancestors() {
+        let Ok(manifest) = std::fs::read_to_string(d.join("Cargo.toml")) else { continue };
+        let workspace = manifest.lines().any(|l| l.trim() == "[workspace]");
+        if workspace && manifest.contains("\"xtask\"") && d.join("xtask").is_dir() {
+            return Ok(d.to_path_buf());
+        }
+    }
+    bail!(
+        "{} is not inside the leap repository (no Cargo.toml with a [workspace] that has the xtask member \
+         at or above it); run `cargo xtask` from the checkout",
+        dir.display()
+    )
 }
 
 /// Whether we run in CI (`CI=true`): missing tools and privileges are errors there.
@@ -96,4 +139,29 @@ pub fn apt_install(pkgs: &[&str]) -> Result<()> {
         .args(["install", "-y", "-qq", "--no-install-recommends"])
         .args(&missing)
         .env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn root_is_found_from_a_subdirectory_of_the_checkout() {
+        let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let want = here.parent().unwrap();
+        assert_eq!(find_root(&here.join("src")).unwrap(), want);
+        assert_eq!(find_root(want).unwrap(), want);
+    }
+
+    #[test]
+    fn outside_the_checkout_is_a_clear_error() {
+        let dir = std::env::temp_dir().join(format!("xtask-root-test-{}", std::process::id()));
+        let nested = dir.join("member/src");
+        std::fs::create_dir_all(&nested).unwrap();
+        // A workspace of someone else's: no xtask member.
+        std::fs::write(dir.join("Cargo.toml"), "[workspace]\nmembers = [\"member\"]\n").unwrap();
+        let err = find_root(&nested).unwrap_err().to_string();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(err.contains("not inside the leap repository"), "{err}");
+    }
 }

@@ -61,7 +61,7 @@ pub fn measure(topo: Option<&Topology>, n: usize, rounds: usize, cpus: &[usize])
     let ns = topo.map(|t| t.nodes()[0].path());
     let cpus = cpus.to_vec();
     let head = std::thread::spawn(move || -> Result<Vec<u64>, String> {
-        crate::ring::pin(&cpus, 0)?;
+        crate::ring::pin(&cpus, 0).map_err(|e| e.to_string())?;
         if let Some(ns) = &ns {
             crate::sys::netns::enter(ns).map_err(|e| e.to_string())?;
         }

@@ -34,6 +34,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::transport::config::{AttachMode, UnknownName};
 use crate::transport::datagram::Reliability;
 use crate::transport::open::TransportKind;
 
@@ -282,11 +283,12 @@ pub fn validate(file: NodeFile) -> Result<NodePlan, ConfigError> {
     }
     let mut order = Vec::new();
     for (i, name) in t.order.iter().enumerate() {
-        let k: TransportKind = name.parse().map_err(|e: String| err(format!("transport.order[{i}]"), e))?;
+        let k: TransportKind =
+            name.parse().map_err(|e: UnknownName| err(format!("transport.order[{i}]"), e.to_string()))?;
         order.push(k);
     }
-    if !["auto", "drv", "skb"].contains(&t.xdp_mode.as_str()) {
-        return Err(err("transport.xdp_mode", format!("`{}`: choose auto, drv or skb", t.xdp_mode)));
+    if let Err(e) = t.xdp_mode.parse::<AttachMode>() {
+        return Err(err("transport.xdp_mode", e.to_string()));
     }
     let needs_iface = order.iter().any(|k| matches!(k, TransportKind::Xdp | TransportKind::XdpRingbuf));
     match &t.interface {

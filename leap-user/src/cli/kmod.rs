@@ -7,7 +7,8 @@ use anyhow::Result;
 use clap::{Args, Subcommand};
 use leap_common::kmod::{DEVICE_PATH, INFO_SCOPE_MODULE};
 
-use crate::transport::kmod::{KmodError, counters_json, status};
+use crate::transport::BackendCounters;
+use crate::transport::kmod::{KmodError, status};
 
 /// Arguments of `leap kmod`.
 #[derive(Debug, Clone, Args)]
@@ -48,7 +49,7 @@ pub fn main(args: &KmodArgs) -> Result<()> {
             "rx_banks": i.rx_banks,
             "bank_size": i.bank_size,
             "busy_wait_limit": i.busy_wait_limit,
-            "counters": counters_json(&i.counters),
+            "counters": BackendCounters::Kmod(i.counters),
         }),
         Err(KmodError::NotLoaded { .. }) => serde_json::json!({ "loaded": false, "device": device }),
         Err(e) => return Err(e.into()),

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::transport::config::AttachMode;
 use crate::transport::open::{Options, TransportKind};
 use crate::transport::tcp::TcpFraming;
 
@@ -111,8 +112,8 @@ pub struct TransportArgs {
     #[arg(long, value_name = "PATH")]
     pub xdp_object: Option<std::path::PathBuf>,
     /// XDP attach mode.
-    #[arg(long, default_value = "auto", value_parser = ["auto", "drv", "skb"])]
-    pub xdp_mode: String,
+    #[arg(long, value_enum, default_value_t = AttachMode::Auto)]
+    pub xdp_mode: AttachMode,
     /// AF_XDP receive queues: `all` or a list such as `0,1`.
     #[arg(long, default_value = "all", value_parser = parse_queues)]
     pub xdp_queues: Queues,
@@ -179,7 +180,7 @@ impl TransportArgs {
             original_compat: self.original_compat,
             spin: Duration::from_micros(self.spin_us),
             xdp_object: self.xdp_object.clone(),
-            xdp_mode: self.xdp_mode.clone(),
+            xdp_mode: self.xdp_mode,
             xdp_queues: self.xdp_queues.0.clone(),
             xdp_vlans: self.xdp_vlans.clone(),
             xdp_pin: false,

@@ -15,6 +15,7 @@ use super::{TransportArg, TransportArgs};
 use crate::ring::{HeadConfig, NeighbourPolicy, Percentiles, WorkerConfig, run_head, run_worker};
 use crate::telemetry::{self, Telemetry};
 use crate::transport::Transport;
+use crate::transport::config::AttachMode;
 use crate::transport::open::{Endpoint, Options, TransportKind, open};
 
 /// The member's role.
@@ -135,8 +136,9 @@ fn resolve(args: &NodeArgs) -> Result<Resolved> {
         if args.transport_args.setup_timeout_s == 30 {
             opts.setup_timeout = Duration::from_secs(t.setup_timeout_s.max(1));
         }
-        if args.transport_args.xdp_mode == "auto" {
-            opts.xdp_mode = t.xdp_mode.clone();
+        if args.transport_args.xdp_mode == AttachMode::Auto {
+            // Checked when the file was read.
+            opts.xdp_mode = t.xdp_mode.parse().unwrap_or_default();
         }
         if args.transport_args.xdp_object.is_none() {
             opts.xdp_object = t.xdp_object.clone();

@@ -87,7 +87,7 @@ impl RingArgs {
 /// Bad arguments, a failed node, or corrupt frames.
 pub fn main(args: &RingArgs) -> Result<()> {
     let mut cfg = args.config();
-    cfg.validate().map_err(anyhow::Error::msg)?;
+    cfg.validate()?;
     let bar = std::io::stderr().is_terminal().then(|| {
         let b = indicatif::ProgressBar::new(cfg.frames);
         b.set_style(

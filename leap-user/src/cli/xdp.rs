@@ -93,7 +93,7 @@ pub fn main(args: &XdpArgs) -> Result<()> {
         XdpCmd::Stats { iface, json } => {
             let c = PinnedProgram::open(iface)?.counters()?;
             if *json {
-                println!("{}", serde_json::json!({ "iface": iface, "xdp": c.to_json() }));
+                println!("{}", serde_json::json!({ "iface": iface, "xdp": c }));
             } else {
                 print!("{c}");
             }

@@ -27,7 +27,7 @@ use leap_common::chunk::{
 };
 use leap_common::control::ControlMessage;
 
-use crate::transport::{Drops, FrameKind, Received};
+use super::types::{Drops, FrameKind, Received};
 
 /// Chunks far behind the expected seq, with none placed in between, that
 /// count as evidence that the sender restarted (a restarted sender sends

@@ -15,8 +15,8 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::netns::Topology;
-use crate::transport::Stats;
 use crate::transport::open::{Endpoint, Options, TransportKind};
+use crate::transport::{BackendCounters, Stats};
 
 pub use node::{HeadConfig, HeadReport, NeighbourPolicy, WorkerConfig, run_head, run_worker};
 
@@ -35,6 +35,7 @@ pub enum Placement {
 
 /// A ring to run on this host.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct RingConfig {
     /// Backend.
     pub transport: TransportKind,
@@ -107,38 +108,43 @@ impl RingConfig {
     ///
     /// # Errors
     ///
-    /// A description of the first problem.
-    pub fn validate(&self) -> Result<(), String> {
+    /// [`RingError::Config`] describing the first problem.
+    pub fn validate(&self) -> Result<(), RingError> {
+        self.problem().map_or(Ok(()), |p| Err(RingError::Config(p)))
+    }
+
+    /// The first problem of the settings, described.
+    fn problem(&self) -> Option<String> {
         if self.nodes < 2 {
-            return Err(format!("--nodes {}: a ring needs at least 2 nodes (a head and a worker)", self.nodes));
+            return Some(format!("--nodes {}: a ring needs at least 2 nodes (a head and a worker)", self.nodes));
         }
         if self.nodes > 64 {
-            return Err(format!("--nodes {}: at most 64 nodes on one host", self.nodes));
+            return Some(format!("--nodes {}: at most 64 nodes on one host", self.nodes));
         }
         let min = leap_common::control::CONTROL_FRAME_MIN;
         if self.frame_size < min || self.frame_size > MAX_FRAME {
-            return Err(format!(
+            return Some(format!(
                 "--frame-size {}: must be {min}..={MAX_FRAME} bytes (a control message must fit; \
                  Llama-3-8B frames are 16392)",
                 self.frame_size
             ));
         }
         if self.frames == 0 {
-            return Err("--frames 0: drive at least one frame".into());
+            return Some("--frames 0: drive at least one frame".into());
         }
         if self.loss_pct != 0.0 && self.placement != Placement::Netns {
-            return Err(format!("--loss {}: loss is injected on veth links; add --netns", self.loss_pct));
+            return Some(format!("--loss {}: loss is injected on veth links; add --netns", self.loss_pct));
         }
         if self.send_fault_pct != 0.0 && self.placement != Placement::Netns {
-            return Err("send faults are injected by nftables in the nodes' namespaces; use namespaces".into());
+            return Some("send faults are injected by nftables in the nodes' namespaces; use namespaces".into());
         }
         if !(0.0..=50.0).contains(&self.loss_pct) {
-            return Err(format!("--loss {}: must be 0..=50 percent", self.loss_pct));
+            return Some(format!("--loss {}: must be 0..=50 percent", self.loss_pct));
         }
         if self.inflight == 0 || self.inflight > 64 {
-            return Err(format!("--inflight {}: must be 1..=64", self.inflight));
+            return Some(format!("--inflight {}: must be 1..=64", self.inflight));
         }
-        Ok(())
+        None
     }
 }
 
@@ -230,16 +236,17 @@ pub struct RingReport {
     pub control_ack: Option<bool>,
     /// Counters summed over all nodes.
     pub stats: Stats,
-    /// Backend counters (XDP program, kernel module), summed over nodes.
+    /// XDP program counters, summed over nodes.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub xdp: Option<serde_json::Value>,
-    /// Kernel module counters, when the module was used.
+    pub xdp: Option<BackendCounters>,
+    /// Kernel module counters, summed over nodes, when the module was used.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub kmod: Option<serde_json::Value>,
+    pub kmod: Option<BackendCounters>,
 }
 
 /// Why a ring run failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RingError {
     /// Bad settings.
     #[error("{0}")]
@@ -253,14 +260,60 @@ pub enum RingError {
         /// Its index (0 = head).
         node: usize,
         /// What happened.
-        error: String,
+        #[source]
+        error: NodeError,
     },
+}
+
+/// What went wrong in one node of a ring [`run`] starts.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NodeError {
+    /// Its thread could not be started.
+    #[error("spawn: {0}")]
+    Spawn(#[source] std::io::Error),
+    /// Its thread panicked.
+    #[error("{0} thread panicked")]
+    Panicked(&'static str),
+    /// It could not be pinned to its CPU.
+    #[error("pinning node {node} to CPU {cpu}: {source}")]
+    Pin {
+        /// The node.
+        node: usize,
+        /// Its CPU.
+        cpu: usize,
+        /// What the kernel said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// It could not enter its network namespace.
+    #[error("entering {}: {source}", path.display())]
+    EnterNetns {
+        /// The namespace.
+        path: std::path::PathBuf,
+        /// What the kernel said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// It could not drop to the packaged unit's capabilities.
+    #[error("keeping only the packaged unit's capabilities: {0}")]
+    UnitCaps(#[source] std::io::Error),
+    /// Its transport failed.
+    #[error(transparent)]
+    Transport(#[from] crate::transport::TransportError),
+    /// The ring did not start: the first node that failed to open its
+    /// transport, and why (every node reports it).
+    #[error(transparent)]
+    Start(Arc<NodeError>),
+    /// Not every node opened its transport in time.
+    #[error("timed out waiting for the other nodes to start")]
+    StartTimeout,
 }
 
 /// Waits until every node has opened its transport, or one failed.
 #[derive(Debug)]
 struct Gate {
-    state: Mutex<(usize, Option<String>)>,
+    state: Mutex<(usize, Option<Arc<NodeError>>)>,
     cv: Condvar,
     n: usize,
 }
@@ -274,22 +327,29 @@ impl Gate {
         cfg: &RingConfig,
         ep: &Endpoint,
         timeout: Duration,
-    ) -> Result<Box<dyn crate::transport::Transport>, String> {
-        let opened = (|| {
+    ) -> Result<Box<dyn crate::transport::Transport>, NodeError> {
+        let opened = (|| -> Result<Box<dyn crate::transport::Transport>, NodeError> {
             if let Some(ns) = ns {
-                crate::sys::netns::enter(ns).map_err(|e| format!("entering {}: {e}", ns.display()))?;
+                crate::sys::netns::enter(ns)
+                    .map_err(|source| NodeError::EnterNetns { path: ns.to_path_buf(), source })?;
             }
             if cfg.unit_caps {
-                crate::sys::restrict_thread_caps(crate::sys::UNIT_CAPS)
-                    .map_err(|e| format!("keeping only the packaged unit's capabilities: {e}"))?;
+                crate::sys::restrict_thread_caps(crate::sys::UNIT_CAPS).map_err(NodeError::UnitCaps)?;
             }
-            crate::transport::open::open(cfg.transport, ep, &cfg.options).map_err(|e| e.to_string())
+            Ok(crate::transport::open::open(cfg.transport, ep, &cfg.options)?)
         })();
-        self.arrive(opened.as_ref().err().cloned(), timeout)?;
-        opened
+        match opened {
+            Ok(t) => self.arrive(None, timeout).map(|()| t),
+            Err(e) => {
+                // Every node reports the first failure: ours, unless another
+                // node's came first.
+                let e = Arc::new(e);
+                Err(self.arrive(Some(e.clone()), timeout).err().unwrap_or(NodeError::Start(e)))
+            }
+        }
     }
 
-    fn arrive(&self, failure: Option<String>, timeout: Duration) -> Result<(), String> {
+    fn arrive(&self, failure: Option<Arc<NodeError>>, timeout: Duration) -> Result<(), NodeError> {
         let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
         g.0 += 1;
         if failure.is_some() && g.1.is_none() {
@@ -301,8 +361,8 @@ impl Gate {
             .wait_timeout_while(g, timeout, |g| g.0 < self.n && g.1.is_none())
             .unwrap_or_else(|p| p.into_inner());
         match &g.1 {
-            Some(e) => Err(e.clone()),
-            None if g.0 < self.n => Err("timed out waiting for the other nodes to start".into()),
+            Some(e) => Err(NodeError::Start(e.clone())),
+            None if g.0 < self.n => Err(NodeError::StartTimeout),
             None => Ok(()),
         }
     }
@@ -371,12 +431,12 @@ fn layout(cfg: &RingConfig) -> Result<(Vec<Endpoint>, Option<Topology>), RingErr
 }
 
 /// Pins the calling node thread (node `i`) to its CPU of `cpus`, if any.
-pub(crate) fn pin(cpus: &[usize], i: usize) -> Result<(), String> {
+pub(crate) fn pin(cpus: &[usize], i: usize) -> Result<(), NodeError> {
     if cpus.is_empty() {
         return Ok(());
     }
     let cpu = cpus[i % cpus.len()];
-    crate::sys::pin_thread(&[cpu]).map_err(|e| format!("pinning node {i} to CPU {cpu}: {e}"))
+    crate::sys::pin_thread(&[cpu]).map_err(|source| NodeError::Pin { node: i, cpu, source })
 }
 
 /// Runs a whole ring on this host and reports what the head measured.
@@ -386,7 +446,7 @@ pub(crate) fn pin(cpus: &[usize], i: usize) -> Result<(), String> {
 /// [`RingError`] for bad settings, namespace set-up failures, or a node
 /// whose transport failed.
 pub fn run(cfg: &RingConfig) -> Result<RingReport, RingError> {
-    cfg.validate().map_err(RingError::Config)?;
+    cfg.validate()?;
     crate::sys::check_cpus(&cfg.options.cpus).map_err(|e| RingError::Config(format!("--cpus: {e}")))?;
     let mut cfg = cfg.clone();
     if cfg.loss_pct > 0.0 && cfg.options.gso {
@@ -418,11 +478,11 @@ pub fn run(cfg: &RingConfig) -> Result<RingReport, RingError> {
                     let cpu0 = crate::sys::thread_cpu_time();
                     let res = run_worker(&mut *t, &wc, &stop);
                     let cpu1 = crate::sys::thread_cpu_time();
-                    res.map_err(|e| e.to_string())?;
+                    res?;
                     let cpu = (cpu1.0 + cpu1.1).saturating_sub(cpu0.0 + cpu0.1);
-                    Ok::<_, String>((t.stats(), t.backend_counters(), cpu))
+                    Ok::<_, NodeError>((t.stats(), t.backend_counters(), cpu))
                 })
-                .map_err(|e| RingError::Node { node: i, error: format!("spawn: {e}") })?,
+                .map_err(|e| RingError::Node { node: i, error: NodeError::Spawn(e) })?,
         );
     }
     let head = {
@@ -447,24 +507,24 @@ pub fn run(cfg: &RingConfig) -> Result<RingReport, RingError> {
                     pause: Duration::ZERO,
                 };
                 let cpu0 = crate::sys::thread_cpu_time();
-                let res = run_head(&mut *t, &hc).map_err(|e| e.to_string());
+                let res = run_head(&mut *t, &hc);
                 let cpu1 = crate::sys::thread_cpu_time();
                 let cpu = (cpu1.0 + cpu1.1).saturating_sub(cpu0.0 + cpu0.1);
                 // Tell the workers before our connections close, so that
                 // they take the close for the end of the run.
                 stop.store(true, Ordering::SeqCst);
-                Ok::<_, String>((res?, t.stats(), t.backend_counters(), cpu))
+                Ok::<_, NodeError>((res?, t.stats(), t.backend_counters(), cpu))
             })
-            .map_err(|e| RingError::Node { node: 0, error: format!("spawn: {e}") })?
+            .map_err(|e| RingError::Node { node: 0, error: NodeError::Spawn(e) })?
     };
-    let head_res = head.join().unwrap_or_else(|_| Err("head thread panicked".into()));
+    let head_res = head.join().unwrap_or(Err(NodeError::Panicked("head")));
     stop.store(true, Ordering::SeqCst);
     let mut stats = Stats::default();
     let mut counters = Vec::new();
     let mut cpu = Duration::ZERO;
     let mut worker_err = None;
     for (i, w) in workers.into_iter().enumerate() {
-        match w.join().unwrap_or_else(|_| Err("worker thread panicked".into())) {
+        match w.join().unwrap_or(Err(NodeError::Panicked("worker"))) {
             Ok((s, c, t)) => {
                 stats.add(&s);
                 counters.extend(c);
@@ -535,12 +595,12 @@ pub fn assemble(
     cfg: &RingConfig,
     head: HeadSummary,
     stats: Stats,
-    counters: &[serde_json::Value],
+    counters: &[BackendCounters],
     cpu: Duration,
 ) -> RingReport {
     let elapsed = head.elapsed_s.max(1e-9);
     let delivered = head.delivered;
-    let backend = sum_json(counters);
+    let backend = BackendCounters::sum(counters);
     let is_kmod = cfg.transport == TransportKind::Kmod;
     RingReport {
         transport: cfg.transport.as_str().into(),
@@ -563,40 +623,7 @@ pub fn assemble(
         retransmits: stats.retransmits,
         control_ack: head.control_ack,
         stats,
-        xdp: if is_kmod { None } else { backend.clone() },
+        xdp: if is_kmod { None } else { backend },
         kmod: if is_kmod { backend } else { None },
     }
-}
-
-/// Sums JSON objects of numbers key by key (nested objects too).
-pub fn sum_json(items: &[serde_json::Value]) -> Option<serde_json::Value> {
-    use serde_json::Value;
-    fn add(acc: &mut Value, v: &Value) {
-        match (acc, v) {
-            (Value::Object(a), Value::Object(b)) => {
-                for (k, bv) in b {
-                    match a.get_mut(k) {
-                        Some(av) => add(av, bv),
-                        None => {
-                            a.insert(k.clone(), bv.clone());
-                        }
-                    }
-                }
-            }
-            (a @ Value::Number(_), Value::Number(b)) => {
-                if let (Some(x), Some(y)) = (a.as_u64(), b.as_u64()) {
-                    *a = Value::from(x + y);
-                } else if let (Some(x), Some(y)) = (a.as_f64(), b.as_f64()) {
-                    *a = Value::from(x + y);
-                }
-            }
-            _ => {}
-        }
-    }
-    let mut it = items.iter();
-    let mut acc = it.next()?.clone();
-    for v in it {
-        add(&mut acc, v);
-    }
-    Some(acc)
 }

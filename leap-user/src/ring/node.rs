@@ -15,6 +15,7 @@ use crate::transport::{FrameKind, Transport, TransportError};
 
 /// What the head does.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct HeadConfig {
     /// Bytes per frame.
     pub frame_size: usize,
@@ -40,6 +41,27 @@ pub struct HeadConfig {
     pub stop: Option<Arc<AtomicBool>>,
     /// Idle this long before sending each frame (a head between requests).
     pub pause: Duration,
+}
+
+impl HeadConfig {
+    /// A head driving `frames` frames of `frame_size` bytes one at a time,
+    /// giving up after 10 s without a frame back, counting nothing lost
+    /// early, without control messages, telemetry or pauses.
+    pub fn new(frame_size: usize, frames: u64) -> Self {
+        Self {
+            frame_size,
+            frames,
+            inflight: 1,
+            stall_timeout: Duration::from_secs(10),
+            lost_after: None,
+            retry: false,
+            control_workers: None,
+            progress: None,
+            telemetry: None,
+            stop: None,
+            pause: Duration::ZERO,
+        }
+    }
 }
 
 /// What the head measured.
@@ -206,9 +228,7 @@ pub fn run_head(t: &mut dyn Transport, cfg: &HeadConfig) -> Result<HeadReport, T
             Err(TransportError::FrameLost { .. }) => last_progress = Instant::now(),
             Err(e @ (TransportError::Timeout(_) | TransportError::PeerClosed(_))) => {
                 if last_progress.elapsed() >= cfg.stall_timeout {
-                    return Err(TransportError::Backend(
-                        format!("no frame came back for {:?} ({e})", cfg.stall_timeout).into(),
-                    ));
+                    return Err(TransportError::Stalled { waited: cfg.stall_timeout, last: Box::new(e) });
                 }
                 if let (Some(after), Some(f)) = (cfg.lost_after, in_flight.front())
                     && f.sent.elapsed() >= after
@@ -300,6 +320,7 @@ pub enum NeighbourPolicy {
 
 /// What a worker does.
 #[derive(Clone, Debug, Default)]
+#[non_exhaustive]
 pub struct WorkerConfig {
     /// Bytes per frame (the receive buffer).
     pub frame_size: usize,
@@ -309,6 +330,14 @@ pub struct WorkerConfig {
     pub policy: NeighbourPolicy,
     /// Where to publish counters and forward times (a `leap node`).
     pub telemetry: Option<Arc<Telemetry>>,
+}
+
+impl WorkerConfig {
+    /// A worker of frames of `frame_size` bytes, without compute or
+    /// telemetry, with the default [`NeighbourPolicy`].
+    pub fn new(frame_size: usize) -> Self {
+        Self { frame_size, ..Self::default() }
+    }
 }
 
 /// A worker: receives, computes, forwards, until `stop`. Control messages

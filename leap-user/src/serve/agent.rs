@@ -466,7 +466,7 @@ fn start(sh: &Arc<Shared>, spec: MemberSpec, guard: BusyGuard) -> std::io::Resul
         recv_timeout: Some(Duration::from_millis(spec.recv_timeout_ms)),
         setup_timeout: Duration::from_millis(spec.setup_timeout_ms),
         xdp_object: sh.cfg.xdp_object.clone(),
-        xdp_mode: spec.xdp_mode.as_str().into(),
+        xdp_mode: spec.xdp_mode.attach_mode(),
         reliability: spec.reliability,
         gso: spec.gso,
         crc: spec.crc,

@@ -334,11 +334,7 @@ impl HostRings {
             crc: rc.options.crc,
             gso: rc.options.gso,
             reliability: rc.options.reliability,
-            xdp_mode: match rc.options.xdp_mode.as_str() {
-                "drv" => XdpMode::Drv,
-                "skb" => XdpMode::Skb,
-                _ => XdpMode::Auto,
-            },
+            xdp_mode: XdpMode::of(rc.options.xdp_mode),
             recv_timeout_ms: rc.options.recv_timeout.map_or(1000, ms),
             setup_timeout_ms: ms(rc.options.setup_timeout),
             stall_timeout_ms: ms(rc.stall_timeout),
@@ -455,7 +451,7 @@ impl HostRings {
         for r in &reports {
             stats.add(&r.stats);
             cpu += Duration::from_secs_f64(r.cpu_s.max(0.0));
-            counters.extend(r.backend.clone());
+            counters.extend(r.backend);
         }
         Ok(assemble(rc, head, stats, &counters, cpu))
     }

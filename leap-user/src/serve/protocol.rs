@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use super::capabilities::HostCapabilities;
 use crate::ring::{HeadSummary, MAX_FRAME};
 use crate::transport::Stats;
+use crate::transport::config::AttachMode;
 use crate::transport::open::TransportKind;
 
 /// First bytes of every message ("leap serve", version 1).
@@ -81,12 +82,21 @@ pub enum XdpMode {
 }
 
 impl XdpMode {
-    /// As `Options::xdp_mode` spells it.
-    pub fn as_str(self) -> &'static str {
+    /// The mode to attach in.
+    pub fn attach_mode(self) -> AttachMode {
         match self {
-            Self::Auto => "auto",
-            Self::Drv => "drv",
-            Self::Skb => "skb",
+            Self::Auto => AttachMode::Auto,
+            Self::Drv => AttachMode::Drv,
+            Self::Skb => AttachMode::Skb,
+        }
+    }
+
+    /// The request's spelling of `mode`.
+    pub fn of(mode: AttachMode) -> Self {
+        match mode {
+            AttachMode::Drv => Self::Drv,
+            AttachMode::Skb => Self::Skb,
+            _ => Self::Auto,
         }
     }
 }
@@ -248,7 +258,7 @@ pub struct MemberReport {
     /// The member's transport counters.
     pub stats: Stats,
     /// Backend counters (XDP program, kernel module).
-    pub backend: Option<serde_json::Value>,
+    pub backend: Option<crate::transport::BackendCounters>,
     /// CPU time of the data phase (user + system), seconds.
     pub cpu_s: f64,
     /// Aborted before the end (worker: the normal way to end).

@@ -287,16 +287,6 @@ impl Device {
     }
 }
 
-impl crate::transport::lend::Release for Device {
-    fn release(&self, bank: u32) {
-        if let Err(e) = self.release_bank(bank) {
-            // The bank stays held: the module counts it busy until this file
-            // is closed. Nothing else can be done from a drop.
-            log::warn!("LEAP_IOCTL_RELEASE_BANK {bank} failed: {e}");
-        }
-    }
-}
-
 impl AsFd for Device {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.file.as_fd()

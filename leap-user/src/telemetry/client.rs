@@ -17,6 +17,7 @@ pub const STATS_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Errors reading a node's stats socket.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StatsQueryError {
     /// Nothing answers on the path.
     #[error("no leap node answers on {} ({source}); is it running with that --stats-socket?", path.display())]

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 
-use crate::transport::{Stats, Transport};
+use crate::transport::{BackendCounters, Stats, Transport};
 
 /// Upper bounds of the latency buckets, microseconds.
 pub const BUCKETS_US: [f64; 14] = [5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1e3, 2e3, 5e3, 1e4, 5e4, 1e5, 1e6];
@@ -75,7 +75,7 @@ impl Server {
 #[derive(Debug, Default, Clone)]
 struct Snapshot {
     stats: Stats,
-    backend: Option<Value>,
+    backend: Option<BackendCounters>,
     frames: u64,
     published: Option<SystemTime>,
 }
@@ -126,7 +126,16 @@ impl Telemetry {
 
     /// Everything as JSON (what `leap stats --json` prints).
     pub fn to_json(&self) -> Value {
-        let s = self.snap.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        self.json_of(&self.snapshot())
+    }
+
+    /// The latest publication.
+    fn snapshot(&self) -> Snapshot {
+        self.snap.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Everything as JSON, with the counters of `s`.
+    fn json_of(&self, s: &Snapshot) -> Value {
         let (counts, sum_ns) = self.latency.snapshot();
         json!({
             "node": self.node,
@@ -170,17 +179,4 @@ impl Telemetry {
             );
         }
     }
-}
-
-fn flatten(prefix: &str, o: &serde_json::Map<String, Value>) -> Vec<(String, f64)> {
-    let mut v = Vec::new();
-    for (k, val) in o {
-        let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}_{k}") };
-        match val {
-            Value::Object(inner) => v.extend(flatten(&key, inner)),
-            Value::Number(n) => v.push((key, n.as_f64().unwrap_or(0.0))),
-            _ => {}
-        }
-    }
-    v
 }

@@ -8,7 +8,8 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::registry::Registry;
 use serde_json::Value;
 
-use super::{BUCKETS_US, Server, Telemetry, flatten};
+use super::{BUCKETS_US, Server, Telemetry};
+use crate::transport::BackendCounters;
 
 /// The `Content-Type` of what [`encode`] returns.
 pub(super) const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
@@ -17,6 +18,7 @@ pub(super) const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
 #[derive(Debug)]
 struct Scrape {
     json: Value,
+    backend: Option<BackendCounters>,
     latency_counts: Vec<u64>,
     latency_sum_ns: u64,
     refused: [(&'static str, u64); 2],
@@ -25,9 +27,11 @@ struct Scrape {
 /// Everything in `tel`, with the labels `node`, `role` and `transport` on
 /// every sample.
 pub(super) fn encode(tel: &Telemetry) -> String {
+    let snap = tel.snapshot();
     let (latency_counts, latency_sum_ns) = tel.latency.snapshot();
     let scrape = Scrape {
-        json: tel.to_json(),
+        json: tel.json_of(&snap),
+        backend: snap.backend,
         latency_counts,
         latency_sum_ns,
         refused: Server::ALL.map(|s| (s.name(), tel.refused(s))),
@@ -80,10 +84,14 @@ impl Collector for Scrape {
                 family(&mut enc, "leap_drops", "Datagrams dropped, by reason.", "reason", values)?;
             }
         }
-        if let Some(backend) = j["backend"].as_object() {
-            let flat = flatten("", backend);
-            let values = flat.iter().map(|(k, v)| (k.as_str(), *v as u64));
-            family(&mut enc, "leap_backend", "Counters of the XDP program or kernel module.", "counter", values)?;
+        if let Some(backend) = &self.backend {
+            family(
+                &mut enc,
+                "leap_backend",
+                "Counters of the XDP program or kernel module.",
+                "counter",
+                backend.values(),
+            )?;
         }
         family(
             &mut enc,

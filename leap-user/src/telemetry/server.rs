@@ -37,6 +37,7 @@ pub const STATS_SOCKET_MODE: u32 = 0o600;
 
 /// How much each server lets one client take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Limits {
     /// Connections open at once, per server. One more closes the oldest
     /// that has not sent its request head yet, else itself is closed; both
@@ -64,6 +65,7 @@ impl Default for Limits {
 
 /// Errors starting the telemetry servers.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TelemetryError {
     /// The metrics address cannot be bound.
     #[error("cannot serve metrics on {addr}: {source}")]

@@ -27,8 +27,10 @@ use leap_common::chunk::{CHUNK_DATAGRAM_MAX, CHUNK_PAYLOAD_MAX, ChunkHeader, Chu
 use leap_common::hello::{Hello, caps};
 use socket2::Socket;
 
+pub use super::config::Reliability;
+use super::config::UdpConfig;
 use super::lend::OwnedBuf;
-use super::udp::{UdpConfig, UdpSender};
+use super::send::UdpSender;
 use super::{FrameKind, Received, Result, Stats, TransportError};
 use crate::frame::peer::{Peer, random_u64};
 use crate::frame::reliable::{
@@ -48,19 +50,6 @@ const RETX_PACE_BYTES_PER_S: u64 = 500_000_000;
 /// How long the first frame waits for the next node to prove that it is a
 /// leap node (once per link; an original node costs this once).
 const FIRST_PROOF_WAIT: Duration = Duration::from_millis(100);
-
-/// Whether lost chunks are recovered.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Reliability {
-    /// Keep recent frames, answer NACKs, NACK what is missing from leap
-    /// senders that keep theirs (the default between leap nodes).
-    #[default]
-    Reliable,
-    /// The original's semantics with deadlines: a frame with a missing chunk
-    /// is given up with a typed error.
-    BestEffort,
-}
 
 /// Log lines about the same kind of trouble: at most one a second, with the
 /// number of those left out.

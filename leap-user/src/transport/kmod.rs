@@ -27,7 +27,8 @@ use leap_common::kmod::{
 };
 
 use super::{
-    Drops, FrameKind, FrameReceiver, FrameSender, Halves, Lent, Received, Result, Stats, Transport, TransportError,
+    BackendCounters, Drops, FrameKind, FrameReceiver, FrameSender, Halves, Lent, Received, Result, Stats, Transport,
+    TransportError,
 };
 use crate::sys::kmod::Device;
 
@@ -36,6 +37,7 @@ const NEEDED: u64 = features::PER_OPEN | features::RELEASE_BANK | features::WAIT
 
 /// Settings of a [`KmodTransport`].
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct KmodConfig {
     /// The device node.
     pub device: PathBuf,
@@ -72,6 +74,7 @@ impl KmodConfig {
 
 /// Errors of the kernel-module backend.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum KmodError {
     /// Frames larger than one receive bank cannot cross the module.
     #[error(
@@ -113,12 +116,6 @@ pub enum KmodError {
     Ipv6(SocketAddr),
 }
 
-impl From<KmodError> for TransportError {
-    fn from(e: KmodError) -> Self {
-        TransportError::Backend(Box::new(e))
-    }
-}
-
 /// The IPv4 form of an address, or [`KmodError::Ipv6`].
 ///
 /// # Errors
@@ -131,34 +128,61 @@ pub fn ipv4(addr: SocketAddr) -> Result<SocketAddrV4, KmodError> {
     }
 }
 
-/// The module's counters as JSON (for reports, `leap stats` and `leap kmod status`).
-pub fn counters_json(c: &leap_common::kmod::Counters) -> serde_json::Value {
-    serde_json::json!({
-    "rx_chunks": c.rx_chunks,
-    "rx_duplicates": c.rx_duplicates,
-    "rx_frames_completed": c.rx_frames_completed,
-    "rx_frames_delivered": c.rx_frames_delivered,
-    "rx_frames_timed_out": c.rx_frames_timed_out,
-    "rx_lost_overflow": c.rx_lost_overflow,
-    "rx_passthrough": c.rx_passthrough,
-    "rx_not_leap": c.rx_not_leap,
-    "drop_short": c.drop_short,
-    "drop_bad_chunk_id": c.drop_bad_chunk_id,
-    "drop_oversize": c.drop_oversize,
-    "drop_bad_length": c.drop_bad_length,
-    "drop_total_mismatch": c.drop_total_mismatch,
-    "drop_too_big": c.drop_too_big,
-    "drop_peer": c.drop_peer,
-    "drop_bad_checksum": c.drop_bad_checksum,
-    "drop_bank_busy": c.drop_bank_busy,
-    "drop_stale": c.drop_stale,
-    "drop_source_mismatch": c.drop_source_mismatch,
-    "drop_stranger": c.drop_stranger,
-    "drop_not_unicast": c.drop_not_unicast,
-    "tx_frames": c.tx_frames,
-    "tx_chunks": c.tx_chunks,
-    "tx_errors": c.tx_errors,
-    })
+/// Names of the fields of [`Counters`] (the module's `struct leap_counters`),
+/// in their order; the reserved room after them is left out.
+const COUNTER_NAMES: [&str; 24] = [
+    "rx_chunks",
+    "rx_duplicates",
+    "rx_frames_completed",
+    "rx_frames_delivered",
+    "rx_frames_timed_out",
+    "rx_lost_overflow",
+    "rx_passthrough",
+    "rx_not_leap",
+    "drop_short",
+    "drop_bad_chunk_id",
+    "drop_oversize",
+    "drop_bad_length",
+    "drop_total_mismatch",
+    "drop_too_big",
+    "drop_peer",
+    "drop_bad_checksum",
+    "drop_bank_busy",
+    "drop_stale",
+    "drop_source_mismatch",
+    "tx_frames",
+    "tx_chunks",
+    "tx_errors",
+    "drop_stranger",
+    "drop_not_unicast",
+];
+
+/// The module's counters as 32 `u64`s, in field order.
+fn counter_array(c: &Counters) -> &[u64; 32] {
+    bytemuck::cast_ref(c)
+}
+
+/// Every counter of the module by name, in field order.
+pub fn counter_values(c: &Counters) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+    COUNTER_NAMES.into_iter().zip(counter_array(c).iter().copied())
+}
+
+/// Counters from their values by name (`None`: 0).
+pub fn counters_from(get: impl Fn(&str) -> Option<u64>) -> Counters {
+    let mut c = Counters::default();
+    let values: &mut [u64; 32] = bytemuck::cast_mut(&mut c);
+    for (v, name) in values.iter_mut().zip(COUNTER_NAMES) {
+        *v = get(name).unwrap_or(0);
+    }
+    c
+}
+
+/// Adds `b` to `a`, counter by counter (ring-wide sums).
+pub fn add_counters(a: &mut Counters, b: &Counters) {
+    let sum: &mut [u64; 32] = bytemuck::cast_mut(a);
+    for (x, y) in sum.iter_mut().zip(counter_array(b)) {
+        *x += y;
+    }
 }
 
 /// Opens the device at `path` and returns what the module says about
@@ -374,8 +398,8 @@ impl Transport for KmodTransport {
         self.all_stats()
     }
 
-    fn backend_counters(&self) -> Option<serde_json::Value> {
-        Some(counters_json(&self.counters().ok()?))
+    fn backend_counters(&self) -> Option<BackendCounters> {
+        Some(BackendCounters::Kmod(self.counters().ok()?))
     }
 
     fn split(self: Box<Self>) -> Result<Halves> {
@@ -446,6 +470,16 @@ impl FrameReceiver for KmodRecvHalf {
     }
 }
 
+impl super::lend::Release for Device {
+    fn release(&self, bank: u32) {
+        if let Err(e) = self.release_bank(bank) {
+            // The bank stays held: the module counts it busy until this file
+            // is closed. Nothing else can be done from a drop.
+            log::warn!("LEAP_IOCTL_RELEASE_BANK {bank} failed: {e}");
+        }
+    }
+}
+
 /// The module's drop counters in the shape every backend reports.
 pub fn drops(c: &Counters) -> Drops {
     Drops {
@@ -472,7 +506,7 @@ pub fn drops(c: &Counters) -> Drops {
 /// # Errors
 ///
 /// [`KmodError`] (IPv6 addresses included).
-pub fn open_endpoint(ep: &super::open::Endpoint, opts: &super::open::Options) -> Result<KmodTransport, KmodError> {
+pub fn open_endpoint(ep: &super::config::Endpoint, opts: &super::config::Options) -> Result<KmodTransport, KmodError> {
     if opts.frame_len > leap_common::kmod::BANK_FRAME_MAX {
         return Err(KmodError::FrameTooLarge(opts.frame_len));
     }
@@ -481,4 +515,50 @@ pub fn open_endpoint(ep: &super::open::Endpoint, opts: &super::open::Options) ->
     cfg.recv_timeout = opts.recv_timeout;
     cfg.original_compat = opts.original_compat;
     KmodTransport::open(cfg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counter_names_match_the_fields() {
+        let mut c = Counters::default();
+        for (i, v) in bytemuck::cast_mut::<_, [u64; 32]>(&mut c).iter_mut().enumerate() {
+            *v = i as u64 + 1;
+        }
+        let got: Vec<(&str, u64)> = counter_values(&c).collect();
+        let want = [
+            ("rx_chunks", c.rx_chunks),
+            ("rx_duplicates", c.rx_duplicates),
+            ("rx_frames_completed", c.rx_frames_completed),
+            ("rx_frames_delivered", c.rx_frames_delivered),
+            ("rx_frames_timed_out", c.rx_frames_timed_out),
+            ("rx_lost_overflow", c.rx_lost_overflow),
+            ("rx_passthrough", c.rx_passthrough),
+            ("rx_not_leap", c.rx_not_leap),
+            ("drop_short", c.drop_short),
+            ("drop_bad_chunk_id", c.drop_bad_chunk_id),
+            ("drop_oversize", c.drop_oversize),
+            ("drop_bad_length", c.drop_bad_length),
+            ("drop_total_mismatch", c.drop_total_mismatch),
+            ("drop_too_big", c.drop_too_big),
+            ("drop_peer", c.drop_peer),
+            ("drop_bad_checksum", c.drop_bad_checksum),
+            ("drop_bank_busy", c.drop_bank_busy),
+            ("drop_stale", c.drop_stale),
+            ("drop_source_mismatch", c.drop_source_mismatch),
+            ("tx_frames", c.tx_frames),
+            ("tx_chunks", c.tx_chunks),
+            ("tx_errors", c.tx_errors),
+            ("drop_stranger", c.drop_stranger),
+            ("drop_not_unicast", c.drop_not_unicast),
+        ];
+        assert_eq!(got, want);
+        let back = counters_from(|k| got.iter().find(|(n, _)| *n == k).map(|&(_, v)| v));
+        assert_eq!(back, Counters { _reserved: [0; 8], ..c });
+        let mut sum = back;
+        add_counters(&mut sum, &back);
+        assert_eq!(sum.tx_errors, 2 * c.tx_errors);
+    }
 }

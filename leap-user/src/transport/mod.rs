@@ -3,11 +3,13 @@
 
 #[cfg(feature = "tokio")]
 pub mod asyncio;
+pub mod config;
 pub mod datagram;
 pub mod halves;
 pub mod kmod;
 pub mod lend;
 pub mod open;
+mod send;
 pub mod tcp;
 pub mod udp;
 pub mod xdp;
@@ -18,28 +20,12 @@ use std::time::Duration;
 use leap_common::control::{CONTROL_FRAME_MIN, ControlMessage};
 use serde::Serialize;
 
+pub use crate::frame::types::{Drops, FrameKind, Received};
 pub use lend::Lent;
-
-/// What a received frame is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub enum FrameKind {
-    /// Activations (header + floats).
-    Data,
-    /// A control message (0xC0DE marker + message, zero padded).
-    Control,
-}
-
-/// A frame written into the caller's buffer by [`Transport::recv_prev`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Received {
-    /// Bytes of the frame at the start of the buffer.
-    pub len: usize,
-    /// Data or control.
-    pub kind: FrameKind,
-}
 
 /// Errors of every backend.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TransportError {
     /// A system call failed.
     #[error("{call} failed: {source}")]
@@ -95,9 +81,25 @@ pub enum TransportError {
     /// A control message could not be encoded.
     #[error("invalid control message: {0:?}")]
     Control(leap_common::control::ControlError),
-    /// Anything a specific backend reports (XDP, kernel module).
+    /// The UDP backend could not be set up.
     #[error(transparent)]
-    Backend(Box<dyn std::error::Error + Send + Sync>),
+    Udp(#[from] udp::UdpError),
+    /// The XDP backend failed.
+    #[error(transparent)]
+    Xdp(#[from] xdp::XdpError),
+    /// The kernel-module backend failed.
+    #[error(transparent)]
+    Kmod(#[from] kmod::KmodError),
+    /// No frame came back around the ring for too long (the head's stall
+    /// timeout).
+    #[error("no frame came back for {waited:?} ({last})")]
+    Stalled {
+        /// How long the head waited.
+        waited: Duration,
+        /// The last receive error.
+        #[source]
+        last: Box<TransportError>,
+    },
 }
 
 impl TransportError {
@@ -119,86 +121,6 @@ impl TransportError {
 
 /// Result of transport operations.
 pub type Result<T, E = TransportError> = std::result::Result<T, E>;
-
-/// Datagrams dropped on receive, by reason.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
-#[serde(default)]
-pub struct Drops {
-    /// Shorter than a chunk header.
-    pub short: u64,
-    /// Not "LEAP".
-    pub bad_magic: u64,
-    /// `chunk_id >= total_chunks` or `total_chunks == 0`.
-    pub bad_chunk_id: u64,
-    /// More than 1400 payload bytes.
-    pub oversize: u64,
-    /// A non-last chunk that is not full, or an empty last chunk.
-    pub bad_length: u64,
-    /// `total_chunks` disagrees with earlier chunks of the same seq.
-    pub total_mismatch: u64,
-    /// From a source other than the configured previous node.
-    pub wrong_source: u64,
-    /// A chunk already received.
-    pub duplicate: u64,
-    /// A chunk of a frame already delivered or given up.
-    pub stale: u64,
-    /// A chunk too far ahead of the frame being assembled.
-    pub out_of_window: u64,
-    /// A frame larger than the receive buffer.
-    pub too_large: u64,
-    /// A complete frame whose CRC32C did not match (dropped; fetched again
-    /// in reliable mode).
-    pub bad_crc: u64,
-    /// A wrong IPv4 header checksum (XDP receive path).
-    pub bad_ip_checksum: u64,
-    /// A wrong UDP checksum (XDP receive path; partial ones where they
-    /// cannot be legitimate).
-    pub bad_udp_checksum: u64,
-    /// A unicast destination MAC of another host (XDP receive path).
-    pub foreign_mac: u64,
-    /// A VLAN the interface is not configured for (XDP receive path).
-    pub foreign_vlan: u64,
-    /// A destination address that is not this host's (XDP receive path).
-    pub foreign_dst: u64,
-    /// An IPv6 source `::ffff:a.b.c.d` (XDP receive path).
-    pub mapped_source: u64,
-}
-
-impl Drops {
-    /// All drops.
-    pub fn total(&self) -> u64 {
-        self.short
-            + self.bad_magic
-            + self.bad_chunk_id
-            + self.oversize
-            + self.bad_length
-            + self.total_mismatch
-            + self.wrong_source
-            + self.duplicate
-            + self.stale
-            + self.out_of_window
-            + self.too_large
-            + self.bad_crc
-            + self.bad_ip_checksum
-            + self.bad_udp_checksum
-            + self.foreign_mac
-            + self.foreign_vlan
-            + self.foreign_dst
-            + self.mapped_source
-    }
-
-    /// Counts a chunk-header parse error.
-    pub fn count_parse(&mut self, e: leap_common::chunk::ChunkError) {
-        use leap_common::chunk::ChunkError as E;
-        match e {
-            E::Short => self.short += 1,
-            E::BadMagic => self.bad_magic += 1,
-            E::ZeroTotal | E::BadChunkId => self.bad_chunk_id += 1,
-            E::Oversize => self.oversize += 1,
-            E::BadLength => self.bad_length += 1,
-        }
-    }
-}
 
 /// Counters of one transport instance.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -292,6 +214,125 @@ impl Stats {
     }
 }
 
+/// What a backend counts beyond [`Stats`]: the XDP program's decisions or
+/// the kernel module's counters. Serialised as one flat object of counters
+/// by name (what `leap stats --json` shows under `backend`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BackendCounters {
+    /// The XDP backends (`xdp`, `xdp-ringbuf`).
+    #[non_exhaustive]
+    Xdp {
+        /// The program's decisions, summed over CPUs.
+        program: xdp::XdpCounters,
+        /// Chunks that reached user space through the kernel's UDP socket
+        /// instead of the program.
+        chunks_via_kernel: u64,
+    },
+    /// The `leap_kmod` kernel module (counters of this open file).
+    Kmod(leap_common::kmod::Counters),
+}
+
+impl BackendCounters {
+    /// The XDP backends' counters.
+    pub fn xdp(program: xdp::XdpCounters, chunks_via_kernel: u64) -> Self {
+        Self::Xdp { program, chunks_via_kernel }
+    }
+
+    /// Every counter by name, in a fixed order.
+    pub fn values(&self) -> Vec<(&'static str, u64)> {
+        match self {
+            Self::Xdp { program, chunks_via_kernel } => {
+                let mut v = program.values().collect::<Vec<_>>();
+                v.push((XDP_VIA_KERNEL, *chunks_via_kernel));
+                v
+            }
+            Self::Kmod(c) => kmod::counter_values(c).collect(),
+        }
+    }
+
+    /// One counter by name.
+    pub fn get(&self, name: &str) -> Option<u64> {
+        self.values().into_iter().find(|(k, _)| *k == name).map(|(_, v)| v)
+    }
+
+    /// Adds `other`'s counters to these (ring-wide sums).
+    ///
+    /// # Errors
+    ///
+    /// When the two come from different backends (nothing is added).
+    pub fn add(&mut self, other: &Self) -> Result<(), MixedBackends> {
+        match (self, other) {
+            (Self::Xdp { program, chunks_via_kernel }, Self::Xdp { program: p, chunks_via_kernel: v }) => {
+                program.add(p);
+                *chunks_via_kernel += v;
+            }
+            (Self::Kmod(a), Self::Kmod(b)) => kmod::add_counters(a, b),
+            _ => return Err(MixedBackends),
+        }
+        Ok(())
+    }
+
+    /// The sum of `items`; `None` when there are none. Counters of another
+    /// backend than the first are left out.
+    pub fn sum<'a>(items: impl IntoIterator<Item = &'a Self>) -> Option<Self> {
+        let mut it = items.into_iter();
+        let mut acc = *it.next()?;
+        for c in it {
+            let _ = acc.add(c);
+        }
+        Some(acc)
+    }
+}
+
+impl std::fmt::Display for BackendCounters {
+    /// One line per counter, as `leap xdp stats` prints the program's.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (k, v) in self.values() {
+            writeln!(f, "{k:<22}{v:>14}")?;
+        }
+        Ok(())
+    }
+}
+
+/// [`BackendCounters::add`] of counters of different backends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("counters of different backends cannot be added")]
+pub struct MixedBackends;
+
+/// Name of [`BackendCounters::Xdp::chunks_via_kernel`] when serialised.
+const XDP_VIA_KERNEL: &str = "chunks_via_kernel";
+
+impl Serialize for BackendCounters {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let values = self.values();
+        let mut m = s.serialize_map(Some(values.len()))?;
+        for (k, v) in values {
+            m.serialize_entry(k, &v)?;
+        }
+        m.end()
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for BackendCounters {
+    /// From the flat object [`Serialize`] writes: the kernel module's when it
+    /// has the module's `rx_chunks`, else the XDP program's. Names it does
+    /// not know (from a newer leap) are ignored.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let map: std::collections::BTreeMap<String, u64> = serde::Deserialize::deserialize(d)?;
+        let get = |k: &str| map.get(k).copied();
+        if map.contains_key("rx_chunks") {
+            Ok(Self::Kmod(kmod::counters_from(get)))
+        } else {
+            Ok(Self::Xdp {
+                program: xdp::XdpCounters::from_values(get),
+                chunks_via_kernel: get(XDP_VIA_KERNEL).unwrap_or(0),
+            })
+        }
+    }
+}
+
 /// Moves frames around the ring: to the next node, from the previous one.
 ///
 /// Frames are opaque bytes (in practice an 8-byte
@@ -348,8 +389,8 @@ pub trait Transport: Send {
     /// The counters so far.
     fn stats(&self) -> Stats;
 
-    /// Backend-specific counters (e.g. the XDP program's), as JSON.
-    fn backend_counters(&self) -> Option<serde_json::Value> {
+    /// Backend-specific counters (the XDP program's, the kernel module's).
+    fn backend_counters(&self) -> Option<BackendCounters> {
         None
     }
 
@@ -514,7 +555,7 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
     fn stats(&self) -> Stats {
         (**self).stats()
     }
-    fn backend_counters(&self) -> Option<serde_json::Value> {
+    fn backend_counters(&self) -> Option<BackendCounters> {
         (**self).backend_counters()
     }
     fn send_control(&mut self, msg: &ControlMessage, frame_len: usize) -> Result<()> {
@@ -528,5 +569,36 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
     }
     fn recv_next(&mut self, buf: &mut [u8]) -> Result<Received> {
         (**self).recv_next(buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_counters_serialise_flat_and_come_back_as_the_same_backend() {
+        let program = xdp::XdpCounters::from_values(|k| (k == "to_xsk").then_some(12));
+        let x = BackendCounters::xdp(program, 3);
+        let j = serde_json::to_value(x).unwrap();
+        assert_eq!((j["to_xsk"].as_u64(), j["chunks_via_kernel"].as_u64()), (Some(12), Some(3)));
+        assert_eq!(serde_json::from_value::<BackendCounters>(j).unwrap(), x);
+
+        let c = leap_common::kmod::Counters { rx_chunks: 5, drop_not_unicast: 1, ..Default::default() };
+        let k = BackendCounters::Kmod(c);
+        let j = serde_json::to_value(k).unwrap();
+        assert_eq!(j["rx_chunks"], 5);
+        assert_eq!(serde_json::from_value::<BackendCounters>(j).unwrap(), k);
+    }
+
+    #[test]
+    fn backend_counters_add_up_per_backend_only() {
+        let x = BackendCounters::xdp(xdp::XdpCounters::from_values(|_| Some(1)), 2);
+        let k = BackendCounters::Kmod(leap_common::kmod::Counters { rx_chunks: 1, ..Default::default() });
+        let sum = BackendCounters::sum(&[x, x, k]).unwrap();
+        assert_eq!((sum.get("to_xsk"), sum.get("chunks_via_kernel")), (Some(2), Some(4)));
+        let mut k2 = k;
+        assert_eq!(k2.add(&x), Err(MixedBackends));
+        assert_eq!(k2.add(&k).map(|()| k2.get("rx_chunks")), Ok(Some(2)));
     }
 }

@@ -1,12 +1,9 @@
 //! Choosing and opening a backend by name, for the CLI, the ring runner and
 //! embedders that take the transport from configuration.
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::time::Duration;
-
-use super::tcp::{TcpConfig, TcpFraming, TcpTransport};
-use super::udp::{UdpConfig, UdpTransport};
+pub use super::config::{Endpoint, Options, UnknownName, udp_config};
+use super::tcp::{TcpConfig, TcpTransport};
+use super::udp::UdpTransport;
 use super::{Result, Transport};
 
 /// The ways to move a frame.
@@ -30,7 +27,7 @@ impl TransportKind {
     pub const ALL: [TransportKind; 5] = [Self::Tcp, Self::Udp, Self::Xdp, Self::XdpRingbuf, Self::Kmod];
 
     /// The name used on the command line and in reports.
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Self::Tcp => "tcp",
             Self::Udp => "udp",
@@ -53,105 +50,24 @@ impl std::fmt::Display for TransportKind {
 }
 
 impl std::str::FromStr for TransportKind {
-    type Err = String;
+    type Err = UnknownName;
 
-    fn from_str(s: &str) -> Result<Self, String> {
-        Self::ALL.into_iter().find(|k| k.as_str() == s).ok_or_else(|| {
-            let names: Vec<_> = Self::ALL.iter().map(|k| k.as_str()).collect();
-            format!("unknown transport `{s}`; choose one of: {}", names.join(", "))
+    fn from_str(s: &str) -> Result<Self, UnknownName> {
+        const NAMES: [&str; TransportKind::ALL.len()] = {
+            let mut names = [""; TransportKind::ALL.len()];
+            let mut i = 0;
+            while i < names.len() {
+                names[i] = TransportKind::ALL[i].as_str();
+                i += 1;
+            }
+            names
+        };
+        Self::ALL.into_iter().find(|k| k.as_str() == s).ok_or_else(|| UnknownName {
+            what: "transport",
+            name: s.into(),
+            choices: &NAMES,
         })
     }
-}
-
-/// Where a node sits in the ring.
-#[derive(Clone, Debug)]
-pub struct Endpoint {
-    /// This node's address (listen / bind / source).
-    pub listen: SocketAddr,
-    /// The next node.
-    pub next: SocketAddr,
-    /// The previous node's sending address, to filter on (`None`: the
-    /// first source is locked in).
-    pub prev: Option<SocketAddr>,
-    /// The interface on which frames arrive (XDP attaches there).
-    pub iface: Option<String>,
-}
-
-/// How to open a backend.
-#[derive(Clone, Debug)]
-pub struct Options {
-    /// Frame size (TCP raw framing needs it; datagram backends size buffers).
-    pub frame_len: usize,
-    /// Receive deadline.
-    pub recv_timeout: Option<Duration>,
-    /// Time allowed to connect (TCP).
-    pub setup_timeout: Duration,
-    /// TCP wire framing.
-    pub tcp_framing: TcpFraming,
-    /// Send chunks with `reserved = 0` like the original.
-    pub original_compat: bool,
-    /// Spin on non-blocking receives this long before sleeping.
-    pub spin: Duration,
-    /// XDP object to load instead of the embedded one.
-    pub xdp_object: Option<PathBuf>,
-    /// XDP attach mode: `auto`, `drv` or `skb`.
-    pub xdp_mode: String,
-    /// AF_XDP receive queues (`None`: every receive queue of the interface).
-    pub xdp_queues: Option<Vec<u32>>,
-    /// VLAN IDs a tagged chunk may carry on the XDP path (empty: untagged
-    /// chunks only).
-    pub xdp_vlans: Vec<u16>,
-    /// Pin the running XDP program and maps under `/sys/fs/bpf/leap/<iface>`
-    /// while the node runs, so that `leap xdp status|stats` see it (what
-    /// `leap node` does).
-    pub xdp_pin: bool,
-    /// Loss recovery of the datagram backends.
-    pub reliability: super::datagram::Reliability,
-    /// Use UDP GSO where the kernel has it (one super-datagram per up to 44
-    /// chunks); off, every chunk is its own datagram down to the device.
-    pub gso: bool,
-    /// CRC32C on every frame between proven leap nodes.
-    pub crc: bool,
-    /// CPUs to pin node threads to (empty: no pinning). A ring puts node
-    /// `i` on the `i % len`-th; `leap node` runs on all of them.
-    pub cpus: Vec<usize>,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Self {
-            frame_len: 16392,
-            recv_timeout: Some(Duration::from_secs(1)),
-            setup_timeout: Duration::from_secs(30),
-            tcp_framing: TcpFraming::Raw,
-            original_compat: false,
-            spin: Duration::ZERO,
-            xdp_object: None,
-            xdp_mode: "auto".into(),
-            xdp_queues: None,
-            xdp_vlans: Vec::new(),
-            xdp_pin: false,
-            reliability: super::datagram::Reliability::Reliable,
-            gso: true,
-            crc: true,
-            cpus: Vec::new(),
-        }
-    }
-}
-
-/// The UDP configuration matching an endpoint and options (shared by the
-/// datagram backends that send through UDP).
-pub fn udp_config(ep: &Endpoint, opts: &Options) -> UdpConfig {
-    let mut c = UdpConfig::new(ep.listen, ep.next);
-    c.prev = ep.prev;
-    c.max_frame_len = opts.frame_len.max(1);
-    c.recv_timeout = opts.recv_timeout;
-    c.original_compat = opts.original_compat;
-    c.spin = opts.spin;
-    c.reliability = opts.reliability;
-    c.gso = opts.gso;
-    c.crc = opts.crc;
-    c
 }
 
 /// Opens a backend of `kind` for `ep`.

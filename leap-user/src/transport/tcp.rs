@@ -15,23 +15,15 @@ use std::time::{Duration, Instant};
 use leap_common::control::ControlMessage;
 use socket2::{Domain, Protocol, Socket, Type};
 
+pub use super::config::TcpFraming;
 use super::lend::OwnedBuf;
 use super::{FrameKind, FrameReceiver, FrameSender, Halves, Lent, Received, Result, Stats, Transport, TransportError};
-
-/// How frames are delimited on the stream.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum TcpFraming {
-    /// Back to back, fixed size: the original's wire.
-    #[default]
-    Raw,
-    /// `u32` little-endian length, `u8` kind, 3 zero bytes, then the frame.
-    Length,
-}
 
 const PREFIX_LEN: usize = 8;
 
 /// Settings of a [`TcpTransport`].
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct TcpConfig {
     /// Address to listen on for the previous node (exactly this address).
     pub listen: SocketAddr,

@@ -8,85 +8,22 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leap_common::chunk::{CHUNK_DATAGRAM_MAX, CHUNK_HEADER_LEN, FRAME_LEN_MAX, flags};
-use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+use leap_common::chunk::{CHUNK_DATAGRAM_MAX, FRAME_LEN_MAX};
+use socket2::{Domain, Protocol, Socket, Type};
 
-use super::datagram::{DatagramLink, Reliability, RxPath};
+pub use super::config::UdpConfig;
+use super::datagram::{DatagramLink, RxPath};
 use super::halves::{DatagramCore, DatagramReceiver, DatagramSender};
-use super::{FrameKind, Halves, Lent, Received, Result, Stats, Transport, TransportError};
-use crate::frame::Chunker;
-use crate::frame::chunker::ChunkRef;
-use crate::frame::reliable::Timers;
-use crate::sys::udp::{RxBatch, TxBatch, enable_gro, gso_supported, set_int, wait_readable};
+pub use super::send::UdpSender;
+use super::{FrameKind, Halves, Lent, Received, Result, Stats, Transport};
+use crate::sys::udp::{RxBatch, enable_gro, set_int, wait_readable};
 
 /// Socket buffer size asked for (the original used 8 MiB).
 pub const SOCKET_BUFFER: usize = 8 << 20;
 
-/// Settings of a [`UdpTransport`].
-#[derive(Debug, Clone)]
-pub struct UdpConfig {
-    /// Address to bind: chunks arrive here and leave from here.
-    pub listen: SocketAddr,
-    /// The next node.
-    pub next: SocketAddr,
-    /// Accept chunks only from this address (the previous node's sending
-    /// address). `None`: the first source a valid chunk comes from is
-    /// locked in, and every other source is dropped and counted
-    /// (`wrong_source`). No configuration accepts frames from anyone.
-    pub prev: Option<SocketAddr>,
-    /// Largest frame to receive.
-    pub max_frame_len: usize,
-    /// Receive deadline (`None`: wait forever).
-    pub recv_timeout: Option<Duration>,
-    /// Send chunks with `reserved = 0`, exactly like the original.
-    pub original_compat: bool,
-    /// Use UDP GSO when the kernel supports it.
-    pub gso: bool,
-    /// Use UDP GRO when the kernel supports it.
-    pub gro: bool,
-    /// Spin this long on non-blocking receives before sleeping.
-    pub spin: Duration,
-    /// Frames in assembly at once (window of the reassembler).
-    pub window: u16,
-    /// Loss recovery.
-    pub reliability: Reliability,
-    /// Loss-recovery timers.
-    pub timers: Timers,
-    /// Where NACKs come from (default: `next`); NACKs from anywhere else
-    /// are dropped.
-    pub nack_from: Option<SocketAddr>,
-    /// Frames kept to answer NACKs.
-    pub keep_frames: usize,
-    /// Send a CRC32C with every frame to a next node that checks it, and
-    /// check it on frames received (between proven leap nodes only).
-    pub crc: bool,
-}
-
-impl UdpConfig {
-    /// Defaults: 1 s deadline, GSO and GRO on, frames up to 1 MiB.
-    pub fn new(listen: SocketAddr, next: SocketAddr) -> Self {
-        Self {
-            listen,
-            next,
-            prev: None,
-            max_frame_len: 1 << 20,
-            recv_timeout: Some(Duration::from_secs(1)),
-            original_compat: false,
-            gso: true,
-            gro: true,
-            spin: Duration::ZERO,
-            window: 16,
-            reliability: Reliability::Reliable,
-            timers: Timers::default(),
-            nack_from: None,
-            keep_frames: 32,
-            crc: true,
-        }
-    }
-}
-
 /// Errors setting up a UDP transport.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum UdpError {
     /// A socket call failed.
     #[error("{call} {addr}: {source}")]
@@ -102,12 +39,6 @@ pub enum UdpError {
     /// The configuration cannot work.
     #[error("{0}")]
     Config(String),
-}
-
-impl From<UdpError> for TransportError {
-    fn from(e: UdpError) -> Self {
-        TransportError::Backend(Box::new(e))
-    }
 }
 
 /// Opens a UDP socket bound to `addr` with large buffers.
@@ -131,111 +62,6 @@ pub fn bind_socket(addr: SocketAddr) -> Result<Socket, UdpError> {
         log::debug!("{addr}: the kernel does not report socket drops (SO_RXQ_OVFL)");
     }
     Ok(s)
-}
-
-/// The sending half: chunks frames and hands them to the kernel in one
-/// `sendmmsg` each. Shared by the datagram backends (UDP, XDP).
-#[derive(Debug)]
-pub struct UdpSender {
-    next: SockAddr,
-    seq: u16,
-    gso: bool,
-    batch: TxBatch,
-    headers: Vec<[u8; CHUNK_HEADER_LEN]>,
-}
-
-impl UdpSender {
-    /// A sender to `next`; `gso` if the socket supports it (checked).
-    pub fn new(socket: &Socket, next: SocketAddr, gso: bool) -> Self {
-        let gso = gso && gso_supported(socket.as_fd());
-        Self { next: next.into(), seq: 0, gso, batch: TxBatch::new(), headers: Vec::new() }
-    }
-
-    /// Whether GSO is in use.
-    pub fn gso(&self) -> bool {
-        self.gso
-    }
-
-    /// The seq the next frame gets.
-    pub fn next_seq(&self) -> u16 {
-        self.seq
-    }
-
-    /// Sends one frame (`head ++ tail`, then `trailer` on the wire) as chunks
-    /// whose headers carry `reserved` (leap flags, or 0 to send exactly like
-    /// the original); returns the chunk count. The frame's seq is used up
-    /// even when sending fails part-way.
-    ///
-    /// # Errors
-    ///
-    /// [`TransportError::BadFrameLen`] (nothing sent, no seq used) or the
-    /// `sendmmsg` error.
-    pub fn send(&mut self, socket: &Socket, reserved: u16, head: &[u8], tail: &[u8], trailer: &[u8]) -> Result<u16> {
-        let len = head.len() + tail.len();
-        let chunker =
-            Chunker::with_trailer(self.seq, reserved, head, tail, trailer).ok_or(TransportError::BadFrameLen(len))?;
-        let total = chunker.total();
-        self.seq = self.seq.wrapping_add(1);
-        self.transmit(socket, chunker)?;
-        Ok(total)
-    }
-
-    /// Sends chunks `ids` of an earlier frame `seq` again, flagged as
-    /// retransmissions; returns how many were sent. Ids beyond the frame are
-    /// skipped.
-    ///
-    /// # Errors
-    ///
-    /// The `sendmmsg` error.
-    pub fn resend(
-        &mut self,
-        socket: &Socket,
-        seq: u16,
-        reserved: u16,
-        frame: &[u8],
-        trailer: &[u8],
-        ids: impl Iterator<Item = u16>,
-    ) -> Result<u64> {
-        let Some(chunker) = Chunker::with_trailer(seq, reserved | flags::RETRANSMIT, frame, &[], trailer) else {
-            return Ok(0);
-        };
-        let mut chunks = [None; 64];
-        let mut sent = 0u64;
-        let mut ids = ids.filter(|&id| id < chunker.total()).peekable();
-        while ids.peek().is_some() {
-            let mut n = 0;
-            for id in ids.by_ref().take(chunks.len()) {
-                chunks[n] = chunker.chunk(id);
-                n += 1;
-            }
-            self.transmit(socket, chunks[..n].iter().flatten().copied())?;
-            sent += n as u64;
-        }
-        Ok(sent)
-    }
-
-    fn transmit<'a, I>(&mut self, socket: &Socket, chunks: I) -> Result<()>
-    where
-        I: Iterator<Item = ChunkRef<'a>> + Clone,
-    {
-        self.headers.clear();
-        self.headers.extend(chunks.clone().map(|c| c.header.to_bytes()));
-        let headers = &self.headers;
-        let datagrams =
-            || chunks.clone().zip(headers.iter()).map(|(c, h)| [&h[..], c.pieces[0], c.pieces[1], c.pieces[2]]);
-        let seg = self.gso.then_some(CHUNK_DATAGRAM_MAX as u16);
-        match self.batch.send(socket.as_fd(), &self.next, datagrams(), seg) {
-            Ok(()) => Ok(()),
-            Err(e) if seg.is_some() && matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL)) => {
-                log::warn!("UDP GSO failed on this path ({e}); sending one datagram per chunk from now on");
-                self.gso = false;
-                self.batch
-                    .send(socket.as_fd(), &self.next, datagrams(), None)
-                    .map_err(|e| TransportError::io("sendmmsg", e))
-            }
-            Err(e) => Err(TransportError::io("sendmmsg", e)),
-        }
-    }
 }
 
 /// The UDP transport: one socket bound to the node's address, sending to the

@@ -60,17 +60,26 @@ impl XdpCounters {
         }
     }
 
-    /// The counters as a JSON object, by name.
-    pub fn to_json(&self) -> serde_json::Value {
-        serde_json::to_value(self).unwrap_or_default()
+    /// Every counter by name, in the program's order.
+    pub fn values(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        Counter::ALL.into_iter().map(|c| (c.name(), self.get(c)))
+    }
+
+    /// Counters from their values by name (`None`: 0).
+    pub fn from_values(get: impl Fn(&str) -> Option<u64>) -> Self {
+        let mut out = Self::default();
+        for c in Counter::ALL {
+            out.values[c as usize] = get(c.name()).unwrap_or(0);
+        }
+        out
     }
 }
 
 impl Serialize for XdpCounters {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut m = s.serialize_map(Some(COUNTERS as usize))?;
-        for c in Counter::ALL {
-            m.serialize_entry(c.name(), &self.get(c))?;
+        for (name, v) in self.values() {
+            m.serialize_entry(name, &v)?;
         }
         m.end()
     }
@@ -94,12 +103,14 @@ mod tests {
         let mut c = XdpCounters::default();
         c.values[Counter::ToXsk as usize] = 7;
         c.values[Counter::Malformed as usize] = 1;
-        let j = c.to_json();
+        let j = serde_json::to_value(c).unwrap();
         assert_eq!(j["to_xsk"], 7);
         assert_eq!(j["malformed"], 1);
         assert_eq!(j.as_object().map(|o| o.len()), Some(COUNTERS as usize));
         assert_eq!(c.delivered(), 7);
         assert_eq!(c.total(), 8);
+        let back = XdpCounters::from_values(|k| j[k].as_u64());
+        assert_eq!(back, c);
     }
 
     #[test]

@@ -5,10 +5,10 @@ use std::io;
 use std::path::PathBuf;
 
 use super::program::AttachMode;
-use crate::transport::TransportError;
 
 /// Errors of the XDP backend and of `leap xdp`.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum XdpError {
     /// This build carries no XDP object and none was given.
     #[error(
@@ -124,11 +124,5 @@ impl XdpError {
     /// Wraps an aya map error.
     pub(crate) fn map(map: &'static str) -> impl FnOnce(aya::maps::MapError) -> Self {
         move |source| Self::Map { map, source }
-    }
-}
-
-impl From<XdpError> for TransportError {
-    fn from(e: XdpError) -> Self {
-        TransportError::Backend(Box::new(e))
     }
 }

@@ -51,14 +51,16 @@ pub use self::packet::{Reject, RxFilter};
 pub use self::program::{AttachMode, AttachedMode, PinnedProgram, XdpProgram};
 pub use self::ringbuf::RingReader;
 pub use self::xsk::{XskConfig, XskSocket, ZeroCopy};
+use super::config::UdpConfig;
 use super::datagram::{DatagramLink, RxPath};
 use super::halves::{DatagramCore, DatagramReceiver, DatagramSender};
-use super::udp::{UdpConfig, bind_socket};
-use super::{FrameKind, Halves, Lent, Received, Result, Stats, Transport, TransportError};
+use super::udp::bind_socket;
+use super::{BackendCounters, FrameKind, Halves, Lent, Received, Result, Stats, Transport, TransportError};
 use crate::sys::udp::RxBatch;
 
 /// How chunks reach user space.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum Delivery {
     /// Redirected into AF_XDP sockets (`--transport xdp`).
     Xsk,
@@ -101,6 +103,7 @@ pub enum PartialChecksums {
 
 /// Settings of an [`XdpTransport`].
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct XdpTransportConfig {
     /// Addresses, deadlines, frame limit and sending options, as for UDP.
     /// `udp.prev`, when set, turns the program's peer filter on.
@@ -168,20 +171,18 @@ impl XdpTransportConfig {
 ///
 /// # Errors
 ///
-/// [`XdpError::Config`] without an interface or with an unknown mode, else
+/// [`XdpError::Config`] without an interface, else
 /// as [`XdpTransport::open`].
 pub fn open_endpoint(
     delivery: Delivery,
-    ep: &super::open::Endpoint,
-    opts: &super::open::Options,
+    ep: &super::config::Endpoint,
+    opts: &super::config::Options,
 ) -> Result<XdpTransport> {
     let iface = ep.iface.as_deref().ok_or_else(|| {
         XdpError::Config(format!("--transport {} needs the interface frames arrive on", delivery.transport_name()))
     })?;
-    let mode = <AttachMode as clap::ValueEnum>::from_str(&opts.xdp_mode, true)
-        .map_err(|_| XdpError::Config(format!("unknown XDP mode {:?}: auto, drv or skb", opts.xdp_mode)))?;
-    let mut cfg = XdpTransportConfig::new(iface, super::open::udp_config(ep, opts), delivery);
-    cfg.mode = mode;
+    let mut cfg = XdpTransportConfig::new(iface, super::config::udp_config(ep, opts), delivery);
+    cfg.mode = opts.xdp_mode;
     cfg.object = ObjectSource::from_option(opts.xdp_object.clone());
     cfg.pin = opts.xdp_pin;
     (cfg.xsk, cfg.ring_bytes) = buffers_for(opts.frame_len);
@@ -198,7 +199,7 @@ pub fn open_endpoint(
 const BUFFERED_FRAMES: usize = 8;
 
 /// AF_XDP ring and UMEM sizes and ring-buffer bytes that hold
-/// [`BUFFERED_FRAMES`] frames of `frame_len` bytes, within bounds (at most
+/// `BUFFERED_FRAMES` frames of `frame_len` bytes, within bounds (at most
 /// 8192 ring entries, a 32 MiB UMEM per socket, a 32 MiB ring buffer). With
 /// the defaults alone, several megabyte frames in flight overflowed the
 /// rings, and every overflow came back as retransmissions.
@@ -432,7 +433,7 @@ impl XdpTransport {
     ///
     /// # Errors
     ///
-    /// [`XdpError`] for anything XDP, wrapped in [`super::TransportError::Backend`];
+    /// [`XdpError`] for anything XDP, wrapped in [`super::TransportError::Xdp`];
     /// the UDP socket's errors likewise.
     pub fn open(cfg: XdpTransportConfig) -> Result<Self> {
         let udp = &cfg.udp;
@@ -636,12 +637,8 @@ impl Transport for XdpTransport {
         self.core.stats()
     }
 
-    fn backend_counters(&self) -> Option<serde_json::Value> {
-        let mut j = self.program.counters().ok()?.to_json();
-        if let Some(o) = j.as_object_mut() {
-            o.insert("chunks_via_kernel".into(), self.chunks_via_kernel().into());
-        }
-        Some(j)
+    fn backend_counters(&self) -> Option<BackendCounters> {
+        Some(BackendCounters::xdp(self.program.counters().ok()?, self.chunks_via_kernel()))
     }
 }
 

@@ -17,6 +17,7 @@ use leap_common::xdp::{
     PROGRAM_NAME, PeerKey, PeerRule, PortRule, XdpConfig,
 };
 
+pub use super::super::config::AttachMode;
 use super::counters::XdpCounters;
 use super::object::ObjectSource;
 use super::{XdpError, sys};
@@ -27,18 +28,6 @@ pub const PIN_ROOT: &str = "/sys/fs/bpf/leap";
 const PINNED_MAPS: [&str; 8] =
     [MAP_CONFIG, MAP_PORTS, MAP_PEERS, MAP_COUNTERS, MAP_XSKS, MAP_RING, MAP_LOCAL_ADDRS, MAP_VLANS];
 
-/// How to attach: what the user asked for.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum AttachMode {
-    /// Native (driver) mode, else generic (SKB) mode with a warning.
-    #[default]
-    Auto,
-    /// Native (driver) mode only.
-    Drv,
-    /// Generic (SKB) mode only.
-    Skb,
-}
-
 /// How the program ended up attached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttachedMode {
@@ -46,16 +35,6 @@ pub enum AttachedMode {
     Drv,
     /// In the generic path, after the socket buffer is built.
     Skb,
-}
-
-impl fmt::Display for AttachMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Auto => "auto",
-            Self::Drv => "native (drv)",
-            Self::Skb => "generic (skb)",
-        })
-    }
 }
 
 impl fmt::Display for AttachedMode {

@@ -15,6 +15,7 @@ use super::sys::{self, UmemArea};
 
 /// Settings of an [`XskSocket`].
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct XskConfig {
     /// UMEM frames (each holds one packet).
     pub frames: u32,

@@ -1,0 +1,104 @@
+//! The plain types frames are received as and dropped datagrams are counted
+//! in: shared by reassembly and every transport (re-exported from
+//! [`crate::transport`], where embedders find them).
+
+use serde::Serialize;
+
+/// What a received frame is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum FrameKind {
+    /// Activations (header + floats).
+    Data,
+    /// A control message (0xC0DE marker + message, zero padded).
+    Control,
+}
+
+/// A frame written into the caller's buffer by
+/// [`Transport::recv_prev`](crate::transport::Transport::recv_prev).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Received {
+    /// Bytes of the frame at the start of the buffer.
+    pub len: usize,
+    /// Data or control.
+    pub kind: FrameKind,
+}
+
+/// Datagrams dropped on receive, by reason.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct Drops {
+    /// Shorter than a chunk header.
+    pub short: u64,
+    /// Not "LEAP".
+    pub bad_magic: u64,
+    /// `chunk_id >= total_chunks` or `total_chunks == 0`.
+    pub bad_chunk_id: u64,
+    /// More than 1400 payload bytes.
+    pub oversize: u64,
+    /// A non-last chunk that is not full, or an empty last chunk.
+    pub bad_length: u64,
+    /// `total_chunks` disagrees with earlier chunks of the same seq.
+    pub total_mismatch: u64,
+    /// From a source other than the configured previous node.
+    pub wrong_source: u64,
+    /// A chunk already received.
+    pub duplicate: u64,
+    /// A chunk of a frame already delivered or given up.
+    pub stale: u64,
+    /// A chunk too far ahead of the frame being assembled.
+    pub out_of_window: u64,
+    /// A frame larger than the receive buffer.
+    pub too_large: u64,
+    /// A complete frame whose CRC32C did not match (dropped; fetched again
+    /// in reliable mode).
+    pub bad_crc: u64,
+    /// A wrong IPv4 header checksum (XDP receive path).
+    pub bad_ip_checksum: u64,
+    /// A wrong UDP checksum (XDP receive path; partial ones where they
+    /// cannot be legitimate).
+    pub bad_udp_checksum: u64,
+    /// A unicast destination MAC of another host (XDP receive path).
+    pub foreign_mac: u64,
+    /// A VLAN the interface is not configured for (XDP receive path).
+    pub foreign_vlan: u64,
+    /// A destination address that is not this host's (XDP receive path).
+    pub foreign_dst: u64,
+    /// An IPv6 source `::ffff:a.b.c.d` (XDP receive path).
+    pub mapped_source: u64,
+}
+
+impl Drops {
+    /// All drops.
+    pub fn total(&self) -> u64 {
+        self.short
+            + self.bad_magic
+            + self.bad_chunk_id
+            + self.oversize
+            + self.bad_length
+            + self.total_mismatch
+            + self.wrong_source
+            + self.duplicate
+            + self.stale
+            + self.out_of_window
+            + self.too_large
+            + self.bad_crc
+            + self.bad_ip_checksum
+            + self.bad_udp_checksum
+            + self.foreign_mac
+            + self.foreign_vlan
+            + self.foreign_dst
+            + self.mapped_source
+    }
+
+    /// Counts a chunk-header parse error.
+    pub fn count_parse(&mut self, e: leap_common::chunk::ChunkError) {
+        use leap_common::chunk::ChunkError as E;
+        match e {
+            E::Short => self.short += 1,
+            E::BadMagic => self.bad_magic += 1,
+            E::ZeroTotal | E::BadChunkId => self.bad_chunk_id += 1,
+            E::Oversize => self.oversize += 1,
+            E::BadLength => self.bad_length += 1,
+        }
+    }
+}

@@ -1,0 +1,274 @@
+//! Configuration shared by the backends: where a node sits in the ring
+//! ([`Endpoint`]), how to open a backend ([`Options`]), the UDP settings
+//! every datagram backend sends with ([`UdpConfig`]) and the small choices
+//! they name. It sits below every backend, so that they and
+//! [`super::open`] take it without importing each other.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::frame::reliable::Timers;
+
+/// Whether lost chunks are recovered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Reliability {
+    /// Keep recent frames, answer NACKs, NACK what is missing from leap
+    /// senders that keep theirs (the default between leap nodes).
+    #[default]
+    Reliable,
+    /// The original's semantics with deadlines: a frame with a missing chunk
+    /// is given up with a typed error.
+    BestEffort,
+}
+
+/// How frames are delimited on the stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum TcpFraming {
+    /// Back to back, fixed size: the original's wire.
+    #[default]
+    Raw,
+    /// `u32` little-endian length, `u8` kind, 3 zero bytes, then the frame.
+    Length,
+}
+
+/// How to attach: what the user asked for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+#[non_exhaustive]
+pub enum AttachMode {
+    /// Native (driver) mode, else generic (SKB) mode with a warning.
+    #[default]
+    Auto,
+    /// Native (driver) mode only.
+    Drv,
+    /// Generic (SKB) mode only.
+    Skb,
+}
+
+impl AttachMode {
+    /// The name on the command line and in configuration files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Drv => "drv",
+            Self::Skb => "skb",
+        }
+    }
+}
+
+impl std::str::FromStr for AttachMode {
+    type Err = UnknownName;
+
+    fn from_str(s: &str) -> Result<Self, UnknownName> {
+        [Self::Auto, Self::Drv, Self::Skb].into_iter().find(|m| m.as_str() == s).ok_or_else(|| UnknownName {
+            what: "XDP mode",
+            name: s.into(),
+            choices: &["auto", "drv", "skb"],
+        })
+    }
+}
+
+/// A name that selects none of the choices (of transports, XDP modes).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} `{name}`; choose one of: {}", choices.join(", "))]
+#[non_exhaustive]
+pub struct UnknownName {
+    /// What the name was to select.
+    pub what: &'static str,
+    /// The name given.
+    pub name: String,
+    /// The names there are.
+    pub choices: &'static [&'static str],
+}
+
+impl fmt::Display for AttachMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::Drv => "native (drv)",
+            Self::Skb => "generic (skb)",
+        })
+    }
+}
+
+/// Settings of a [`UdpTransport`](super::udp::UdpTransport).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct UdpConfig {
+    /// Address to bind: chunks arrive here and leave from here.
+    pub listen: SocketAddr,
+    /// The next node.
+    pub next: SocketAddr,
+    /// Accept chunks only from this address (the previous node's sending
+    /// address). `None`: the first source a valid chunk comes from is
+    /// locked in, and every other source is dropped and counted
+    /// (`wrong_source`). No configuration accepts frames from anyone.
+    pub prev: Option<SocketAddr>,
+    /// Largest frame to receive.
+    pub max_frame_len: usize,
+    /// Receive deadline (`None`: wait forever).
+    pub recv_timeout: Option<Duration>,
+    /// Send chunks with `reserved = 0`, exactly like the original.
+    pub original_compat: bool,
+    /// Use UDP GSO when the kernel supports it.
+    pub gso: bool,
+    /// Use UDP GRO when the kernel supports it.
+    pub gro: bool,
+    /// Spin this long on non-blocking receives before sleeping.
+    pub spin: Duration,
+    /// Frames in assembly at once (window of the reassembler).
+    pub window: u16,
+    /// Loss recovery.
+    pub reliability: Reliability,
+    /// Loss-recovery timers.
+    pub timers: Timers,
+    /// Where NACKs come from (default: `next`); NACKs from anywhere else
+    /// are dropped.
+    pub nack_from: Option<SocketAddr>,
+    /// Frames kept to answer NACKs.
+    pub keep_frames: usize,
+    /// Send a CRC32C with every frame to a next node that checks it, and
+    /// check it on frames received (between proven leap nodes only).
+    pub crc: bool,
+}
+
+impl UdpConfig {
+    /// Defaults: 1 s deadline, GSO and GRO on, frames up to 1 MiB.
+    pub fn new(listen: SocketAddr, next: SocketAddr) -> Self {
+        Self {
+            listen,
+            next,
+            prev: None,
+            max_frame_len: 1 << 20,
+            recv_timeout: Some(Duration::from_secs(1)),
+            original_compat: false,
+            gso: true,
+            gro: true,
+            spin: Duration::ZERO,
+            window: 16,
+            reliability: Reliability::Reliable,
+            timers: Timers::default(),
+            nack_from: None,
+            keep_frames: 32,
+            crc: true,
+        }
+    }
+}
+
+/// Where a node sits in the ring.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Endpoint {
+    /// This node's address (listen / bind / source).
+    pub listen: SocketAddr,
+    /// The next node.
+    pub next: SocketAddr,
+    /// The previous node's sending address, to filter on (`None`: the
+    /// first source is locked in).
+    pub prev: Option<SocketAddr>,
+    /// The interface on which frames arrive (XDP attaches there).
+    pub iface: Option<String>,
+}
+
+impl Endpoint {
+    /// A node listening on `listen` and sending to `next`, taking frames
+    /// from the first source (locked in) and with no interface named.
+    pub fn new(listen: SocketAddr, next: SocketAddr) -> Self {
+        Self { listen, next, prev: None, iface: None }
+    }
+
+    /// Takes frames only from `prev`.
+    #[must_use]
+    pub fn with_prev(mut self, prev: SocketAddr) -> Self {
+        self.prev = Some(prev);
+        self
+    }
+
+    /// Frames arrive on `iface` (XDP attaches there).
+    #[must_use]
+    pub fn with_iface(mut self, iface: &str) -> Self {
+        self.iface = Some(iface.into());
+        self
+    }
+}
+
+/// How to open a backend.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Options {
+    /// Frame size (TCP raw framing needs it; datagram backends size buffers).
+    pub frame_len: usize,
+    /// Receive deadline.
+    pub recv_timeout: Option<Duration>,
+    /// Time allowed to connect (TCP).
+    pub setup_timeout: Duration,
+    /// TCP wire framing.
+    pub tcp_framing: TcpFraming,
+    /// Send chunks with `reserved = 0` like the original.
+    pub original_compat: bool,
+    /// Spin on non-blocking receives this long before sleeping.
+    pub spin: Duration,
+    /// XDP object to load instead of the embedded one.
+    pub xdp_object: Option<PathBuf>,
+    /// XDP attach mode.
+    pub xdp_mode: AttachMode,
+    /// AF_XDP receive queues (`None`: every receive queue of the interface).
+    pub xdp_queues: Option<Vec<u32>>,
+    /// VLAN IDs a tagged chunk may carry on the XDP path (empty: untagged
+    /// chunks only).
+    pub xdp_vlans: Vec<u16>,
+    /// Pin the running XDP program and maps under `/sys/fs/bpf/leap/<iface>`
+    /// while the node runs, so that `leap xdp status|stats` see it (what
+    /// `leap node` does).
+    pub xdp_pin: bool,
+    /// Loss recovery of the datagram backends.
+    pub reliability: Reliability,
+    /// Use UDP GSO where the kernel has it (one super-datagram per up to 44
+    /// chunks); off, every chunk is its own datagram down to the device.
+    pub gso: bool,
+    /// CRC32C on every frame between proven leap nodes.
+    pub crc: bool,
+    /// CPUs to pin node threads to (empty: no pinning). A ring puts node
+    /// `i` on the `i % len`-th; `leap node` runs on all of them.
+    pub cpus: Vec<usize>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            frame_len: 16392,
+            recv_timeout: Some(Duration::from_secs(1)),
+            setup_timeout: Duration::from_secs(30),
+            tcp_framing: TcpFraming::Raw,
+            original_compat: false,
+            spin: Duration::ZERO,
+            xdp_object: None,
+            xdp_mode: AttachMode::Auto,
+            xdp_queues: None,
+            xdp_vlans: Vec::new(),
+            xdp_pin: false,
+            reliability: Reliability::Reliable,
+            gso: true,
+            crc: true,
+            cpus: Vec::new(),
+        }
+    }
+}
+
+/// The UDP configuration matching an endpoint and options (shared by the
+/// datagram backends that send through UDP).
+pub fn udp_config(ep: &Endpoint, opts: &Options) -> UdpConfig {
+    let mut c = UdpConfig::new(ep.listen, ep.next);
+    c.prev = ep.prev;
+    c.max_frame_len = opts.frame_len.max(1);
+    c.recv_timeout = opts.recv_timeout;
+    c.original_compat = opts.original_compat;
+    c.spin = opts.spin;
+    c.reliability = opts.reliability;
+    c.gso = opts.gso;
+    c.crc = opts.crc;
+    c
+}
