@@ -15,7 +15,9 @@ use super::{FrameKind, Received, Result, Stats, Transport, TransportError};
 use crate::frame::Chunker;
 use crate::frame::chunker::ChunkRef;
 use crate::frame::reliable::Timers;
-use crate::sys::udp::{RxBatch, TxBatch, enable_gro, gso_supported, set_int, wait_readable};
+use crate::sys::udp::{
+    RxBatch, TxBatch, enable_gro, force_recv_buffer, force_send_buffer, gso_supported, wait_readable,
+};
 
 /// Socket buffer size asked for (the original used 8 MiB).
 pub const SOCKET_BUFFER: usize = 8 << 20;
@@ -117,11 +119,10 @@ pub fn bind_socket(addr: SocketAddr) -> Result<Socket, UdpError> {
     let err = |call| move |source| UdpError::Socket { call, addr, source };
     let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP)).map_err(err("socket"))?;
     // Root can exceed net.core.[rw]mem_max; others get what the sysctl allows.
-    let size = SOCKET_BUFFER as libc::c_int;
-    if set_int(s.as_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, size).is_err() {
+    if force_recv_buffer(s.as_fd(), SOCKET_BUFFER).is_err() {
         let _ = s.set_recv_buffer_size(SOCKET_BUFFER);
     }
-    if set_int(s.as_fd(), libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, size).is_err() {
+    if force_send_buffer(s.as_fd(), SOCKET_BUFFER).is_err() {
         let _ = s.set_send_buffer_size(SOCKET_BUFFER);
     }
     s.bind(&addr.into()).map_err(err("bind"))?;
