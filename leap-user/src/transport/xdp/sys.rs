@@ -223,6 +223,7 @@ pub fn if_hwaddr(name: &str) -> io::Result<[u8; 6]> {
 
 /// `struct ethtool_drvinfo` of `linux/ethtool.h`.
 #[repr(C)]
+#[derive(Clone, Copy, bytemuck::Zeroable)]
 struct EthtoolDrvinfo {
     cmd: u32,
     driver: [u8; 32],
@@ -254,8 +255,7 @@ const SIOCETHTOOL: libc::c_ulong = 0x8946;
 pub fn if_driver(name: &str) -> io::Result<String> {
     let sock = ioctl_socket()?;
     let mut req = ifreq(name)?;
-    // SAFETY: all-zero is a valid `ethtool_drvinfo` (integers and bytes).
-    let mut info: EthtoolDrvinfo = unsafe { std::mem::zeroed() };
+    let mut info: EthtoolDrvinfo = bytemuck::Zeroable::zeroed();
     info.cmd = ETHTOOL_GDRVINFO;
     req.ifr_ifru.ifru_data = (&raw mut info).cast();
     // SAFETY: the socket is open; `req` names the interface and points to
