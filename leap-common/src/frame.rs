@@ -3,6 +3,7 @@
 /// `{ i32 pos; i32 flags }` in host byte order, as the original engine sends it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[repr(C)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
 pub struct FrameHeader {
     /// Token position of this inference step.
     pub pos: i32,
@@ -42,10 +43,3 @@ impl FrameHeader {
 pub const fn frame_len(dim: usize) -> usize {
     FrameHeader::LEN + dim * 4
 }
-
-#[cfg(feature = "user")]
-// SAFETY: repr(C), two i32 fields, no padding, every bit pattern valid.
-unsafe impl bytemuck::Zeroable for FrameHeader {}
-#[cfg(feature = "user")]
-// SAFETY: as above.
-unsafe impl bytemuck::Pod for FrameHeader {}

@@ -32,6 +32,7 @@ pub const fn ioc(dir: u32, nr: u8, size: usize) -> u32 {
 /// `{ int bank_idx; u32 saddr; u16 sport; }`: who sent the frame in a bank.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(C)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
 pub struct BankMetadata {
     /// Bank index (in).
     pub bank_idx: i32,
@@ -100,6 +101,7 @@ pub mod features {
 /// `struct leap_counters`: what the module did with chunks and frames.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(C)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
 pub struct Counters {
     /// Chunks copied into a bank.
     pub rx_chunks: u64,
@@ -182,6 +184,7 @@ pub const INFO_SCOPE_MODULE: u32 = 1;
 /// `struct leap_info`: versioned discovery and counters ([`IOCTL_GET_INFO`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(C)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
 pub struct Info {
     /// [`ABI_VERSION`] of the loaded module (out).
     pub abi_version: u32,
@@ -225,6 +228,7 @@ const _: () = assert!(core::mem::size_of::<Info>() == 320);
 /// `struct leap_peer`: accept chunks only from this sender ([`IOCTL_SET_PEER`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(C)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
 pub struct Peer {
     /// IPv4 address, network order; 0 any.
     pub addr: u32,
@@ -246,6 +250,7 @@ pub const WAIT_STATUS_LOST: u32 = 1;
 /// ([`IOCTL_WAIT_FRAME`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(C)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
 pub struct Wait {
     /// Milliseconds to wait: 0 poll, [`WAIT_FOREVER`] block (in).
     pub timeout_ms: u32,
@@ -274,6 +279,7 @@ const _: () = assert!(core::mem::size_of::<Wait>() == 32);
 /// ([`IOCTL_SEND_FRAME`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(C)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
 pub struct Send {
     /// Bytes, 1 ..= [`HALF_LEN`] (in).
     pub len: u32,
@@ -296,22 +302,6 @@ pub const IOCTL_WAIT_FRAME: u32 = ioc(IOC_READ | IOC_WRITE, 10, core::mem::size_
 pub const IOCTL_SET_FRAME_TIMEOUT: u32 = ioc(IOC_WRITE, 11, 4);
 /// `_IOWR('k', 12, struct leap_send)`: send a frame with given flags.
 pub const IOCTL_SEND_FRAME: u32 = ioc(IOC_READ | IOC_WRITE, 12, core::mem::size_of::<Send>());
-
-#[cfg(feature = "user")]
-mod pod {
-    // SAFETY (all impls): repr(C), only integer fields, no padding (sizes
-    // asserted above equal the sum of the fields), so every bit pattern is
-    // valid and there are no uninitialised bytes.
-    macro_rules! pod {
-        ($($t:ty),*) => {$(
-            // SAFETY: see above.
-            unsafe impl bytemuck::Zeroable for $t {}
-            // SAFETY: see above.
-            unsafe impl bytemuck::Pod for $t {}
-        )*};
-    }
-    pod!(super::BankMetadata, super::Counters, super::Info, super::Peer, super::Wait, super::Send);
-}
 
 #[cfg(test)]
 mod tests {

@@ -120,6 +120,7 @@ pub mod cfg {
 /// The single entry of `LEAP_CONFIG`, written by user space.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(C)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
 pub struct XdpConfig {
     /// One of [`delivery`].
     pub delivery: u32,
@@ -148,6 +149,7 @@ const _: () = assert!(core::mem::align_of::<XdpConfig>() == 4);
 /// key.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[repr(C)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
 pub struct LocalAddr {
     /// The address: IPv6, or IPv4 as `::ffff:a.b.c.d`.
     pub addr: [u8; 16],
@@ -169,6 +171,7 @@ impl LocalAddr {
 /// Value of `LEAP_PORTS`: the key is the UDP destination port, host order.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(C)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
 pub struct PortRule {
     /// Non-zero: chunks to this port go to user space.
     pub enabled: u32,
@@ -178,6 +181,7 @@ const _: () = assert!(core::mem::size_of::<PortRule>() == 4);
 /// Key of `LEAP_PEERS`: who may send to which local port.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[repr(C)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
 pub struct PeerKey {
     /// Source address: IPv6, or IPv4 as `::ffff:a.b.c.d`.
     pub addr: [u8; 16],
@@ -207,6 +211,7 @@ impl PeerKey {
 /// allows all three.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(C)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
 pub struct PeerRule {
     /// Bit `1 << kind` for every allowed [`ChunkKind`].
     pub kinds: u32,
@@ -333,6 +338,7 @@ pub const FAMILY_V6: u16 = 6;
 /// user space can verify the checksum (the program does not).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(C)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
 pub struct RingRecord {
     /// Bytes of `data` in use: the UDP payload length, 12..=1412.
     pub len: u16,
@@ -446,27 +452,24 @@ pub const fn v4_mapped(octets: [u8; 4]) -> [u8; 16] {
 
 const _: () = assert!(matches!(ip_from16(v4_mapped([10, 0, 0, 1])), IpAddr::V4(_)));
 
+/// `aya::Pod` (the bound of map keys and values) for types that are
+/// `bytemuck::Pod`, whose derive checked what both traits ask: `repr(C)`,
+/// no padding, every field plain data.
 #[cfg(feature = "user")]
-mod pod {
-    use super::{LocalAddr, PeerKey, PeerRule, PortRule, RingRecord, XdpConfig};
-
-    // SAFETY: all of these are `#[repr(C)]`, made of fixed-width integers
-    // and byte arrays only, without padding (their sizes are asserted above),
-    // so every bit pattern is a valid value and no byte is uninitialised.
-    unsafe impl aya::Pod for XdpConfig {}
-    // SAFETY: as above.
-    unsafe impl aya::Pod for PortRule {}
-    // SAFETY: as above.
-    unsafe impl aya::Pod for PeerKey {}
-    // SAFETY: as above.
-    unsafe impl aya::Pod for PeerRule {}
-    // SAFETY: as above.
-    unsafe impl aya::Pod for LocalAddr {}
-    // SAFETY: as above.
-    unsafe impl bytemuck::Zeroable for RingRecord {}
-    // SAFETY: as above; `RingRecord` is `Copy + 'static`.
-    unsafe impl bytemuck::Pod for RingRecord {}
+macro_rules! aya_pod {
+    ($($t:ty),*) => {$(
+        const _: fn() = || {
+            fn is_bytemuck_pod<T: bytemuck::Pod>() {}
+            is_bytemuck_pod::<$t>();
+        };
+        // SAFETY: `$t` is `bytemuck::Pod` (asserted just above): every bit
+        // pattern is a valid value and no byte is uninitialised, which is
+        // the contract of `aya::Pod`.
+        unsafe impl aya::Pod for $t {}
+    )*};
 }
+#[cfg(feature = "user")]
+aya_pod!(XdpConfig, PortRule, PeerKey, PeerRule, LocalAddr);
 
 #[cfg(test)]
 mod tests {

@@ -138,8 +138,7 @@ impl Topology {
         if n < 2 {
             return Err(NetnsError::TooFew);
         }
-        // SAFETY: geteuid cannot fail.
-        if unsafe { libc::geteuid() } != 0 {
+        if !crate::sys::is_root() {
             return Err(NetnsError::NotRoot);
         }
         let mut t = Self { nodes: Vec::new(), created: Vec::new(), loss_tables: Vec::new(), fault_tables: Vec::new() };

@@ -19,6 +19,7 @@ use leap_common::kmod::{
     ABI_VERSION, BANK_FRAME_MAX, BANK_LEN, Counters, DEVICE_PATH, HALF_LEN, INFO_SCOPE_FILE, INFO_SCOPE_MODULE,
     MMAP_LEN, RX_BANKS, WAIT_STATUS_FRAME, WAIT_STATUS_LOST, Wait, features,
 };
+use nix::poll::{PollFd, PollFlags};
 
 const LO: Ipv4Addr = Ipv4Addr::LOCALHOST;
 /// Bound of every wait for the module to act on a packet.
@@ -459,11 +460,11 @@ fn mapping_past_16_mib_and_unknown_ioctls_are_refused() {
     assert!(too_long.is_err(), "a mapping longer than the buffer was allowed");
     let offset = memmap2::MmapOptions::new().offset(4096).len(MMAP_LEN).map_raw(&dev.as_fd());
     assert!(offset.is_err(), "a mapping past the end was allowed");
-    // SAFETY: an unknown request number with a null argument; the module
-    // must refuse it without touching memory.
-    let r = unsafe { libc::ioctl(dev.as_fd().as_raw_fd(), 0x6b63 as _, 0) };
-    assert_eq!(r, -1);
-    assert_eq!(io::Error::last_os_error().raw_os_error(), Some(libc::ENOTTY));
+    nix::ioctl_none!(unknown_request, leap_common::kmod::IOCTL_MAGIC, 0x63);
+    // SAFETY: an open file of the device and a request without argument; the
+    // module must refuse it without touching memory.
+    let r = unsafe { unknown_request(dev.as_fd().as_raw_fd()) };
+    assert_eq!(r, Err(nix::errno::Errno::ENOTTY));
 }
 
 /// A node sending through the module to another: original SEND, then
@@ -726,12 +727,9 @@ fn nodes_in_two_namespaces_share_a_port_and_talk_over_veth() {
     let (moved_tx, moved_rx) = mpsc::channel::<()>();
     let (ready_tx, ready_rx) = mpsc::channel::<()>();
     let b_thread = std::thread::spawn(move || {
-        // SAFETY: unshare(CLONE_NEWNET) only moves this thread into a new
-        // network namespace; it touches no memory of ours.
-        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare: {}", io::Error::last_os_error());
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("unshare");
         ip(&["link", "set", "lo", "up"]);
-        // SAFETY: gettid has no preconditions.
-        tid_tx.send(unsafe { libc::gettid() }).unwrap();
+        tid_tx.send(nix::unistd::gettid().as_raw()).unwrap();
         moved_rx.recv_timeout(PATIENCE).expect("veth peer never arrived");
         ip(&["addr", "add", "10.77.0.2/24", "dev", "lvb"]);
         ip(&["link", "set", "lvb", "up"]);
@@ -798,13 +796,9 @@ fn write_sends_a_frame_like_the_original() {
     let (b, pb) = node();
     a.set_dest(LO, pb).unwrap();
     let frame = pattern(77, 5000);
-    // SAFETY: write(2) on an open fd reads `frame.len()` bytes from a live slice.
-    let n = unsafe { libc::write(a.as_fd().as_raw_fd(), frame.as_ptr().cast(), frame.len()) };
-    assert_eq!(n, frame.len() as isize, "write: {}", io::Error::last_os_error());
+    assert_eq!(nix::unistd::write(a.as_fd(), &frame), Ok(frame.len()), "write");
     expect_frame(&b, 1, &frame);
-    // SAFETY: as above, with an empty buffer.
-    let n = unsafe { libc::write(a.as_fd().as_raw_fd(), frame.as_ptr().cast(), 0) };
-    assert_eq!(n, 0, "write of 0 bytes: the original returns 0");
+    assert_eq!(nix::unistd::write(a.as_fd(), &[]), Ok(0), "write of 0 bytes: the original returns 0");
     assert_eq!(a.send(0).map_err(|e| e.raw_os_error()), Ok(()), "SEND of 0 bytes");
     assert_eq!(counters(&a).tx_frames, 1, "0 bytes sent a frame");
 }
@@ -814,12 +808,10 @@ fn write_sends_a_frame_like_the_original() {
 #[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
 fn poll_reports_a_complete_frame() {
     let (dev, port) = node();
-    let poll = |ms| {
-        let mut p = libc::pollfd { fd: dev.as_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        // SAFETY: one valid pollfd for the duration of the call.
-        let n = unsafe { libc::poll(&mut p, 1, ms) };
-        assert!(n >= 0, "poll: {}", io::Error::last_os_error());
-        p.revents & libc::POLLIN != 0
+    let poll = |ms: u16| {
+        let mut p = [PollFd::new(dev.as_fd(), PollFlags::POLLIN)];
+        nix::poll::poll(&mut p, ms).expect("poll");
+        p[0].revents().is_some_and(|r| r.contains(PollFlags::POLLIN))
     };
     assert!(!poll(50), "readable with nothing received");
     let frame = pattern(90, 3000);
@@ -908,10 +900,9 @@ fn poll_reports_a_lost_frame() {
     dev.set_frame_timeout(LOST_TIMEOUT).unwrap();
     let cs = chunks_of(33, &pattern(33, 2 * CHUNK_PAYLOAD_MAX));
     send_all(&sender(), port, &cs[..1]);
-    let mut p = libc::pollfd { fd: dev.as_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 };
-    // SAFETY: one valid pollfd for the duration of the call.
-    let n = unsafe { libc::poll(&mut p, 1, 5000) };
-    assert_eq!(n, 1, "poll never reported the lost frame: {:#?}", counters(&dev));
+    let mut p = [PollFd::new(dev.as_fd(), PollFlags::POLLIN)];
+    let n = nix::poll::poll(&mut p, 5000u16);
+    assert_eq!(n, Ok(1), "poll never reported the lost frame: {:#?}", counters(&dev));
     let w = wait(&dev, Duration::ZERO).expect("readable, yet nothing to take");
     assert_eq!((w.status, w.seq, w.chunks), (WAIT_STATUS_LOST, 33, 1), "{w:?}");
 }
@@ -1051,10 +1042,7 @@ fn original_programs_control_frame_is_control_to_leap() {
 fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
     std::thread::scope(|s| {
         s.spawn(|| {
-            let file = std::fs::File::open(format!("/run/netns/{ns}")).expect("open the namespace");
-            // SAFETY: setns only moves this thread into another network
-            // namespace; the fd is valid for the call.
-            assert_eq!(unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) }, 0, "setns {ns}");
+            leap::sys::netns::enter(Path::new(&format!("/run/netns/{ns}"))).expect("setns");
             f()
         })
         .join()

@@ -48,8 +48,8 @@ fn kill_and_restart(transport: &str) {
     assert_eq!(v["frames_corrupt"], 0, "{v}");
     assert_eq!(v["frames_delivered"], frames.parse::<u64>().unwrap(), "{v}");
     for w in [&mut w1, &mut w2] {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(w.id() as i32, libc::SIGTERM) };
+        // kill(2) on our own child's pid.
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(w.id() as i32), nix::sys::signal::Signal::SIGTERM);
         // `ip netns exec` execs leap, so the pid is leap's.
         let s = wait_bounded(w, Duration::from_secs(10));
         assert!(s.success(), "worker exited with {s}");

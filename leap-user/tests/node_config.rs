@@ -59,8 +59,8 @@ fn wait_for(path: &Path) {
 }
 
 fn term(c: &mut Child) -> std::process::ExitStatus {
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+    // kill(2) on our own child.
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), nix::sys::signal::Signal::SIGTERM);
     let start = Instant::now();
     loop {
         if let Some(s) = c.try_wait().unwrap() {

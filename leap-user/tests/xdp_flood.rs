@@ -72,8 +72,8 @@ fn flood_of_malformed_packets_is_dropped_and_the_ring_stays_intact() {
     let r: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
     assert_eq!((r["frames_delivered"].as_u64(), r["frames_corrupt"].as_u64()), (Some(500), Some(0)), "{r}");
     for w in [&mut w1, &mut w2] {
-        // SAFETY: kill(2) on our own child (ip netns exec execs leap).
-        unsafe { libc::kill(w.id() as i32, libc::SIGTERM) };
+        // kill(2) on our own child (ip netns exec execs leap).
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(w.id() as i32), nix::sys::signal::Signal::SIGTERM);
         assert!(wait_bounded(w, Duration::from_secs(10)).success());
     }
     for nd in n {

@@ -91,8 +91,9 @@ fn xdp_rings_run_with_exactly_the_units_capabilities() {
         assert_eq!(r["transport"], transport, "the node fell back: {r}");
         assert_eq!((r["frames_delivered"].as_u64(), r["frames_corrupt"].as_u64()), (Some(300), Some(0)), "{r}");
         for w in &mut workers {
-            // SAFETY: kill(2) on our own child (setpriv execs leap).
-            unsafe { libc::kill(w.id() as i32, libc::SIGTERM) };
+            // kill(2) on our own child (setpriv execs leap).
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(w.id() as i32), nix::sys::signal::Signal::SIGTERM);
             assert!(wait_bounded(w, Duration::from_secs(10)).success(), "{transport} worker");
         }
         for nd in n {

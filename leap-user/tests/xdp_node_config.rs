@@ -93,8 +93,8 @@ fn config_ring_over_xdp_cleans_up_on_sigterm() {
         assert!(xdp.status.success(), "xdp stats n{i}: {}", String::from_utf8_lossy(&xdp.stderr));
         let xv: serde_json::Value = serde_json::from_slice(&xdp.stdout).unwrap();
         assert!(xv["xdp"]["to_xsk"].as_u64().unwrap_or(0) > 0, "n{i}: {xv}");
-        // SAFETY: kill(2) on our own child (ip netns exec execs leap).
-        unsafe { libc::kill(k.id() as i32, libc::SIGTERM) };
+        // kill(2) on our own child (ip netns exec execs leap).
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(k.id() as i32), nix::sys::signal::Signal::SIGTERM);
         let s = wait_bounded(k, Duration::from_secs(10));
         assert!(s.success(), "worker n{i} exited with {s}");
     }

@@ -10,11 +10,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use leap_common::kmod::{
-    BANK_LEN, BankMetadata, HALF_LEN, IOCTL_GET_BANK_SRC, IOCTL_GET_INFO, IOCTL_RELEASE_BANK, IOCTL_SEND,
-    IOCTL_SEND_FRAME, IOCTL_SET_DEST, IOCTL_SET_FRAME_TIMEOUT, IOCTL_SET_PEER, IOCTL_SET_PORT, IOCTL_SET_TX_PORT,
-    IOCTL_WAIT_DATA, IOCTL_WAIT_FRAME, Info, MMAP_LEN, Peer, RX_BANKS, Send, TX_OFFSET, WAIT_FOREVER, Wait,
+    BANK_LEN, BankMetadata, HALF_LEN, IOCTL_MAGIC, Info, MMAP_LEN, Peer, RX_BANKS, TX_OFFSET, WAIT_FOREVER, Wait,
 };
 use memmap2::{MmapOptions, MmapRaw};
+use nix::errno::Errno;
 
 /// One open file of the device (one ring node) and its mapped buffer.
 ///
@@ -28,22 +27,67 @@ pub struct Device {
     file: File,
 }
 
-/// `ioctl(fd, request, arg)` returning the non-negative result or the OS error.
-fn ioctl(fd: BorrowedFd<'_>, request: u32, arg: *mut libc::c_void) -> io::Result<libc::c_int> {
-    // SAFETY: every caller passes a request number of leap_kmod together
-    // with a pointer to a live value of exactly the type that request's
-    // `_IOC` size encodes (or null for `_IO` requests), which the kernel
-    // reads and writes only within that size.
-    let r = unsafe { libc::ioctl(fd.as_raw_fd(), request.into(), arg) };
-    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r) }
+/// Declares the module's ioctls as typed functions (nix's `ioctl_*!`, from
+/// the `_IOC` direction, magic, number and argument type), and, for the
+/// test against [`leap_common::kmod`], the request numbers of exactly those
+/// triples.
+macro_rules! kmod_ioctls {
+    ($($(#[$doc:meta])* $dir:ident $name:ident($nr:literal $(, $ty:ty)?) = $abi:ident;)*) => {
+        $(kmod_ioctls!(@fn $dir $(#[$doc])* $name, $nr $(, $ty)?);)*
+
+        /// `(name, number in leap_common, number nix computes)` of every ioctl.
+        #[cfg(test)]
+        pub(super) const REQUESTS: &[(&str, u32, u32)] = &[
+            $((stringify!($name), leap_common::kmod::$abi, kmod_ioctls!(@code $dir $nr $(, $ty)?) as u32),)*
+        ];
+    };
+    (@fn none $(#[$doc:meta])* $name:ident, $nr:literal) => {
+        nix::ioctl_none!($(#[$doc])* $name, IOCTL_MAGIC, $nr);
+    };
+    (@fn write $(#[$doc:meta])* $name:ident, $nr:literal, $ty:ty) => {
+        nix::ioctl_write_ptr!($(#[$doc])* $name, IOCTL_MAGIC, $nr, $ty);
+    };
+    (@fn readwrite $(#[$doc:meta])* $name:ident, $nr:literal, $ty:ty) => {
+        nix::ioctl_readwrite!($(#[$doc])* $name, IOCTL_MAGIC, $nr, $ty);
+    };
+    (@code none $nr:literal) => { nix::request_code_none!(IOCTL_MAGIC, $nr) };
+    (@code write $nr:literal, $ty:ty) => { nix::request_code_write!(IOCTL_MAGIC, $nr, size_of::<$ty>()) };
+    (@code readwrite $nr:literal, $ty:ty) => { nix::request_code_readwrite!(IOCTL_MAGIC, $nr, size_of::<$ty>()) };
 }
 
-fn ioctl_in<T>(fd: BorrowedFd<'_>, request: u32, value: &T) -> io::Result<libc::c_int> {
-    ioctl(fd, request, std::ptr::from_ref(value).cast_mut().cast())
-}
+/// `leap_kmod`'s ioctls (`kmod/leap_uapi.h`), each an `unsafe fn(fd, arg)`
+/// whose argument type is the one its request number encodes. Callers
+/// promise that `fd` is an open file of the device and that the pointer
+/// names a live value for the duration of the call.
+mod ioctl {
+    use super::{BankMetadata, IOCTL_MAGIC, Info, Peer, Wait};
 
-fn ioctl_inout<T>(fd: BorrowedFd<'_>, request: u32, value: &mut T) -> io::Result<libc::c_int> {
-    ioctl(fd, request, std::ptr::from_mut(value).cast())
+    kmod_ioctls! {
+        /// `LEAP_IOCTL_WAIT_DATA`: block until a bank is complete; returns its index.
+        none wait_data(1) = IOCTL_WAIT_DATA;
+        /// `LEAP_IOCTL_SET_DEST`: next node's IPv4 address, network order.
+        write set_dest(2, u32) = IOCTL_SET_DEST;
+        /// `LEAP_IOCTL_SET_PORT`: listening port, host order.
+        write set_port(3, u16) = IOCTL_SET_PORT;
+        /// `LEAP_IOCTL_SEND`: send that many bytes of the TX area.
+        write send(4, u32) = IOCTL_SEND;
+        /// `LEAP_IOCTL_SET_TX_PORT`: next node's port, host order.
+        write set_tx_port(5, u16) = IOCTL_SET_TX_PORT;
+        /// `LEAP_IOCTL_GET_BANK_SRC`: sender of a bank.
+        readwrite get_bank_src(6, BankMetadata) = IOCTL_GET_BANK_SRC;
+        /// `LEAP_IOCTL_GET_INFO`: ABI version, features, counters.
+        readwrite get_info(7, Info) = IOCTL_GET_INFO;
+        /// `LEAP_IOCTL_RELEASE_BANK`: give a bank back to the module.
+        write release_bank(8, u32) = IOCTL_RELEASE_BANK;
+        /// `LEAP_IOCTL_SET_PEER`: accept only this sender.
+        write set_peer(9, Peer) = IOCTL_SET_PEER;
+        /// `LEAP_IOCTL_WAIT_FRAME`: wait for a frame or a lost report.
+        readwrite wait_frame(10, Wait) = IOCTL_WAIT_FRAME;
+        /// `LEAP_IOCTL_SET_FRAME_TIMEOUT`: frame timeout in ms.
+        write set_frame_timeout(11, u32) = IOCTL_SET_FRAME_TIMEOUT;
+        /// `LEAP_IOCTL_SEND_FRAME`: send a frame with given flags.
+        readwrite send_frame(12, leap_common::kmod::Send) = IOCTL_SEND_FRAME;
+    }
 }
 
 impl Device {
@@ -69,7 +113,9 @@ impl Device {
     /// ENOTTY from a module without the call (the original).
     pub fn info(&self, scope: u32) -> io::Result<Info> {
         let mut info = Info { scope, ..Info::default() };
-        ioctl_inout(self.file.as_fd(), IOCTL_GET_INFO, &mut info)?;
+        // SAFETY: our open file of the device; `info` is a live `Info`, the
+        // type GET_INFO encodes.
+        unsafe { ioctl::get_info(self.file.as_raw_fd(), &mut info) }?;
         Ok(info)
     }
 
@@ -79,7 +125,10 @@ impl Device {
     ///
     /// EADDRINUSE when another socket holds the port, EINVAL for port 0.
     pub fn set_port(&self, port: u16) -> io::Result<()> {
-        ioctl_in(self.file.as_fd(), IOCTL_SET_PORT, &port).map(drop)
+        // SAFETY: our open file of the device; `port` is a live u16, the type
+        // SET_PORT encodes.
+        unsafe { ioctl::set_port(self.file.as_raw_fd(), &port) }?;
+        Ok(())
     }
 
     /// Sets the next node's address and port.
@@ -89,8 +138,13 @@ impl Device {
     /// As the ioctls.
     pub fn set_dest(&self, addr: Ipv4Addr, port: u16) -> io::Result<()> {
         let raw = u32::from_ne_bytes(addr.octets());
-        ioctl_in(self.file.as_fd(), IOCTL_SET_DEST, &raw)?;
-        ioctl_in(self.file.as_fd(), IOCTL_SET_TX_PORT, &port).map(drop)
+        // SAFETY: our open file of the device; `raw` and `port` are a live
+        // u32 and u16, the types SET_DEST and SET_TX_PORT encode.
+        unsafe {
+            ioctl::set_dest(self.file.as_raw_fd(), &raw)?;
+            ioctl::set_tx_port(self.file.as_raw_fd(), &port)?;
+        }
+        Ok(())
     }
 
     /// Accepts chunks only from this sender (`None`: any address / port).
@@ -100,7 +154,9 @@ impl Device {
     /// ENOTTY from a module without the filter.
     pub fn set_peer(&self, addr: Option<Ipv4Addr>, port: Option<u16>) -> io::Result<()> {
         let peer = Peer { addr: addr.map_or(0, |a| u32::from_ne_bytes(a.octets())), port: port.unwrap_or(0), _pad: 0 };
-        ioctl_in(self.file.as_fd(), IOCTL_SET_PEER, &peer).map(drop)
+        // SAFETY: our open file of the device; `peer` is a live `Peer`.
+        unsafe { ioctl::set_peer(self.file.as_raw_fd(), &peer) }?;
+        Ok(())
     }
 
     /// Time after which an incomplete frame is reported lost.
@@ -110,7 +166,9 @@ impl Device {
     /// EINVAL above 60 s.
     pub fn set_frame_timeout(&self, timeout: Duration) -> io::Result<()> {
         let ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX).max(1);
-        ioctl_in(self.file.as_fd(), IOCTL_SET_FRAME_TIMEOUT, &ms).map(drop)
+        // SAFETY: our open file of the device; `ms` is a live u32.
+        unsafe { ioctl::set_frame_timeout(self.file.as_raw_fd(), &ms) }?;
+        Ok(())
     }
 
     /// The original `LEAP_IOCTL_WAIT_DATA`: blocks until a bank is complete
@@ -120,7 +178,9 @@ impl Device {
     ///
     /// ETIMEDOUT when the oldest pending frame was lost, EINTR on a signal.
     pub fn wait_data(&self) -> io::Result<usize> {
-        ioctl(self.file.as_fd(), IOCTL_WAIT_DATA, std::ptr::null_mut()).map(|b| b as usize)
+        // SAFETY: our open file of the device; WAIT_DATA takes no argument.
+        let bank = unsafe { ioctl::wait_data(self.file.as_raw_fd()) }?;
+        Ok(bank as usize)
     }
 
     /// Waits up to `timeout` (`None`: forever) for the oldest complete frame
@@ -133,10 +193,11 @@ impl Device {
     pub fn wait_frame(&self, timeout: Option<Duration>) -> io::Result<Option<Wait>> {
         let timeout_ms = timeout.map_or(WAIT_FOREVER, |t| u32::try_from(t.as_millis()).unwrap_or(WAIT_FOREVER - 1));
         let mut w = Wait { timeout_ms, ..Wait::default() };
-        match ioctl_inout(self.file.as_fd(), IOCTL_WAIT_FRAME, &mut w) {
+        // SAFETY: our open file of the device; `w` is a live `Wait`.
+        match unsafe { ioctl::wait_frame(self.file.as_raw_fd(), &mut w) } {
             Ok(_) => Ok(Some(w)),
-            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Ok(None),
-            Err(e) => Err(e),
+            Err(Errno::EAGAIN) => Ok(None),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -146,7 +207,9 @@ impl Device {
     ///
     /// EINVAL when the bank is not held.
     pub fn release_bank(&self, bank: u32) -> io::Result<()> {
-        ioctl_in(self.file.as_fd(), IOCTL_RELEASE_BANK, &bank).map(drop)
+        // SAFETY: our open file of the device; `bank` is a live u32.
+        unsafe { ioctl::release_bank(self.file.as_raw_fd(), &bank) }?;
+        Ok(())
     }
 
     /// The original `LEAP_IOCTL_SEND`: sends the first `len` bytes of the TX
@@ -157,7 +220,9 @@ impl Device {
     /// ENOTCONN before [`Self::set_port`], EDESTADDRREQ before
     /// [`Self::set_dest`], EINVAL for a bad length, or the socket's error.
     pub fn send(&self, len: u32) -> io::Result<()> {
-        ioctl_in(self.file.as_fd(), IOCTL_SEND, &len).map(drop)
+        // SAFETY: our open file of the device; `len` is a live u32.
+        unsafe { ioctl::send(self.file.as_raw_fd(), &len) }?;
+        Ok(())
     }
 
     /// Sends the first `len` bytes of the TX area as one frame whose chunks
@@ -167,8 +232,9 @@ impl Device {
     ///
     /// As [`Self::send`].
     pub fn send_frame(&self, len: u32, flags: u16) -> io::Result<u16> {
-        let mut s = Send { len, flags, seq: 0 };
-        ioctl_inout(self.file.as_fd(), IOCTL_SEND_FRAME, &mut s)?;
+        let mut s = leap_common::kmod::Send { len, flags, seq: 0 };
+        // SAFETY: our open file of the device; `s` is a live `Send`.
+        unsafe { ioctl::send_frame(self.file.as_raw_fd(), &mut s) }?;
         Ok(s.seq)
     }
 
@@ -180,7 +246,8 @@ impl Device {
     /// EINVAL for a bank out of range.
     pub fn bank_src(&self, bank: i32) -> io::Result<BankMetadata> {
         let mut m = BankMetadata { bank_idx: bank, ..BankMetadata::default() };
-        ioctl_inout(self.file.as_fd(), IOCTL_GET_BANK_SRC, &mut m)?;
+        // SAFETY: our open file of the device; `m` is a live `BankMetadata`.
+        unsafe { ioctl::get_bank_src(self.file.as_raw_fd(), &mut m) }?;
         Ok(m)
     }
 
@@ -290,5 +357,16 @@ impl Device {
 impl AsFd for Device {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.file.as_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn nix_request_numbers_are_the_abi_ones() {
+        for &(name, abi, nix) in super::ioctl::REQUESTS {
+            assert_eq!(nix, abi, "{name}: nix computes {nix:#x}, leap_common::kmod has {abi:#x}");
+        }
+        assert_eq!(super::ioctl::REQUESTS.len(), 12);
     }
 }

@@ -1,48 +1,48 @@
-//! Thin, unsafe-containing wrappers around the system calls leap needs that
-//! std and socket2 do not offer (batched UDP I/O with GSO/GRO). Everything
-//! above this module is safe code.
+//! Wrappers around the system calls leap needs that std and socket2 do not
+//! offer: nix's typed calls where it has them; raw `libc` with a `SAFETY`
+//! note where it does not (`capset`, batched UDP I/O with GSO/GRO, the
+//! shared mapping of the kernel module). Everything above is safe code.
 
 pub mod kmod;
 pub mod netns;
 pub mod udp;
 
+use std::io;
+use std::os::fd::BorrowedFd;
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
+use nix::sys::resource::{UsageWho, getrusage};
+use nix::sys::signal::{Signal, kill};
+use nix::sys::time::TimeVal;
+use nix::time::{ClockId, clock_gettime};
+use nix::unistd::{Pid, geteuid};
+
 /// CPU time (user, system) consumed by the calling thread so far.
-pub fn thread_cpu_time() -> (std::time::Duration, std::time::Duration) {
-    // SAFETY: all-zero is a valid rusage; getrusage writes into it.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: RUSAGE_THREAD with a valid pointer cannot fault.
-    let r = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
-    if r != 0 {
-        return Default::default();
-    }
-    let tv = |t: libc::timeval| std::time::Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    (tv(ru.ru_utime), tv(ru.ru_stime))
+pub fn thread_cpu_time() -> (Duration, Duration) {
+    let Ok(ru) = getrusage(UsageWho::RUSAGE_THREAD) else { return Default::default() };
+    let tv = |t: TimeVal| Duration::new(t.tv_sec() as u64, t.tv_usec() as u32 * 1000);
+    (tv(ru.user_time()), tv(ru.system_time()))
 }
 
 /// Whether the process runs as root (effective uid 0).
 pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
+    geteuid().is_root()
 }
 
 /// Sends SIGINT to process `pid` (a child we started); errors are ignored:
 /// the child may have exited already.
 pub fn interrupt(pid: u32) {
     let Ok(pid) = libc::pid_t::try_from(pid) else { return };
-    // SAFETY: kill has no memory effects; a stale pid only makes it fail.
-    unsafe { libc::kill(pid, libc::SIGINT) };
+    let _ = kill(Pid::from_raw(pid), Signal::SIGINT);
 }
 
 /// CLOCK_MONOTONIC in nanoseconds (the clock `perf record -k mono` stamps
 /// samples with).
 pub fn monotonic_ns() -> u64 {
-    // SAFETY: all-zero is a valid timespec; clock_gettime writes into it.
-    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    // SAFETY: CLOCK_MONOTONIC with a valid pointer cannot fault.
-    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) } != 0 {
-        return 0;
-    }
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    clock_gettime(ClockId::CLOCK_MONOTONIC).map_or(0, |ts| Duration::from(ts).as_nanos() as u64)
 }
 
 /// The CPUs this process may run on.
@@ -50,16 +50,9 @@ pub fn monotonic_ns() -> u64 {
 /// # Errors
 ///
 /// `sched_getaffinity` failing.
-pub fn allowed_cpus() -> std::io::Result<Vec<usize>> {
-    // SAFETY: all-zero is a valid (empty) cpu_set_t.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: pid 0 is the calling thread; the size matches the set.
-    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let max = 8 * std::mem::size_of::<libc::cpu_set_t>();
-    // SAFETY: CPU_ISSET reads inside the set for c < max.
-    Ok((0..max).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect())
+pub fn allowed_cpus() -> io::Result<Vec<usize>> {
+    let set = sched_getaffinity(Pid::from_raw(0))?;
+    Ok((0..CpuSet::count()).filter(|&c| set.is_set(c).unwrap_or(false)).collect())
 }
 
 /// Checks that every CPU of `cpus` is one this process may run on.
@@ -67,14 +60,14 @@ pub fn allowed_cpus() -> std::io::Result<Vec<usize>> {
 /// # Errors
 ///
 /// The first CPU that is not, with the ones that are.
-pub fn check_cpus(cpus: &[usize]) -> std::io::Result<()> {
+pub fn check_cpus(cpus: &[usize]) -> io::Result<()> {
     let allowed = allowed_cpus()?;
     match cpus.iter().find(|c| !allowed.contains(c)) {
         None => Ok(()),
         Some(cpu) => {
             let list: Vec<String> = allowed.iter().map(ToString::to_string).collect();
-            Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
+            Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
                 format!("CPU {cpu} is not available to this process (available: {})", list.join(",")),
             ))
         }
@@ -87,19 +80,14 @@ pub fn check_cpus(cpus: &[usize]) -> std::io::Result<()> {
 ///
 /// A CPU this process may not run on (see [`check_cpus`]), or
 /// `sched_setaffinity` failing.
-pub fn pin_thread(cpus: &[usize]) -> std::io::Result<()> {
+pub fn pin_thread(cpus: &[usize]) -> io::Result<()> {
     check_cpus(cpus)?;
-    // SAFETY: all-zero is a valid (empty) cpu_set_t.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let mut set = CpuSet::new();
     for &cpu in cpus {
-        // SAFETY: check_cpus proved cpu < 8 * size_of::<cpu_set_t>().
-        unsafe { libc::CPU_SET(cpu, &mut set) };
+        set.set(cpu)?;
     }
-    // SAFETY: pid 0 is the calling thread; the set is initialised.
-    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    // Pid 0: the calling thread.
+    Ok(sched_setaffinity(Pid::from_raw(0), &set)?)
 }
 
 /// Waits until `out` can take bytes or `inp` (if any) has bytes to read;
@@ -109,26 +97,19 @@ pub fn pin_thread(cpus: &[usize]) -> std::io::Result<()> {
 /// # Errors
 ///
 /// `poll` failing other than by a signal.
-pub fn wait_writable_or_readable(
-    out: std::os::fd::RawFd,
-    inp: Option<std::os::fd::RawFd>,
-) -> std::io::Result<(bool, bool)> {
-    let mut fds = [
-        libc::pollfd { fd: out, events: libc::POLLOUT, revents: 0 },
-        libc::pollfd { fd: inp.unwrap_or(-1), events: libc::POLLIN, revents: 0 },
-    ];
+pub fn wait_writable_or_readable(out: BorrowedFd<'_>, inp: Option<BorrowedFd<'_>>) -> io::Result<(bool, bool)> {
+    let mut fds = [PollFd::new(out, PollFlags::POLLOUT), PollFd::new(inp.unwrap_or(out), PollFlags::POLLIN)];
+    let fds = &mut fds[..if inp.is_some() { 2 } else { 1 }];
     loop {
-        // SAFETY: fds is a valid array of two pollfd (a negative fd is ignored).
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-        if r >= 0 {
-            break;
-        }
-        let e = std::io::Error::last_os_error();
-        if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(e);
+        match poll(fds, PollTimeout::NONE) {
+            Ok(_) => break,
+            Err(Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
         }
     }
-    Ok((fds[0].revents != 0, fds[1].revents != 0))
+    // Unknown revents bits count as an event too.
+    let ready = |p: &PollFd<'_>| p.any().unwrap_or(true);
+    Ok((ready(&fds[0]), fds.get(1).is_some_and(ready)))
 }
 
 /// Capabilities `leap-user/packaging/leap-node@.service` grants, plus
@@ -148,8 +129,8 @@ pub const UNIT_CAPS: &[u32] = &[
 ///
 /// # Errors
 ///
-/// `capget`/`capset`, e.g. EPERM when asked to keep one it does not have.
-pub fn restrict_thread_caps(keep: &[u32]) -> std::io::Result<()> {
+/// `capset`, e.g. EPERM when asked to keep one it does not have.
+pub fn restrict_thread_caps(keep: &[u32]) -> io::Result<()> {
     /// `struct __user_cap_header_struct`.
     #[repr(C)]
     struct Header {
@@ -175,7 +156,7 @@ pub fn restrict_thread_caps(keep: &[u32]) -> std::io::Result<()> {
     // takes for version 3; pid 0 is the calling thread; the kernel only
     // reads them.
     let r = unsafe { libc::syscall(libc::SYS_capset, &hdr as *const Header, data.as_ptr()) };
-    if r == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+    if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
 }
 
 #[cfg(test)]
@@ -186,14 +167,8 @@ mod tests {
     fn a_thread_without_capabilities_cannot_open_a_raw_socket() {
         let denied = std::thread::spawn(|| {
             restrict_thread_caps(&[]).unwrap();
-            // SAFETY: plain socket(2); the descriptor, if any, is closed.
-            let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
-            if fd >= 0 {
-                // SAFETY: our own descriptor.
-                unsafe { libc::close(fd) };
-                return false;
-            }
-            std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+            let raw = socket2::Socket::new(socket2::Domain::PACKET, socket2::Type::RAW, None);
+            raw.is_err_and(|e| e.raw_os_error() == Some(libc::EPERM))
         })
         .join()
         .unwrap();

@@ -1,6 +1,11 @@
 //! Batched UDP I/O: `sendmmsg` with `UDP_SEGMENT` (GSO) control messages and
 //! `recvmmsg` with `UDP_GRO`, over buffers owned by the batch so that no
 //! call allocates after construction.
+//!
+//! The batches call `sendmmsg`/`recvmmsg` and walk the control messages
+//! through `libc` themselves: nix's versions take the datagrams' slices and
+//! control messages as fresh arrays per call, where these reuse their own
+//! `iovec`/`mmsghdr` vectors. Socket options and `ppoll` go through nix.
 
 use std::io;
 use std::mem::{size_of, zeroed};
@@ -8,11 +13,13 @@ use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::ptr;
 
+use libc::{UDP_GRO, UDP_SEGMENT};
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, ppoll};
+use nix::sys::socket::{setsockopt, sockopt};
+use nix::sys::time::TimeSpec;
 use socket2::SockAddr;
 
-/// `SOL_UDP` options (stable kernel ABI, not in every libc version).
-const UDP_SEGMENT: libc::c_int = 103;
-const UDP_GRO: libc::c_int = 104;
 /// Largest number of iovecs the kernel takes in one message.
 const IOV_MAX: usize = 1024;
 /// GSO: the kernel refuses more than 64 segments or more than 64 KiB.
@@ -311,37 +318,38 @@ fn sockaddr_to_std(ss: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<
 /// this socket (`SO_RXQ_OVFL`): losses before leap sees a packet become a
 /// counter. False if the kernel refuses.
 pub fn enable_drop_count(fd: BorrowedFd<'_>) -> bool {
-    set_int(fd, libc::SOL_SOCKET, libc::SO_RXQ_OVFL, 1).is_ok()
+    setsockopt(&fd, sockopt::RxqOvfl, &1).is_ok()
 }
 
 /// Enables `UDP_GRO` on a socket; false if the kernel lacks it.
 pub fn enable_gro(fd: BorrowedFd<'_>) -> bool {
-    set_int(fd, libc::SOL_UDP, UDP_GRO, 1).is_ok()
+    setsockopt(&fd, sockopt::UdpGroSegment, &true).is_ok()
 }
 
 /// Whether the kernel accepts `UDP_SEGMENT` on this socket (GSO).
 pub fn gso_supported(fd: BorrowedFd<'_>) -> bool {
     // Setting the socket default to 0 is harmless and proves support.
-    set_int(fd, libc::SOL_UDP, UDP_SEGMENT, 0).is_ok()
+    setsockopt(&fd, sockopt::UdpGsoSegment, &0).is_ok()
 }
 
-/// `setsockopt` with an int value.
+/// Sets the receive buffer to `bytes` past `net.core.rmem_max`
+/// (`SO_RCVBUFFORCE`).
 ///
 /// # Errors
 ///
-/// What the kernel said.
-pub fn set_int(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
-    // SAFETY: passes a pointer to a live c_int with its size.
-    let r = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            level,
-            name,
-            (&value as *const libc::c_int).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+/// `EPERM` without `CAP_NET_ADMIN`.
+pub fn force_recv_buffer(fd: BorrowedFd<'_>, bytes: usize) -> io::Result<()> {
+    Ok(setsockopt(&fd, sockopt::RcvBufForce, &bytes)?)
+}
+
+/// Sets the send buffer to `bytes` past `net.core.wmem_max`
+/// (`SO_SNDBUFFORCE`).
+///
+/// # Errors
+///
+/// `EPERM` without `CAP_NET_ADMIN`.
+pub fn force_send_buffer(fd: BorrowedFd<'_>, bytes: usize) -> io::Result<()> {
+    Ok(setsockopt(&fd, sockopt::SndBufForce, &bytes)?)
 }
 
 /// Waits until `fd` is readable or `timeout` passes, with the kernel's
@@ -353,16 +361,10 @@ pub fn set_int(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int, value:
 ///
 /// The `ppoll` error, except `EINTR` (false).
 pub fn wait_readable(fd: BorrowedFd<'_>, timeout: std::time::Duration) -> io::Result<bool> {
-    let mut pfd = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
-    };
-    // SAFETY: one valid pollfd, a valid timespec, no signal mask.
-    let r = unsafe { libc::ppoll(&mut pfd, 1, &ts, ptr::null()) };
-    if r < 0 {
-        let e = io::Error::last_os_error();
-        return if e.kind() == io::ErrorKind::Interrupted { Ok(false) } else { Err(e) };
+    let mut pfd = [PollFd::new(fd, PollFlags::POLLIN)];
+    match ppoll(&mut pfd, Some(TimeSpec::from_duration(timeout)), None) {
+        Ok(n) => Ok(n > 0),
+        Err(Errno::EINTR) => Ok(false),
+        Err(e) => Err(e.into()),
     }
-    Ok(r > 0)
 }

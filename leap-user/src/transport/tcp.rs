@@ -8,7 +8,7 @@
 
 use std::io::{self, IoSlice, Read};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -295,8 +295,8 @@ impl TcpTransport {
                 Ok(n) => IoSlice::advance_slices(&mut bufs, n),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    let drain = prev.as_ref().map(|p| p.stream.as_raw_fd());
-                    let (_, readable) = crate::sys::wait_writable_or_readable(stream.as_raw_fd(), drain)
+                    let drain = prev.as_ref().map(|p| p.stream.as_fd());
+                    let (_, readable) = crate::sys::wait_writable_or_readable(stream.as_fd(), drain)
                         .map_err(|e| TransportError::io("poll", e))?;
                     if readable
                         && let Some(p) = prev.as_deref_mut()

@@ -16,7 +16,7 @@ use super::datagram::{DatagramLink, RxPath};
 use super::halves::{DatagramCore, DatagramReceiver, DatagramSender};
 pub use super::send::UdpSender;
 use super::{FrameKind, Halves, Lent, Received, Result, Stats, Transport};
-use crate::sys::udp::{RxBatch, enable_gro, set_int, wait_readable};
+use crate::sys::udp::{RxBatch, enable_gro, force_recv_buffer, force_send_buffer, wait_readable};
 
 /// Socket buffer size asked for (the original used 8 MiB).
 pub const SOCKET_BUFFER: usize = 8 << 20;
@@ -50,11 +50,10 @@ pub fn bind_socket(addr: SocketAddr) -> Result<Socket, UdpError> {
     let err = |call| move |source| UdpError::Socket { call, addr, source };
     let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP)).map_err(err("socket"))?;
     // Root can exceed net.core.[rw]mem_max; others get what the sysctl allows.
-    let size = SOCKET_BUFFER as libc::c_int;
-    if set_int(s.as_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, size).is_err() {
+    if force_recv_buffer(s.as_fd(), SOCKET_BUFFER).is_err() {
         let _ = s.set_recv_buffer_size(SOCKET_BUFFER);
     }
-    if set_int(s.as_fd(), libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, size).is_err() {
+    if force_send_buffer(s.as_fd(), SOCKET_BUFFER).is_err() {
         let _ = s.set_send_buffer_size(SOCKET_BUFFER);
     }
     s.bind(&addr.into()).map_err(err("bind"))?;

@@ -16,8 +16,8 @@ pub struct Reaper(pub Vec<u32>);
 impl Drop for Reaper {
     fn drop(&mut self) {
         for &pid in &self.0 {
-            // SAFETY: kill(2) on a child of ours; harmless if it is gone.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            // kill(2) on a child of ours; harmless if it is gone.
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL);
         }
     }
 }
@@ -39,8 +39,8 @@ pub fn wait_bounded(c: &mut Child, limit: Duration) -> ExitStatus {
 
 /// Sends SIGTERM (`ip netns exec` execs the program, so the pid is its).
 pub fn terminate(c: &Child) {
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+    // kill(2) on our own child.
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), nix::sys::signal::Signal::SIGTERM);
 }
 
 /// Counts allocations; install with `#[global_allocator]`.

@@ -5,12 +5,12 @@
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, RingBuf, XskMap};
 use aya::programs::links::{FdLink, PinnedLink};
-use aya::programs::{ProgramError, Xdp, XdpMode};
+use aya::programs::{ProgramError, TestRun, TestRunOptions, Xdp, XdpMode};
 use aya::{Ebpf, EbpfLoader};
 use leap_common::xdp::{
     LocalAddr, MAP_CONFIG, MAP_COUNTERS, MAP_LOCAL_ADDRS, MAP_PEERS, MAP_PORTS, MAP_RING, MAP_VLANS, MAP_XSKS,
@@ -337,12 +337,16 @@ impl XdpProgram {
     ///
     /// # Errors
     ///
-    /// [`XdpError::Syscall`] (`bpf(BPF_PROG_TEST_RUN)`).
+    /// [`XdpError::Program`] (aya's `bpf(BPF_PROG_TEST_RUN)`; `EINVAL` for a
+    /// packet shorter than Ethernet).
     pub fn test_run(&self, packet: &[u8]) -> Result<u32, XdpError> {
         let prog = self.ebpf.program(PROGRAM_NAME).ok_or(XdpError::Missing(PROGRAM_NAME))?;
-        let fd = prog.fd().map_err(XdpError::Program)?;
-        sys::prog_test_run(fd.as_fd(), packet)
-            .map_err(|source| XdpError::Syscall { call: "bpf(BPF_PROG_TEST_RUN)", source })
+        let xdp: &Xdp = prog.try_into().map_err(XdpError::Program)?;
+        // Room for what the program may write back (it never grows a packet
+        // by more than the headroom XDP gives it).
+        let mut out = vec![0u8; packet.len() + 512];
+        let opts = TestRunOptions { data_in: Some(packet), data_out: Some(&mut out), ..TestRunOptions::default() };
+        Ok(xdp.test_run(opts).map_err(XdpError::Program)?.return_value)
     }
 
     /// The decision counters so far, summed over CPUs.

@@ -76,6 +76,7 @@ impl std::fmt::Debug for XskSocket {
             .field("iface", &self.iface)
             .field("queue", &self.queue)
             .field("zero_copy", &self.zero_copy)
+            .field("huge_pages", &self.area.is_huge())
             .finish_non_exhaustive()
     }
 }
@@ -247,7 +248,10 @@ impl XskSocket {
             let mut rx = self.rx.receive(max);
             while let Some(desc) = rx.read() {
                 n += 1;
-                match self.area.get(desc.addr, desc.len) {
+                // SAFETY: the descriptor came off the RX ring, so its frame
+                // is ours until it goes back on the fill ring, which happens
+                // (through `recycle`) only after `f` has returned.
+                match unsafe { self.area.get(desc.addr, desc.len) } {
                     Some(bytes) => {
                         f(bytes);
                         // The address includes the in-frame offset: give
