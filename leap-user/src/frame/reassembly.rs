@@ -20,7 +20,7 @@
 //! chunks; the CRC is checked before the frame is delivered, and a frame
 //! whose check fails is dropped, counted and reported by
 //! [`Reassembler::take_corrupt`] so that it can be fetched again.
-//! Nothing here allocates after the side slots have been used once.
+//! Nothing here allocates after the side slots have held the largest frame.
 
 use leap_common::chunk::{
     CHUNK_PAYLOAD_MAX, CRC_TRAILER_LEN, ChunkHeader, ChunkKind, FRAME_LEN_MAX, chunks_for, flags,
@@ -256,11 +256,19 @@ impl Assembly {
     }
 }
 
-/// A side slot: assembly state plus its own buffer, allocated on first use.
+/// A side slot: assembly state plus its own buffer, allocated on first use
+/// and grown to the frames it holds (see [`slot_len`]).
 #[derive(Debug)]
 struct Slot {
     asm: Assembly,
     buf: Vec<u8>,
+}
+
+/// Bytes a side slot needs for a frame of `total` chunks: what they can
+/// carry, at most `max_frame_len`. Slots grow to the frames they hold, so
+/// that a large window of small frames does not cost `max_frame_len` each.
+fn slot_len(total: u16, max_frame_len: usize) -> usize {
+    (usize::from(total) * CHUNK_PAYLOAD_MAX).min(max_frame_len)
 }
 
 /// Puts chunks back together into frames, delivered in sequence order.
@@ -449,13 +457,13 @@ impl Reassembler {
             };
         }
         let i = self.slot_index(hdr.seq);
-        let max = self.max_frame_len;
+        let need = slot_len(hdr.total_chunks, self.max_frame_len);
         let slot = &mut self.slots[i];
         if slot.asm.seq != hdr.seq {
             slot.asm.reset(hdr.seq);
         }
-        if slot.buf.len() < max {
-            slot.buf.resize(max, 0);
+        if slot.buf.len() < need {
+            slot.buf.resize(need, 0);
         }
         if !slot.asm.put(hdr, payload, &mut slot.buf, &mut self.drops) {
             return Push::Dropped;
@@ -485,10 +493,10 @@ impl Reassembler {
             return;
         }
         let i = self.slot_index(exp);
-        let max = self.max_frame_len;
+        let need = slot_len(self.cur.total, self.max_frame_len);
         let slot = &mut self.slots[i];
-        if slot.buf.len() < max {
-            slot.buf.resize(max, 0);
+        if slot.buf.len() < need {
+            slot.buf.resize(need, 0);
         }
         self.cur.copy_received(out, &mut slot.buf);
         std::mem::swap(&mut self.cur, &mut slot.asm);
