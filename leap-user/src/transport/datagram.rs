@@ -610,7 +610,11 @@ impl DatagramLink {
         } else if let Some(exp) = self.reasm.expected()
             && self.recovering()
         {
-            match self.nack.poll(now, &self.cfg.timers, exp, self.reasm.progress(), self.reasm.saw_ahead()) {
+            // Chunks far beyond the window show the sender moved on as well
+            // (a window smaller than the frames in flight): without a NACK
+            // the expected frame would never come.
+            let ahead = self.reasm.saw_ahead() || self.reasm.is_overtaken();
+            match self.nack.poll(now, &self.cfg.timers, exp, self.reasm.progress(), ahead) {
                 NackDecision::Wait(t) => next = earliest(next, t),
                 NackDecision::Send => {
                     self.send_nack(exp, false);
