@@ -6,6 +6,7 @@ pub mod chunker;
 pub mod peer;
 pub mod reassembly;
 pub mod reliable;
+pub mod window;
 
 pub use chunker::Chunker;
 pub use reassembly::{LostFrame, Push, Reassembler};

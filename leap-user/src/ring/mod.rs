@@ -138,6 +138,15 @@ impl RingConfig {
         if self.inflight == 0 || self.inflight > 64 {
             return Err(format!("--inflight {}: must be 1..=64", self.inflight));
         }
+        if matches!(self.transport, TransportKind::Udp | TransportKind::Xdp | TransportKind::XdpRingbuf) {
+            let opts = Options { inflight: self.inflight, ..self.options.clone() };
+            opts.windows().map_err(|e| {
+                format!(
+                    "--inflight {} with --frame-size {} (--window, --keep-frames, --window-memory-mib): {e}",
+                    self.inflight, self.frame_size
+                )
+            })?;
+        }
         Ok(())
     }
 }
@@ -389,6 +398,8 @@ pub fn run(cfg: &RingConfig) -> Result<RingReport, RingError> {
     cfg.validate().map_err(RingError::Config)?;
     crate::sys::check_cpus(&cfg.options.cpus).map_err(|e| RingError::Config(format!("--cpus: {e}")))?;
     let mut cfg = cfg.clone();
+    // Every node's window and frames kept for NACKs follow the frames in flight.
+    cfg.options.inflight = cfg.inflight;
     if cfg.loss_pct > 0.0 && cfg.options.gso {
         // A GSO super-datagram is one packet until the receiver splits it:
         // dropping it would lose up to 44 chunks at once. Per-chunk loss

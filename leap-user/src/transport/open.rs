@@ -115,6 +115,15 @@ pub struct Options {
     /// CPUs to pin node threads to (empty: no pinning). A ring puts node
     /// `i` on the `i % len`-th; `leap node` runs on all of them.
     pub cpus: Vec<usize>,
+    /// Frames the ring keeps in flight: the datagram backends' window and
+    /// frames kept for NACKs follow it.
+    pub inflight: usize,
+    /// Frames in assembly at once (`None`: derived from `inflight`).
+    pub window: Option<u16>,
+    /// Frames kept to answer NACKs (`None`: derived from `inflight`).
+    pub keep_frames: Option<usize>,
+    /// Bytes the window and the frames kept may take per link.
+    pub window_memory: usize,
 }
 
 impl Default for Options {
@@ -135,6 +144,10 @@ impl Default for Options {
             gso: true,
             crc: true,
             cpus: Vec::new(),
+            inflight: 1,
+            window: None,
+            keep_frames: None,
+            window_memory: crate::frame::window::DEFAULT_WINDOW_MEMORY,
         }
     }
 }
@@ -151,7 +164,29 @@ pub fn udp_config(ep: &Endpoint, opts: &Options) -> UdpConfig {
     c.reliability = opts.reliability;
     c.gso = opts.gso;
     c.crc = opts.crc;
+    c.inflight = opts.inflight.max(1);
+    c.window = opts.window.unwrap_or(0);
+    c.keep_frames = opts.keep_frames.unwrap_or(0);
+    c.window_memory = opts.window_memory;
     c
+}
+
+impl Options {
+    /// The window and frames kept for NACKs a datagram backend opened with
+    /// these options would use.
+    ///
+    /// # Errors
+    ///
+    /// As [`Windows::new`](crate::frame::window::Windows::new).
+    pub fn windows(&self) -> Result<crate::frame::window::Windows, crate::frame::window::WindowError> {
+        crate::frame::window::Windows::new(
+            self.inflight,
+            self.frame_len,
+            self.window.unwrap_or(0),
+            self.keep_frames.unwrap_or(0),
+            self.window_memory,
+        )
+    }
 }
 
 /// Opens a backend of `kind` for `ep`.

@@ -15,6 +15,7 @@ use super::{FrameKind, Received, Result, Stats, Transport, TransportError};
 use crate::frame::Chunker;
 use crate::frame::chunker::ChunkRef;
 use crate::frame::reliable::Timers;
+use crate::frame::window::{DEFAULT_WINDOW_MEMORY, WindowError, Windows};
 use crate::sys::udp::{RxBatch, TxBatch, enable_gro, gso_supported, set_int, wait_readable};
 
 /// Socket buffer size asked for (the original used 8 MiB).
@@ -44,7 +45,8 @@ pub struct UdpConfig {
     pub gro: bool,
     /// Spin this long on non-blocking receives before sleeping.
     pub spin: Duration,
-    /// Frames in assembly at once (window of the reassembler).
+    /// Frames in assembly at once (window of the reassembler); 0: derived
+    /// from `inflight` ([`Windows`]).
     pub window: u16,
     /// Loss recovery.
     pub reliability: Reliability,
@@ -53,8 +55,15 @@ pub struct UdpConfig {
     /// Where NACKs come from (default: `next`); NACKs from anywhere else
     /// are dropped.
     pub nack_from: Option<SocketAddr>,
-    /// Frames kept to answer NACKs.
+    /// Frames kept to answer NACKs; 0: derived from `inflight` ([`Windows`]).
     pub keep_frames: usize,
+    /// Frames the ring keeps in flight (what `window` and `keep_frames`
+    /// follow when derived).
+    pub inflight: usize,
+    /// Bytes the window and the frames kept may take at most (the largest
+    /// frame each); derived sizes shrink to fit, sizes asked for that do
+    /// not fit are refused.
+    pub window_memory: usize,
     /// Send a CRC32C with every frame to a next node that checks it, and
     /// check it on frames received (between proven leap nodes only).
     pub crc: bool,
@@ -73,11 +82,13 @@ impl UdpConfig {
             gso: true,
             gro: true,
             spin: Duration::ZERO,
-            window: 16,
+            window: 0,
             reliability: Reliability::Reliable,
             timers: Timers::default(),
             nack_from: None,
-            keep_frames: 32,
+            keep_frames: 0,
+            inflight: 1,
+            window_memory: DEFAULT_WINDOW_MEMORY,
             crc: true,
         }
     }
@@ -100,6 +111,36 @@ pub enum UdpError {
     /// The configuration cannot work.
     #[error("{0}")]
     Config(String),
+    /// The window or the frames kept for NACKs cannot work.
+    #[error(transparent)]
+    Window(#[from] WindowError),
+}
+
+/// Settles `cfg.window` and `cfg.keep_frames` (derived where 0, checked
+/// against `cfg.inflight` and `cfg.window_memory`) and logs them.
+///
+/// # Errors
+///
+/// [`WindowError`] for sizes that cannot work.
+pub fn settle_windows(cfg: &mut UdpConfig) -> Result<Windows, WindowError> {
+    let size = |cap| Windows::new(cfg.inflight, cfg.max_frame_len, cfg.window, cfg.keep_frames, cap);
+    let w = size(cfg.window_memory)?;
+    let shrunk = size(usize::MAX).is_ok_and(|free| free != w);
+    let what = format!(
+        "{}: window {} frames, {} kept for NACKs ({} in flight, up to {} MiB)",
+        cfg.listen,
+        w.window,
+        w.keep_frames,
+        cfg.inflight,
+        w.memory.div_ceil(1 << 20)
+    );
+    if shrunk {
+        log::info!("{what}: smaller than derived, to stay within {} MiB", cfg.window_memory >> 20);
+    } else {
+        log::debug!("{what}");
+    }
+    (cfg.window, cfg.keep_frames) = (w.window, w.keep_frames);
+    Ok(w)
 }
 
 impl From<UdpError> for TransportError {
@@ -252,15 +293,17 @@ impl UdpTransport {
     ///
     /// # Errors
     ///
-    /// [`UdpError`] when the socket cannot be set up or the frame limit is
-    /// beyond what the chunk format can carry.
-    pub fn bind(cfg: UdpConfig) -> Result<Self, UdpError> {
+    /// [`UdpError`] when the socket cannot be set up, the frame limit is
+    /// beyond what the chunk format can carry, or the window and the frames
+    /// kept for NACKs cannot work ([`settle_windows`]).
+    pub fn bind(mut cfg: UdpConfig) -> Result<Self, UdpError> {
         if cfg.max_frame_len == 0 || cfg.max_frame_len > FRAME_LEN_MAX {
             return Err(UdpError::Config(format!(
                 "max frame length {} outside 1..={FRAME_LEN_MAX} (65535 chunks of 1400 bytes)",
                 cfg.max_frame_len
             )));
         }
+        settle_windows(&mut cfg)?;
         let socket = bind_socket(cfg.listen)?;
         let gro = cfg.gro && enable_gro(socket.as_fd());
         // With GRO one slot may hold a 64 KiB super-datagram.

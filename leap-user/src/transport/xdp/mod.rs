@@ -351,6 +351,8 @@ impl XdpTransport {
         if cfg.queues.is_empty() || cfg.queues.len() > 8 {
             return Err(XdpError::Config("between 1 and 8 receive queues".into()).into());
         }
+        let mut udp_cfg = cfg.udp.clone();
+        super::udp::settle_windows(&mut udp_cfg).map_err(|e| XdpError::Config(e.to_string()))?;
         let filter = host_filter(&cfg)?;
         let socket = bind_socket(udp.listen)?;
         let port = udp.listen.port();
@@ -404,7 +406,7 @@ impl XdpTransport {
         // A receiver in generic mode sees GSO super-packets whole and cannot
         // hand them to XDP chunk by chunk; every node of a ring runs the same
         // mode, so segment in software unless attached natively.
-        let link = DatagramLink::new(socket, cfg.udp.clone(), mode == AttachedMode::Drv);
+        let link = DatagramLink::new(socket, udp_cfg, mode == AttachedMode::Drv);
         log::debug!(
             "{} on {}: {} mode, {}, GSO {}",
             cfg.delivery.transport_name(),
