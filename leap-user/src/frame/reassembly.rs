@@ -86,6 +86,8 @@ struct Assembly {
     last_len: usize,
     /// Largest frame.
     max_len: usize,
+    /// Its gaps were reported by [`Reassembler::gaps_ahead`].
+    nacked: bool,
     bitmap: Vec<u64>,
 }
 
@@ -105,6 +107,7 @@ impl Assembly {
             last_tail: [0; CRC_TRAILER_LEN],
             last_len: 0,
             max_len,
+            nacked: false,
             bitmap: vec![0; usize::from(max_chunks).div_ceil(64)],
         }
     }
@@ -128,6 +131,7 @@ impl Assembly {
         self.kind = FrameKind::Data;
         self.from_leap = false;
         self.crc = false;
+        self.nacked = false;
     }
 
     fn has(&self, id: u16) -> bool {
@@ -377,6 +381,32 @@ impl Reassembler {
     pub fn holes(&self) -> impl Iterator<Item = u16> + '_ {
         let high = self.cur.high;
         self.cur.missing().take_while(move |&id| id < high)
+    }
+
+    /// Calls `f(seq, missing chunk ids)` for each frame after the expected
+    /// one whose missing chunks are lost rather than late: those below the
+    /// highest chunk received, or all of them once a later frame has
+    /// chunks. Each frame is reported once while it waits in a side slot,
+    /// so that its loss is recovered while the expected frame's is, not
+    /// one frame after another.
+    pub fn gaps_ahead(&mut self, mut f: impl FnMut(u16, &mut dyn Iterator<Item = u16>)) {
+        let Some(exp) = self.expected else { return };
+        let w = self.window;
+        let mut later = false;
+        for d in (1..w).rev() {
+            let seq = exp.wrapping_add(d);
+            let a = &mut self.slots[usize::from(seq % w)].asm;
+            if a.is_empty() || a.seq != seq {
+                continue;
+            }
+            let high = if later { a.total } else { a.high };
+            later = true;
+            if a.is_complete() || a.nacked || a.missing().next().is_none_or(|id| id >= high) {
+                continue;
+            }
+            a.nacked = true;
+            f(seq, &mut a.missing().take_while(|&id| id < high));
+        }
     }
 
     /// Starts a receive call with the caller's buffer: moves whatever arrived

@@ -581,6 +581,24 @@ impl DatagramLink {
         }
     }
 
+    /// NACKs what later frames lack (once each while they wait): with many
+    /// frames in flight their losses are then recovered together with the
+    /// expected frame's.
+    fn nack_gaps_ahead(&mut self) {
+        let Some(to) = self.prev else { return };
+        let (buf, socket, stats, log) = (&mut self.nack_buf, &self.socket, &mut self.stats, &mut self.send_log);
+        self.reasm.gaps_ahead(|seq, ids| {
+            let len = encode_nack(seq, ranges(ids), buf);
+            match socket.send_to(&buf[..len], &to.into()) {
+                Ok(_) => stats.nacks_sent += 1,
+                Err(e) => {
+                    stats.send_errors += 1;
+                    log.warn(format_args!("NACK to {to} failed: {e}"));
+                }
+            }
+        });
+    }
+
     /// Whether lost chunks of the previous node's frames can be fetched again.
     fn recovering(&self) -> bool {
         self.cfg.reliability == Reliability::Reliable
@@ -618,6 +636,7 @@ impl DatagramLink {
                 NackDecision::Wait(t) => next = earliest(next, t),
                 NackDecision::Send => {
                     self.send_nack(exp, false);
+                    self.nack_gaps_ahead();
                     next = earliest(next, Some(now + self.cfg.timers.nack_delay));
                 }
                 NackDecision::GiveUp => return Err(self.lost()),
