@@ -12,7 +12,7 @@ use clap::{Args, ValueEnum};
 
 use super::config::{self, NodePlan};
 use super::{TransportArg, TransportArgs};
-use crate::ring::{HeadConfig, NeighbourPolicy, Percentiles, WorkerConfig, run_head, run_worker};
+use crate::ring::{HeadConfig, NeighbourPolicy, WorkerConfig, run_head, run_worker};
 use crate::telemetry::{self, Telemetry};
 use crate::transport::Transport;
 use crate::transport::open::{Endpoint, Options, TransportKind, open};
@@ -358,8 +358,8 @@ fn run(
                 stop: Some(stop.clone()),
                 pause: Duration::ZERO,
             };
-            let mut rep = run_head(t, &hc)?;
-            let rtt = Percentiles::of(&mut rep.rtts_ns);
+            let rep = run_head(t, &hc)?;
+            let rtt = rep.rtt.percentiles();
             let out = serde_json::json!({
                 "transport": kind.as_str(),
                 "frame_size": r.frame_size,

@@ -5,6 +5,7 @@
 //! thread per node, for `leap ring`, the benchmark and the tests.
 
 pub mod control;
+pub mod latency;
 pub mod node;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -18,6 +19,7 @@ use crate::netns::Topology;
 use crate::transport::Stats;
 use crate::transport::open::{Endpoint, Options, TransportKind};
 
+pub use latency::RttHistogram;
 pub use node::{HeadConfig, HeadReport, NeighbourPolicy, WorkerConfig, run_head, run_worker};
 
 /// Where the nodes of a local ring live.
@@ -182,7 +184,8 @@ pub struct Percentiles {
 }
 
 impl Percentiles {
-    /// Percentiles of `samples` (nanoseconds), which it sorts.
+    /// The exact percentiles of `samples` (nanoseconds), which it sorts
+    /// (runs record into an [`RttHistogram`] instead, in bounded memory).
     pub fn of(samples: &mut [u64]) -> Self {
         if samples.is_empty() {
             return Self::default();
@@ -523,8 +526,8 @@ pub struct HeadSummary {
 }
 
 impl HeadSummary {
-    /// Summarises `head` (its samples become percentiles).
-    pub fn of(mut head: HeadReport) -> Self {
+    /// Summarises `head` (its round trips become percentiles).
+    pub fn of(head: HeadReport) -> Self {
         Self {
             sent: head.sent,
             delivered: head.delivered,
@@ -532,7 +535,7 @@ impl HeadSummary {
             lost: head.lost,
             resent: head.resent,
             duplicates: head.duplicates,
-            rtt_us: Percentiles::of(&mut head.rtts_ns),
+            rtt_us: head.rtt.percentiles(),
             elapsed_s: head.elapsed.as_secs_f64(),
             control_ack: head.control_ack,
         }
