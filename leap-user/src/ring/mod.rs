@@ -614,3 +614,29 @@ pub fn sum_json(items: &[serde_json::Value]) -> Option<serde_json::Value> {
     }
     Some(acc)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_that_cannot_work_are_refused_naming_the_flags() {
+        let mut c = RingConfig::new(TransportKind::Udp, 3, 16392, 10);
+        c.inflight = 48;
+        c.validate().unwrap();
+        c.options.window = Some(16);
+        let e = c.validate().unwrap_err();
+        assert!(e.contains("--window") && e.contains("set at least 64"), "{e}");
+        // 64 MiB frames: 8 in flight need 16 + 16 of them, 2 GiB.
+        let mut c = RingConfig::new(TransportKind::Udp, 3, MAX_FRAME, 10);
+        c.inflight = 8;
+        let e = c.validate().unwrap_err();
+        assert!(e.contains("--window-memory-mib") && e.contains("2048 MiB"), "{e}");
+        c.options.window_memory = 2 << 30;
+        c.validate().unwrap();
+        // TCP keeps no window.
+        c.transport = TransportKind::Tcp;
+        c.options.window_memory = 1 << 20;
+        c.validate().unwrap();
+    }
+}
