@@ -95,11 +95,13 @@ pub fn measure(topo: Option<&Topology>, n: usize, rounds: usize, cpus: &[usize])
     for w in workers {
         let _ = w.join();
     }
-    let mut rtts = res??;
+    let rtts = res??;
     if rtts.len() < rounds / 2 {
         return Err(format!("floor: only {} of {rounds} datagrams came back", rtts.len()));
     }
     // Warm-up: the first tenth pays for cold caches and ARP.
     let skip = rtts.len() / 10;
-    Ok(Percentiles::of(&mut rtts[skip..]))
+    let mut h = crate::ring::RttHistogram::new();
+    rtts[skip..].iter().for_each(|&ns| h.record_ns(ns));
+    Ok(h.percentiles())
 }

@@ -20,6 +20,9 @@
 //! peer_filter = true              # accept only the previous member (false: the first source, locked)
 //! crc = true                      # CRC32C on every frame between leap nodes
 //! recv_timeout_ms = 1000          # silent-neighbour deadline
+//! # window = 64                   # frames in assembly (default: from ring.inflight)
+//! # keep_frames = 128             # frames kept for NACKs (default: twice the window)
+//! # window_memory_mib = 256       # limit on both, per link
 //!
 //! [node]
 //! log = "info"
@@ -66,7 +69,8 @@ pub struct RingSection {
     /// Head: frames to drive (0: until stopped).
     #[serde(default)]
     pub frames: u64,
-    /// Head: frames in flight.
+    /// Frames in flight (the head sends this many at once; every member's
+    /// window and frames kept for NACKs follow it).
     #[serde(default = "one")]
     pub inflight: usize,
     /// Worker: simulated compute per frame, microseconds.
@@ -120,6 +124,14 @@ pub struct TransportSection {
     /// Seconds allowed to connect (TCP).
     #[serde(default = "default_setup")]
     pub setup_timeout_s: u64,
+    /// Datagram transports: frames in assembly at once (default: derived
+    /// from `ring.inflight`).
+    pub window: Option<u16>,
+    /// Datagram transports: frames kept to answer NACKs (default: derived).
+    pub keep_frames: Option<usize>,
+    /// Datagram transports: memory the window and the frames kept may take
+    /// per link, MiB (default 256).
+    pub window_memory_mib: Option<usize>,
 }
 
 impl Default for TransportSection {
@@ -136,6 +148,9 @@ impl Default for TransportSection {
             crc: true,
             recv_timeout_ms: default_timeout(),
             setup_timeout_s: default_setup(),
+            window: None,
+            keep_frames: None,
+            window_memory_mib: None,
         }
     }
 }
@@ -322,6 +337,24 @@ pub fn validate(file: NodeFile) -> Result<NodePlan, ConfigError> {
     {
         return Err(err("transport.xdp_object", format!("{} is not a file", p.display())));
     }
+    let windows = crate::frame::window::Windows::new(
+        r.inflight,
+        r.frame_size,
+        t.window.unwrap_or(0),
+        t.keep_frames.unwrap_or(0),
+        t.window_memory_mib.map_or(crate::frame::window::DEFAULT_WINDOW_MEMORY, |m| m.saturating_mul(1 << 20)),
+    );
+    if let Err(e) = windows {
+        use crate::frame::window::{Part, WindowError};
+        let field = match e {
+            WindowError::TooSmall { what: Part::Window, .. } | WindowError::TooLarge { what: Part::Window, .. } => {
+                "transport.window"
+            }
+            WindowError::TooSmall { .. } | WindowError::TooLarge { .. } => "transport.keep_frames",
+            WindowError::OverMemory { .. } => "transport.window_memory_mib",
+        };
+        return Err(err(field, format!("with ring.inflight = {}: {e}", r.inflight)));
+    }
     let n = &file.node;
     if let Some(p) = &n.on_neighbour_loss
         && p != "wait"
@@ -464,6 +497,15 @@ order = ["udp"]
             (GOOD.replace("\nme = \"b\"", "\nme = \"z\""), "ring.me"),
             (GOOD.replace("order = [\"udp\"]", "order = [\"udp\"]\ninterface = \"nope0\""), "transport.interface"),
             (GOOD.replace("order = [\"udp\"]", "order = [\"xdp\"]"), "transport.interface"),
+            (GOOD.replace("\nme = \"b\"", "\nme = \"b\"\ninflight = 48") + "window = 16\n", "transport.window"),
+            (
+                GOOD.replace("\nme = \"b\"", "\nme = \"b\"\ninflight = 48") + "keep_frames = 8\n",
+                "transport.keep_frames",
+            ),
+            (
+                GOOD.replace("\nme = \"b\"", "\nme = \"b\"\nframe_size = 67108864\ninflight = 8"),
+                "transport.window_memory_mib",
+            ),
         ];
         for (text, field) in cases {
             let e = parse(&text).unwrap_err();

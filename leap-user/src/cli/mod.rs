@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::frame::window::DEFAULT_WINDOW_MEMORY;
 use crate::transport::config::AttachMode;
 use crate::transport::open::{Options, TransportKind};
 use crate::transport::tcp::TcpFraming;
@@ -135,6 +136,18 @@ pub struct TransportArgs {
     /// (i mod n)-th, `leap node` on all of them.
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub cpus: Vec<usize>,
+    /// Datagram transports: frames in assembly at once (default: derived
+    /// from the frames in flight, at least 16).
+    #[arg(long, value_name = "FRAMES", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub window: Option<u16>,
+    /// Datagram transports: frames kept to answer NACKs (default: twice the
+    /// window).
+    #[arg(long, value_name = "FRAMES", value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub keep_frames: Option<u64>,
+    /// Datagram transports: memory the window and the frames kept may take
+    /// per link, in MiB (derived sizes shrink to fit).
+    #[arg(long, value_name = "MIB", default_value_t = DEFAULT_WINDOW_MEMORY >> 20)]
+    pub window_memory_mib: usize,
 }
 
 /// `--xdp-queues`: every receive queue, or the listed ones.
@@ -191,6 +204,10 @@ impl TransportArgs {
             gso: !self.no_gso,
             crc: !self.no_crc,
             cpus: self.cpus.clone(),
+            inflight: 1,
+            window: self.window,
+            keep_frames: self.keep_frames.map(|k| k as usize),
+            window_memory: self.window_memory_mib.saturating_mul(1 << 20),
         }
     }
 }

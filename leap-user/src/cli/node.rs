@@ -12,7 +12,7 @@ use clap::{Args, ValueEnum};
 
 use super::config::{self, NodePlan};
 use super::{TransportArg, TransportArgs};
-use crate::ring::{HeadConfig, NeighbourPolicy, Percentiles, WorkerConfig, run_head, run_worker};
+use crate::ring::{HeadConfig, NeighbourPolicy, WorkerConfig, run_head, run_worker};
 use crate::telemetry::{self, Telemetry};
 use crate::transport::Transport;
 use crate::transport::config::AttachMode;
@@ -69,7 +69,9 @@ pub struct NodeArgs {
     /// Head: frames to drive (0: until stopped).
     #[arg(long)]
     pub frames: Option<u64>,
-    /// Head: frames in flight.
+    /// Frames in flight: the head sends this many at once, and every
+    /// member's window and frames kept for NACKs follow it (give every
+    /// member the same value).
     #[arg(long)]
     pub inflight: Option<usize>,
     /// Head: number of workers for the RESIZE_CHAIN round (0: skip it).
@@ -155,11 +157,29 @@ fn resolve(args: &NodeArgs) -> Result<Resolved> {
         if !args.transport_args.no_crc {
             opts.crc = t.crc;
         }
+        if args.transport_args.window.is_none() {
+            opts.window = t.window;
+        }
+        if args.transport_args.keep_frames.is_none() {
+            opts.keep_frames = t.keep_frames;
+        }
+        if args.transport_args.window_memory_mib == crate::frame::window::DEFAULT_WINDOW_MEMORY >> 20
+            && let Some(mib) = t.window_memory_mib
+        {
+            opts.window_memory = mib.saturating_mul(1 << 20);
+        }
         if args.transport_args.xdp_queues.0.is_none()
             && let Some(list) = t.queues.as_ref().and_then(|q| q.as_array())
         {
             opts.xdp_queues = Some(list.iter().filter_map(|v| v.as_integer()).map(|n| n as u32).collect());
         }
+    }
+    let inflight = args.inflight.or(file.map(|f| f.ring.inflight)).unwrap_or(1).max(1);
+    opts.inflight = inflight;
+    if let Err(e) = opts.windows() {
+        bail!(
+            "--inflight {inflight} with --frame-size {frame_size} (--window, --keep-frames, --window-memory-mib): {e}"
+        );
     }
     let (order, fallback) = match (args.transport, &plan) {
         (Some(t), _) => (vec![TransportKind::from(t)], false),
@@ -197,7 +217,7 @@ fn resolve(args: &NodeArgs) -> Result<Resolved> {
         opts,
         frame_size,
         frames: args.frames.or(file.map(|f| f.ring.frames)).unwrap_or(1000),
-        inflight: args.inflight.or(file.map(|f| f.ring.inflight)).unwrap_or(1).max(1),
+        inflight,
         compute: Duration::from_micros(args.compute_us.or(file.map(|f| f.ring.compute_us)).unwrap_or(0)),
         policy,
         metrics,
@@ -340,8 +360,8 @@ fn run(
                 stop: Some(stop.clone()),
                 pause: Duration::ZERO,
             };
-            let mut rep = run_head(t, &hc)?;
-            let rtt = Percentiles::of(&mut rep.rtts_ns);
+            let rep = run_head(t, &hc)?;
+            let rtt = rep.rtt.percentiles();
             let out = serde_json::json!({
                 "transport": kind.as_str(),
                 "frame_size": r.frame_size,

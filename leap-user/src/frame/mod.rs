@@ -7,6 +7,7 @@ pub mod peer;
 pub mod reassembly;
 pub mod reliable;
 pub mod types;
+pub mod window;
 
 pub use chunker::Chunker;
 pub use reassembly::{LostFrame, Push, Reassembler};

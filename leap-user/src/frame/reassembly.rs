@@ -20,7 +20,7 @@
 //! chunks; the CRC is checked before the frame is delivered, and a frame
 //! whose check fails is dropped, counted and reported by
 //! [`Reassembler::take_corrupt`] so that it can be fetched again.
-//! Nothing here allocates after the side slots have been used once.
+//! Nothing here allocates after the side slots have held the largest frame.
 
 use leap_common::chunk::{
     CHUNK_PAYLOAD_MAX, CRC_TRAILER_LEN, ChunkHeader, ChunkKind, FRAME_LEN_MAX, chunks_for, flags,
@@ -86,6 +86,8 @@ struct Assembly {
     last_len: usize,
     /// Largest frame.
     max_len: usize,
+    /// Its gaps were reported by [`Reassembler::gaps_ahead`].
+    nacked: bool,
     bitmap: Vec<u64>,
 }
 
@@ -105,6 +107,7 @@ impl Assembly {
             last_tail: [0; CRC_TRAILER_LEN],
             last_len: 0,
             max_len,
+            nacked: false,
             bitmap: vec![0; usize::from(max_chunks).div_ceil(64)],
         }
     }
@@ -128,6 +131,7 @@ impl Assembly {
         self.kind = FrameKind::Data;
         self.from_leap = false;
         self.crc = false;
+        self.nacked = false;
     }
 
     fn has(&self, id: u16) -> bool {
@@ -260,11 +264,19 @@ impl Assembly {
     }
 }
 
-/// A side slot: assembly state plus its own buffer, allocated on first use.
+/// A side slot: assembly state plus its own buffer, allocated on first use
+/// and grown to the frames it holds (see [`slot_len`]).
 #[derive(Debug)]
 struct Slot {
     asm: Assembly,
     buf: Vec<u8>,
+}
+
+/// Bytes a side slot needs for a frame of `total` chunks: what they can
+/// carry, at most `max_frame_len`. Slots grow to the frames they hold, so
+/// that a large window of small frames does not cost `max_frame_len` each.
+fn slot_len(total: u16, max_frame_len: usize) -> usize {
+    (usize::from(total) * CHUNK_PAYLOAD_MAX).min(max_frame_len)
 }
 
 /// Puts chunks back together into frames, delivered in sequence order.
@@ -385,6 +397,32 @@ impl Reassembler {
         self.cur.missing().take_while(move |&id| id < high)
     }
 
+    /// Calls `f(seq, missing chunk ids)` for each frame after the expected
+    /// one whose missing chunks are lost rather than late: those below the
+    /// highest chunk received, or all of them once a later frame has
+    /// chunks. Each frame is reported once while it waits in a side slot,
+    /// so that its loss is recovered while the expected frame's is, not
+    /// one frame after another.
+    pub fn gaps_ahead(&mut self, mut f: impl FnMut(u16, &mut dyn Iterator<Item = u16>)) {
+        let Some(exp) = self.expected else { return };
+        let w = self.window;
+        let mut later = false;
+        for d in (1..w).rev() {
+            let seq = exp.wrapping_add(d);
+            let a = &mut self.slots[usize::from(seq % w)].asm;
+            if a.is_empty() || a.seq != seq {
+                continue;
+            }
+            let high = if later { a.total } else { a.high };
+            later = true;
+            if a.is_complete() || a.nacked || a.missing().next().is_none_or(|id| id >= high) {
+                continue;
+            }
+            a.nacked = true;
+            f(seq, &mut a.missing().take_while(|&id| id < high));
+        }
+    }
+
     /// Starts a receive call with the caller's buffer: moves whatever arrived
     /// early for the expected frame into `out`. Returns the frame if it is
     /// already complete.
@@ -463,13 +501,13 @@ impl Reassembler {
             };
         }
         let i = self.slot_index(hdr.seq);
-        let max = self.max_frame_len;
+        let need = slot_len(hdr.total_chunks, self.max_frame_len);
         let slot = &mut self.slots[i];
         if slot.asm.seq != hdr.seq {
             slot.asm.reset(hdr.seq);
         }
-        if slot.buf.len() < max {
-            slot.buf.resize(max, 0);
+        if slot.buf.len() < need {
+            slot.buf.resize(need, 0);
         }
         if !slot.asm.put(hdr, payload, &mut slot.buf, &mut self.drops) {
             return Push::Dropped;
@@ -499,10 +537,10 @@ impl Reassembler {
             return;
         }
         let i = self.slot_index(exp);
-        let max = self.max_frame_len;
+        let need = slot_len(self.cur.total, self.max_frame_len);
         let slot = &mut self.slots[i];
-        if slot.buf.len() < max {
-            slot.buf.resize(max, 0);
+        if slot.buf.len() < need {
+            slot.buf.resize(need, 0);
         }
         self.copied += self.cur.copy_received(out, &mut slot.buf);
         std::mem::swap(&mut self.cur, &mut slot.asm);

@@ -5,6 +5,7 @@
 //! thread per node, for `leap ring`, the benchmark and the tests.
 
 pub mod control;
+pub mod latency;
 pub mod node;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -18,6 +19,7 @@ use crate::netns::Topology;
 use crate::transport::open::{Endpoint, Options, TransportKind};
 use crate::transport::{BackendCounters, Stats};
 
+pub use latency::RttHistogram;
 pub use node::{HeadConfig, HeadReport, NeighbourPolicy, WorkerConfig, run_head, run_worker};
 
 /// Where the nodes of a local ring live.
@@ -144,6 +146,15 @@ impl RingConfig {
         if self.inflight == 0 || self.inflight > 64 {
             return Some(format!("--inflight {}: must be 1..=64", self.inflight));
         }
+        if matches!(self.transport, TransportKind::Udp | TransportKind::Xdp | TransportKind::XdpRingbuf) {
+            let opts = Options { inflight: self.inflight, ..self.options.clone() };
+            if let Err(e) = opts.windows() {
+                return Some(format!(
+                    "--inflight {} with --frame-size {} (--window, --keep-frames, --window-memory-mib): {e}",
+                    self.inflight, self.frame_size
+                ));
+            }
+        }
         None
     }
 }
@@ -179,7 +190,8 @@ pub struct Percentiles {
 }
 
 impl Percentiles {
-    /// Percentiles of `samples` (nanoseconds), which it sorts.
+    /// The exact percentiles of `samples` (nanoseconds), which it sorts
+    /// (runs record into an [`RttHistogram`] instead, in bounded memory).
     pub fn of(samples: &mut [u64]) -> Self {
         if samples.is_empty() {
             return Self::default();
@@ -449,6 +461,8 @@ pub fn run(cfg: &RingConfig) -> Result<RingReport, RingError> {
     cfg.validate()?;
     crate::sys::check_cpus(&cfg.options.cpus).map_err(|e| RingError::Config(format!("--cpus: {e}")))?;
     let mut cfg = cfg.clone();
+    // Every node's window and frames kept for NACKs follow the frames in flight.
+    cfg.options.inflight = cfg.inflight;
     if cfg.loss_pct > 0.0 && cfg.options.gso {
         // A GSO super-datagram is one packet until the receiver splits it:
         // dropping it would lose up to 44 chunks at once. Per-chunk loss
@@ -572,8 +586,8 @@ pub struct HeadSummary {
 }
 
 impl HeadSummary {
-    /// Summarises `head` (its samples become percentiles).
-    pub fn of(mut head: HeadReport) -> Self {
+    /// Summarises `head` (its round trips become percentiles).
+    pub fn of(head: HeadReport) -> Self {
         Self {
             sent: head.sent,
             delivered: head.delivered,
@@ -581,7 +595,7 @@ impl HeadSummary {
             lost: head.lost,
             resent: head.resent,
             duplicates: head.duplicates,
-            rtt_us: Percentiles::of(&mut head.rtts_ns),
+            rtt_us: head.rtt.percentiles(),
             elapsed_s: head.elapsed.as_secs_f64(),
             control_ack: head.control_ack,
         }
@@ -625,5 +639,31 @@ pub fn assemble(
         stats,
         xdp: if is_kmod { None } else { backend },
         kmod: if is_kmod { backend } else { None },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_that_cannot_work_are_refused_naming_the_flags() {
+        let mut c = RingConfig::new(TransportKind::Udp, 3, 16392, 10);
+        c.inflight = 48;
+        c.validate().unwrap();
+        c.options.window = Some(16);
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("--window") && e.contains("set at least 64"), "{e}");
+        // 64 MiB frames: 8 in flight need 16 + 16 of them, 2 GiB.
+        let mut c = RingConfig::new(TransportKind::Udp, 3, MAX_FRAME, 10);
+        c.inflight = 8;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("--window-memory-mib") && e.contains("2048 MiB"), "{e}");
+        c.options.window_memory = 2 << 30;
+        c.validate().unwrap();
+        // TCP keeps no window.
+        c.transport = TransportKind::Tcp;
+        c.options.window_memory = 1 << 20;
+        c.validate().unwrap();
     }
 }

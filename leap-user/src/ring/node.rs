@@ -10,6 +10,7 @@ use leap_common::frame::FrameHeader;
 
 use super::Progress;
 use super::control::{ControlAction, Layers, apply, chain};
+use super::latency::RttHistogram;
 use crate::telemetry::Telemetry;
 use crate::transport::{FrameKind, Transport, TransportError};
 
@@ -79,8 +80,8 @@ pub struct HeadReport {
     pub resent: u64,
     /// Copies of frames that came back after a re-sent copy (harmless).
     pub duplicates: u64,
-    /// Round-trip time of each delivered frame, nanoseconds.
-    pub rtts_ns: Vec<u64>,
+    /// Round-trip times of the delivered frames.
+    pub rtt: RttHistogram,
     /// Wall time of the data phase.
     pub elapsed: Duration,
     /// When the data phase began.
@@ -131,8 +132,7 @@ impl Patterns {
 /// A transport error other than a timeout or a lost frame, or a stall longer
 /// than `stall_timeout`.
 pub fn run_head(t: &mut dyn Transport, cfg: &HeadConfig) -> Result<HeadReport, TransportError> {
-    let mut rep =
-        HeadReport { rtts_ns: Vec::with_capacity(cfg.frames.min(MAX_SAMPLES) as usize), ..Default::default() };
+    let mut rep = HeadReport::default();
     let mut buf = vec![0u8; cfg.frame_size];
     if let Some(workers) = cfg.control_workers {
         rep.control_ack = Some(control_round(t, workers, cfg.frame_size, &mut buf)?);
@@ -204,13 +204,7 @@ pub fn run_head(t: &mut dyn Transport, cfg: &HeadConfig) -> Result<HeadReport, T
                         }
                         recent.push_back(f.pos);
                         let rtt = now.duration_since(f.sent);
-                        if (rep.rtts_ns.len() as u64) < MAX_SAMPLES {
-                            rep.rtts_ns.push(rtt.as_nanos() as u64);
-                        } else {
-                            // Endless runs keep a sliding window of samples.
-                            let i = (rep.delivered % MAX_SAMPLES) as usize;
-                            rep.rtts_ns[i] = rtt.as_nanos() as u64;
-                        }
+                        rep.rtt.record(rtt);
                         if let Some(tel) = &cfg.telemetry {
                             tel.latency.record(rtt);
                         }
@@ -263,8 +257,6 @@ pub fn run_head(t: &mut dyn Transport, cfg: &HeadConfig) -> Result<HeadReport, T
     Ok(rep)
 }
 
-/// Round-trip samples kept (a sliding window beyond).
-const MAX_SAMPLES: u64 = 1 << 20;
 /// Delivered positions remembered to recognise late duplicates.
 const RECENT: usize = 4096;
 

@@ -470,6 +470,7 @@ fn start(sh: &Arc<Shared>, spec: MemberSpec, guard: BusyGuard) -> std::io::Resul
         reliability: spec.reliability,
         gso: spec.gso,
         crc: spec.crc,
+        inflight: spec.inflight,
         ..Options::default()
     };
     let st = stop.clone();

@@ -119,7 +119,8 @@ pub struct UdpConfig {
     pub gro: bool,
     /// Spin this long on non-blocking receives before sleeping.
     pub spin: Duration,
-    /// Frames in assembly at once (window of the reassembler).
+    /// Frames in assembly at once (window of the reassembler); 0: derived
+    /// from `inflight` ([`Windows`](crate::frame::window::Windows)).
     pub window: u16,
     /// Loss recovery.
     pub reliability: Reliability,
@@ -128,8 +129,15 @@ pub struct UdpConfig {
     /// Where NACKs come from (default: `next`); NACKs from anywhere else
     /// are dropped.
     pub nack_from: Option<SocketAddr>,
-    /// Frames kept to answer NACKs.
+    /// Frames kept to answer NACKs; 0: derived from `inflight`.
     pub keep_frames: usize,
+    /// Frames the ring keeps in flight (what `window` and `keep_frames`
+    /// follow when derived).
+    pub inflight: usize,
+    /// Bytes the window and the frames kept may take at most (the largest
+    /// frame each); derived sizes shrink to fit, sizes asked for that do
+    /// not fit are refused.
+    pub window_memory: usize,
     /// Send a CRC32C with every frame to a next node that checks it, and
     /// check it on frames received (between proven leap nodes only).
     pub crc: bool,
@@ -148,11 +156,13 @@ impl UdpConfig {
             gso: true,
             gro: true,
             spin: Duration::ZERO,
-            window: 16,
+            window: 0,
             reliability: Reliability::Reliable,
             timers: Timers::default(),
             nack_from: None,
-            keep_frames: 32,
+            keep_frames: 0,
+            inflight: 1,
+            window_memory: crate::frame::window::DEFAULT_WINDOW_MEMORY,
             crc: true,
         }
     }
@@ -234,6 +244,15 @@ pub struct Options {
     /// CPUs to pin node threads to (empty: no pinning). A ring puts node
     /// `i` on the `i % len`-th; `leap node` runs on all of them.
     pub cpus: Vec<usize>,
+    /// Frames the ring keeps in flight: the datagram backends' window and
+    /// frames kept for NACKs follow it.
+    pub inflight: usize,
+    /// Frames in assembly at once (`None`: derived from `inflight`).
+    pub window: Option<u16>,
+    /// Frames kept to answer NACKs (`None`: derived from `inflight`).
+    pub keep_frames: Option<usize>,
+    /// Bytes the window and the frames kept may take per link.
+    pub window_memory: usize,
 }
 
 impl Default for Options {
@@ -254,6 +273,10 @@ impl Default for Options {
             gso: true,
             crc: true,
             cpus: Vec::new(),
+            inflight: 1,
+            window: None,
+            keep_frames: None,
+            window_memory: crate::frame::window::DEFAULT_WINDOW_MEMORY,
         }
     }
 }
@@ -270,5 +293,27 @@ pub fn udp_config(ep: &Endpoint, opts: &Options) -> UdpConfig {
     c.reliability = opts.reliability;
     c.gso = opts.gso;
     c.crc = opts.crc;
+    c.inflight = opts.inflight.max(1);
+    c.window = opts.window.unwrap_or(0);
+    c.keep_frames = opts.keep_frames.unwrap_or(0);
+    c.window_memory = opts.window_memory;
     c
+}
+
+impl Options {
+    /// The window and frames kept for NACKs a datagram backend opened with
+    /// these options would use.
+    ///
+    /// # Errors
+    ///
+    /// As [`Windows::new`](crate::frame::window::Windows::new).
+    pub fn windows(&self) -> Result<crate::frame::window::Windows, crate::frame::window::WindowError> {
+        crate::frame::window::Windows::new(
+            self.inflight,
+            self.frame_len,
+            self.window.unwrap_or(0),
+            self.keep_frames.unwrap_or(0),
+            self.window_memory,
+        )
+    }
 }

@@ -651,6 +651,24 @@ impl DatagramLink {
         }
     }
 
+    /// NACKs what later frames lack (once each while they wait): with many
+    /// frames in flight their losses are then recovered together with the
+    /// expected frame's.
+    fn nack_gaps_ahead(&mut self) {
+        let Some(to) = self.prev else { return };
+        let (buf, socket, stats, log) = (&mut self.nack_buf, &self.socket, &mut self.stats, &mut self.send_log);
+        self.reasm.gaps_ahead(|seq, ids| {
+            let len = encode_nack(seq, ranges(ids), buf);
+            match socket.send_to(&buf[..len], &to.into()) {
+                Ok(_) => stats.nacks_sent += 1,
+                Err(e) => {
+                    stats.send_errors += 1;
+                    log.warn(format_args!("NACK to {to} failed: {e}"));
+                }
+            }
+        });
+    }
+
     /// Whether lost chunks of the previous node's frames can be fetched again.
     fn recovering(&self) -> bool {
         self.cfg.reliability == Reliability::Reliable
@@ -680,10 +698,15 @@ impl DatagramLink {
         } else if let Some(exp) = self.reasm.expected()
             && self.recovering()
         {
-            match self.nack.poll(now, &self.cfg.timers, exp, self.reasm.progress(), self.reasm.saw_ahead()) {
+            // Chunks far beyond the window show the sender moved on as well
+            // (a window smaller than the frames in flight): without a NACK
+            // the expected frame would never come.
+            let ahead = self.reasm.saw_ahead() || self.reasm.is_overtaken();
+            match self.nack.poll(now, &self.cfg.timers, exp, self.reasm.progress(), ahead) {
                 NackDecision::Wait(t) => next = earliest(next, t),
                 NackDecision::Send => {
                     self.send_nack(exp, false);
+                    self.nack_gaps_ahead();
                     next = earliest(next, Some(now + self.cfg.timers.nack_delay));
                 }
                 NackDecision::GiveUp => return Err(self.lost()),

@@ -16,6 +16,7 @@ use super::datagram::{DatagramLink, RxPath};
 use super::halves::{DatagramCore, DatagramReceiver, DatagramSender};
 pub use super::send::UdpSender;
 use super::{FrameKind, Halves, Lent, Received, Result, Stats, Transport};
+use crate::frame::window::{WindowError, Windows};
 use crate::sys::udp::{RxBatch, enable_gro, force_recv_buffer, force_send_buffer, wait_readable};
 
 /// Socket buffer size asked for (the original used 8 MiB).
@@ -39,6 +40,36 @@ pub enum UdpError {
     /// The configuration cannot work.
     #[error("{0}")]
     Config(String),
+    /// The window or the frames kept for NACKs cannot work.
+    #[error(transparent)]
+    Window(#[from] WindowError),
+}
+
+/// Settles `cfg.window` and `cfg.keep_frames` (derived where 0, checked
+/// against `cfg.inflight` and `cfg.window_memory`) and logs them.
+///
+/// # Errors
+///
+/// [`WindowError`] for sizes that cannot work.
+pub fn settle_windows(cfg: &mut UdpConfig) -> Result<Windows, WindowError> {
+    let size = |cap| Windows::new(cfg.inflight, cfg.max_frame_len, cfg.window, cfg.keep_frames, cap);
+    let w = size(cfg.window_memory)?;
+    let shrunk = size(usize::MAX).is_ok_and(|free| free != w);
+    let what = format!(
+        "{}: window {} frames, {} kept for NACKs ({} in flight, up to {} MiB)",
+        cfg.listen,
+        w.window,
+        w.keep_frames,
+        cfg.inflight,
+        w.memory.div_ceil(1 << 20)
+    );
+    if shrunk {
+        log::info!("{what}: smaller than derived, to stay within {} MiB", cfg.window_memory >> 20);
+    } else {
+        log::debug!("{what}");
+    }
+    (cfg.window, cfg.keep_frames) = (w.window, w.keep_frames);
+    Ok(w)
 }
 
 /// Opens a UDP socket bound to `addr` with large buffers.
@@ -132,15 +163,17 @@ impl UdpTransport {
     ///
     /// # Errors
     ///
-    /// [`UdpError`] when the socket cannot be set up or the frame limit is
-    /// beyond what the chunk format can carry.
-    pub fn bind(cfg: UdpConfig) -> Result<Self, UdpError> {
+    /// [`UdpError`] when the socket cannot be set up, the frame limit is
+    /// beyond what the chunk format can carry, or the window and the frames
+    /// kept for NACKs cannot work ([`settle_windows`]).
+    pub fn bind(mut cfg: UdpConfig) -> Result<Self, UdpError> {
         if cfg.max_frame_len == 0 || cfg.max_frame_len > FRAME_LEN_MAX {
             return Err(UdpError::Config(format!(
                 "max frame length {} outside 1..={FRAME_LEN_MAX} (65535 chunks of 1400 bytes)",
                 cfg.max_frame_len
             )));
         }
+        settle_windows(&mut cfg)?;
         let socket = bind_socket(cfg.listen)?;
         let gro = cfg.gro && enable_gro(socket.as_fd());
         // With GRO one slot may hold a 64 KiB super-datagram.

@@ -185,7 +185,7 @@ pub fn open_endpoint(
     cfg.mode = opts.xdp_mode;
     cfg.object = ObjectSource::from_option(opts.xdp_object.clone());
     cfg.pin = opts.xdp_pin;
-    (cfg.xsk, cfg.ring_bytes) = buffers_for(opts.frame_len);
+    (cfg.xsk, cfg.ring_bytes) = buffers_for(opts.frame_len, opts.inflight);
     cfg.vlans = opts.xdp_vlans.clone();
     cfg.queues = match &opts.xdp_queues {
         Some(q) => q.clone(),
@@ -195,16 +195,18 @@ pub fn open_endpoint(
     XdpTransport::open(cfg)
 }
 
-/// Frames a receiver buffers before its reader catches up, at most.
+/// Frames a receiver buffers before its reader catches up, at least.
 const BUFFERED_FRAMES: usize = 8;
 
-/// AF_XDP ring and UMEM sizes and ring-buffer bytes that hold
-/// `BUFFERED_FRAMES` frames of `frame_len` bytes, within bounds (at most
-/// 8192 ring entries, a 32 MiB UMEM per socket, a 32 MiB ring buffer). With
-/// the defaults alone, several megabyte frames in flight overflowed the
-/// rings, and every overflow came back as retransmissions.
-pub fn buffers_for(frame_len: usize) -> (XskConfig, Option<u32>) {
-    let chunks = frame_len.div_ceil(leap_common::chunk::CHUNK_PAYLOAD_MAX).max(1) * BUFFERED_FRAMES;
+/// AF_XDP ring and UMEM sizes and ring-buffer bytes that hold every one of
+/// `inflight` frames of `frame_len` bytes (at least [`BUFFERED_FRAMES`]),
+/// within bounds (at most 8192 ring entries, a 32 MiB UMEM per socket, a
+/// 32 MiB ring buffer). With the defaults alone, several megabyte frames in
+/// flight overflowed the rings, and every overflow came back as
+/// retransmissions.
+pub fn buffers_for(frame_len: usize, inflight: usize) -> (XskConfig, Option<u32>) {
+    let frames = inflight.max(BUFFERED_FRAMES);
+    let chunks = frame_len.div_ceil(leap_common::chunk::CHUNK_PAYLOAD_MAX).max(1) * frames;
     let mut xsk = XskConfig::default();
     let ring = (chunks.next_power_of_two() as u32).clamp(xsk.ring_size, 8192);
     xsk.ring_size = ring;
@@ -443,6 +445,8 @@ impl XdpTransport {
         if cfg.queues.is_empty() || cfg.queues.len() > 8 {
             return Err(XdpError::Config("between 1 and 8 receive queues".into()).into());
         }
+        let mut udp_cfg = cfg.udp.clone();
+        super::udp::settle_windows(&mut udp_cfg).map_err(|e| XdpError::Config(e.to_string()))?;
         let filter = host_filter(&cfg)?;
         let socket = bind_socket(udp.listen)?;
         let port = udp.listen.port();
@@ -496,7 +500,7 @@ impl XdpTransport {
         // A receiver in generic mode sees GSO super-packets whole and cannot
         // hand them to XDP chunk by chunk; every node of a ring runs the same
         // mode, so segment in software unless attached natively.
-        let link = DatagramLink::new(socket, cfg.udp.clone(), mode == AttachedMode::Drv);
+        let link = DatagramLink::new(socket, udp_cfg, mode == AttachedMode::Drv);
         log::debug!(
             "{} on {}: {} mode, {}, GSO {}",
             cfg.delivery.transport_name(),
@@ -648,16 +652,21 @@ mod buffer_tests {
 
     #[test]
     fn buffers_grow_with_the_frame_within_bounds() {
-        let (small, ring_small) = buffers_for(16_392);
+        let (small, ring_small) = buffers_for(16_392, 1);
         assert_eq!((small.ring_size, small.frames), (2048, 4096), "16 KiB frames keep the defaults");
         assert_eq!(ring_small, Some(leap_common::xdp::RING_BYTES));
-        let (big, ring_big) = buffers_for(1_048_584);
+        let (big, ring_big) = buffers_for(1_048_584, 8);
         assert_eq!((big.ring_size, big.frames), (8192, 16384), "8 MiB frames in flight fit");
         assert_eq!(ring_big, Some(16 << 20));
-        let (huge, ring_huge) = buffers_for(64 << 20);
+        let (huge, ring_huge) = buffers_for(64 << 20, 1);
         assert_eq!((huge.ring_size, huge.frames), (8192, 16384), "capped");
         assert_eq!(ring_huge, Some(32 << 20), "capped");
-        for (x, r) in [(small, ring_small), (big, ring_big), (huge, ring_huge)] {
+        // Many small frames in flight: room for all of them.
+        let (many, ring_many) = buffers_for(16_392, 64);
+        assert_eq!((many.ring_size, many.frames), (2048, 4096));
+        assert!(ring_many.unwrap() as usize >= 64 * 12 * size_of::<leap_common::xdp::RingRecord>());
+        assert_eq!(buffers_for(1_048_584, 64).0.ring_size, 8192, "capped");
+        for (x, r) in [(small, ring_small), (big, ring_big), (huge, ring_huge), (many, ring_many)] {
             assert!(x.ring_size.is_power_of_two() && x.frames >= x.ring_size);
             assert!(r.unwrap().is_power_of_two());
         }
