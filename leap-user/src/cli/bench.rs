@@ -13,10 +13,14 @@ use crate::ring::Placement;
 use crate::serve::coordinator::{HostRings, HostSpec, HostsFile};
 use crate::transport::open::TransportKind;
 
+/// Rounds of `leap bench --quick`, and of the full benchmark.
+const QUICK_ROUNDS: usize = 3;
+const FULL_ROUNDS: usize = 7;
+
 /// Arguments of `leap bench`.
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
-    /// Short runs, one repeat, two sizes: about a minute.
+    /// Short runs, fewer rounds, two sizes: about a minute.
     #[arg(long)]
     pub quick: bool,
     /// Directory for report.json, report.md and report.svg.
@@ -31,7 +35,9 @@ pub struct BenchArgs {
     /// Nodes in the ring.
     #[arg(long, default_value_t = 3)]
     pub nodes: usize,
-    /// Repetitions of every run (default 3, or 1 with --quick).
+    /// Rounds: each runs every transport once per size and mode, the order
+    /// rotating; medians over the rounds are reported (default 7, or 3
+    /// with --quick).
     #[arg(long)]
     pub repeat: Option<usize>,
     /// Measure on loopback even as root (default: namespaces as root).
@@ -184,7 +190,7 @@ pub fn main(args: &BenchArgs) -> Result<()> {
         transports,
         sizes,
         nodes: rings.as_ref().map_or(args.nodes, |r| r.capabilities().len()),
-        repeat: args.repeat.unwrap_or(if args.quick { 1 } else { 3 }).max(1),
+        repeat: args.repeat.unwrap_or(if args.quick { QUICK_ROUNDS } else { FULL_ROUNDS }).max(1),
         quick: args.quick,
         placement,
         options: args.transport_args.options(16_392),
