@@ -303,12 +303,22 @@ fn frames_for(size: usize, quick: bool, throughput: bool) -> u64 {
     ((bytes / size) as u64).clamp(min, max)
 }
 
+/// Receive deadline of the benchmark's rings at most: datagram workers
+/// learn that the head is done only when a receive returns, so a run ends
+/// up to one deadline after its last frame. Far above every round trip
+/// measured; a frame half-received for this long counts as lost.
+pub const RECV_TIMEOUT_MAX: Duration = Duration::from_millis(200);
+
 /// One benchmark ring: no control round, a stall bound instead of hanging.
 fn ring_config(cfg: &BenchConfig, kind: TransportKind, size: usize, frames: u64, inflight: usize) -> RingConfig {
     let mut rc = RingConfig::new(kind, cfg.nodes, size, frames);
     rc.inflight = inflight;
     rc.placement = cfg.placement;
-    rc.options = Options { frame_len: size, ..cfg.options.clone() };
+    rc.options = Options {
+        frame_len: size,
+        recv_timeout: cfg.options.recv_timeout.map(|t| t.min(RECV_TIMEOUT_MAX)),
+        ..cfg.options.clone()
+    };
     rc.control = false;
     rc.stall_timeout = Duration::from_secs(20);
     rc
