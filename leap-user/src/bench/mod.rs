@@ -7,6 +7,7 @@
 pub mod floor;
 pub mod profile;
 pub mod report;
+pub mod sched;
 
 use std::path::PathBuf;
 use std::time::Duration;
