@@ -751,5 +751,6 @@ mod tests {
         let md = report::markdown(&rep);
         assert!(md.contains("Copies per hop"), "{md}");
         assert!(md.contains("2.00 / 2.00"), "{md}");
+        assert!(md.contains("= 0.90x TCP, spread 0% over the rounds (target <= 0.85: **not met**)"), "{md}");
     }
 }

@@ -332,6 +332,17 @@ fn targets(s: &mut String, r: &BenchReport, site: &str) {
             let _ = writeln!(s, "- 16 392 B latency: no fast path measured here.");
         }
     }
+    if let Some(u) = find(r, "udp", site, 16_392, "latency")
+        && let Some(v) = u.p50_vs_tcp
+    {
+        let spread = u.p50_vs_tcp_spread_pct.map_or(String::new(), |s| format!(", spread {s:.0}% over the rounds"));
+        let _ = writeln!(
+            s,
+            "- 16 392 B, one in flight: `udp` p50 {:.1} us = {v:.2}x TCP{spread} (target <= 0.85: {}).",
+            u.rtt_us.p50,
+            verdict(v <= 0.85)
+        );
+    }
     match best(262_152, "throughput", &|x| x.gbit_per_s, false) {
         Some(b) => {
             let v = b
