@@ -90,6 +90,11 @@ pub struct BenchRow {
     pub frames_corrupt: u64,
     /// Chunks retransmitted, summed over repeats.
     pub retransmits: u64,
+    /// Frames the head sent again after waiting for them for the loss
+    /// policy's time (seconds, in reliable mode): each is a stall of the
+    /// ring. Summed over the rounds.
+    #[serde(default)]
+    pub frames_resent: u64,
     /// Frame bytes copied in user space per frame byte moved across a hop,
     /// all nodes and rounds summed (None: no bytes moved).
     #[serde(default)]
@@ -398,6 +403,7 @@ fn row(
         frames_lost: runs.iter().map(|r| r.frames_lost).sum(),
         frames_corrupt: runs.iter().map(|r| r.frames_corrupt).sum(),
         retransmits: runs.iter().map(|r| r.retransmits).sum(),
+        frames_resent: runs.iter().map(|r| r.frames_resent).sum(),
         copies_per_hop: copies_per_hop(runs),
         p50_vs_tcp: None,
         p50_vs_tcp_spread_pct: None,

@@ -192,13 +192,21 @@ pub fn markdown(r: &BenchReport) -> String {
             format!("{} / {}", copies(x.copies_per_hop), copies(thr))
         },
     );
-    table(&mut s, "Losses: frames lost / chunks retransmitted (latency + throughput runs)", "latency", &|x| {
-        let thr = find(r, &x.transport, &x.site, x.frame_size, "throughput");
-        let lost = x.frames_lost + thr.map_or(0, |t| t.frames_lost);
-        let retx = x.retransmits + thr.map_or(0, |t| t.retransmits);
-        let corrupt = x.frames_corrupt + thr.map_or(0, |t| t.frames_corrupt);
-        if corrupt > 0 { format!("{lost} / {retx} / **{corrupt} corrupt**") } else { format!("{lost} / {retx}") }
-    });
+    table(
+        &mut s,
+        "Losses: frames lost / chunks retransmitted / frames re-sent by the head after a stall \
+         (latency + throughput runs)",
+        "latency",
+        &|x| {
+            let thr = find(r, &x.transport, &x.site, x.frame_size, "throughput");
+            let lost = x.frames_lost + thr.map_or(0, |t| t.frames_lost);
+            let retx = x.retransmits + thr.map_or(0, |t| t.retransmits);
+            let resent = x.frames_resent + thr.map_or(0, |t| t.frames_resent);
+            let corrupt = x.frames_corrupt + thr.map_or(0, |t| t.frames_corrupt);
+            let c = if corrupt > 0 { format!(" / **{corrupt} corrupt**") } else { String::new() };
+            format!("{lost} / {retx} / {resent}{c}")
+        },
+    );
     let _ = writeln!(s, "## Targets\n");
     let mut sites: Vec<&str> = r.floors.iter().map(|f| f.site.as_str()).collect();
     for row in &r.rows {
