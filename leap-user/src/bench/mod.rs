@@ -463,9 +463,9 @@ pub fn run_on(
         FloorOutcome::NotMeasurable(why) => rep.notes.push(format!("no floor at {}: {why}", cfg.site)),
     }
     done += 1;
-    // A transport that failed at one size is not tried at the next one.
-    let mut failed = vec![false; kinds.len()];
     for &size in &cfg.sizes {
+        // A transport that failed at this size is not tried again at it.
+        let mut failed = vec![false; kinds.len()];
         for (mode, inflight) in modes {
             let frames = frames_for(size, cfg.quick, inflight > 1);
             let mut runs: Vec<Vec<RingReport>> = vec![Vec::new(); kinds.len()];
