@@ -23,7 +23,8 @@ pub struct Args {
     /// Skip the VM (no kernel-module figures).
     #[arg(long)]
     no_vm: bool,
-    /// Repetitions per run on the host (default: leap bench's).
+    /// Rounds on the host, each running every transport once per size and
+    /// mode (default: leap bench's).
     #[arg(long)]
     repeat: Option<usize>,
     /// Pin the host's ring nodes to these CPUs (leap bench --cpus).
@@ -120,8 +121,11 @@ pub fn run_bench(args: Args) -> Result<()> {
 /// console.
 fn vm_bench(quick: bool, dest: &std::path::Path) -> Result<()> {
     let sizes = if quick { "16392,262152" } else { "16392,32776,262152" };
+    // One round under the normal scheduler, as before rounds and real-time
+    // threads: emulated figures are compared only with each other.
     let script = format!(
-        "leap bench --site vm --transports tcp,kmod,udp,xdp --sizes {sizes} --repeat 1 --quick --out /tmp/vb >/dev/null \
+        "leap bench --site vm --transports tcp,kmod,udp,xdp --sizes {sizes} --repeat 1 --sched normal --quick \
+         --out /tmp/vb >/dev/null \
          && echo {BEGIN} && cat /tmp/vb/report.json && echo && echo {END}"
     );
     let object = crate::ebpf::build_ebpf(true)?;

@@ -1,11 +1,13 @@
 //! `leap bench`: every transport x frame size x mode (latency: one frame in
-//! flight; throughput: several) around a ring on this host, repeated, with
+//! flight; throughput: several) around a ring on this host, in interleaved
+//! rounds (each round runs every transport once, the order rotating), with
 //! the floor of one 64-byte datagram per hop measured in the same run, so
 //! that figures compare as ratios measured together.
 
 pub mod floor;
 pub mod profile;
 pub mod report;
+pub mod sched;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -31,7 +33,8 @@ pub struct BenchConfig {
     pub sizes: Vec<usize>,
     /// Ring size.
     pub nodes: usize,
-    /// Repetitions of every combination (medians are reported).
+    /// Rounds: each runs every transport once per size and mode, the order
+    /// rotating from round to round; medians over the rounds are reported.
     pub repeat: usize,
     /// Shorter runs (about a minute in all).
     pub quick: bool,
@@ -46,7 +49,7 @@ pub struct BenchConfig {
     pub profile: Option<(PathBuf, PathBuf)>,
 }
 
-/// One transport x size x mode, medians over the repeats.
+/// One transport x size x mode, medians over the rounds.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct BenchRow {
     /// Backend.
@@ -59,16 +62,26 @@ pub struct BenchRow {
     pub mode: String,
     /// Frames in flight.
     pub inflight: usize,
-    /// Repetitions behind the medians.
+    /// Rounds behind the medians.
     pub repeats: usize,
     /// Frames per repetition.
     pub frames: u64,
-    /// Median over repeats of each percentile.
+    /// Median over the rounds of each percentile.
     pub rtt_us: Percentiles,
+    /// Each round's p50, in round order (round `i` of every transport ran
+    /// under the same conditions).
+    #[serde(default)]
+    pub round_p50_us: Vec<f64>,
+    /// Spread of the round p50s: (max - min) / median, in percent.
+    #[serde(default)]
+    pub p50_spread_pct: f64,
     /// Median round trips per second.
     pub round_trips_per_s: f64,
     /// Median Gbit/s.
     pub gbit_per_s: f64,
+    /// Each round's Gbit/s, in round order.
+    #[serde(default)]
+    pub round_gbit_per_s: Vec<f64>,
     /// Median CPU time per frame, all nodes, user + system.
     pub cpu_us_per_frame: f64,
     /// Frames lost, summed over repeats.
@@ -77,11 +90,25 @@ pub struct BenchRow {
     pub frames_corrupt: u64,
     /// Chunks retransmitted, summed over repeats.
     pub retransmits: u64,
-    /// p50 / TCP's p50 at the same size, mode and site.
+    /// Frames the head sent again after waiting for them for the loss
+    /// policy's time (seconds, in reliable mode): each is a stall of the
+    /// ring. Summed over the rounds.
+    #[serde(default)]
+    pub frames_resent: u64,
+    /// Frame bytes copied in user space per frame byte moved across a hop,
+    /// all nodes and rounds summed (None: no bytes moved).
+    #[serde(default)]
+    pub copies_per_hop: Option<f64>,
+    /// p50 / TCP's p50 at the same size, mode and site: the median of the
+    /// per-round ratios when both have rounds.
     pub p50_vs_tcp: Option<f64>,
+    /// Spread of the per-round ratios: (max - min) / median, in percent.
+    #[serde(default)]
+    pub p50_vs_tcp_spread_pct: Option<f64>,
     /// p50 / the floor's p50 at the same site.
     pub p50_vs_floor: Option<f64>,
-    /// Gbit/s / TCP's at the same size, mode and site.
+    /// Gbit/s / TCP's at the same size, mode and site (median of the
+    /// per-round ratios when both have rounds).
     pub gbit_vs_tcp: Option<f64>,
 }
 
@@ -282,23 +309,107 @@ fn frames_for(size: usize, quick: bool, throughput: bool) -> u64 {
     ((bytes / size) as u64).clamp(min, max)
 }
 
+/// Receive deadline of the benchmark's rings at most: datagram workers
+/// learn that the head is done only when a receive returns, so a run ends
+/// up to one deadline after its last frame. Far above every round trip
+/// measured; a frame half-received for this long counts as lost.
+pub const RECV_TIMEOUT_MAX: Duration = Duration::from_millis(200);
+
 /// One benchmark ring: no control round, a stall bound instead of hanging.
 fn ring_config(cfg: &BenchConfig, kind: TransportKind, size: usize, frames: u64, inflight: usize) -> RingConfig {
     let mut rc = RingConfig::new(kind, cfg.nodes, size, frames);
     rc.inflight = inflight;
     rc.placement = cfg.placement;
-    rc.options = Options { frame_len: size, ..cfg.options.clone() };
+    rc.options = Options {
+        frame_len: size,
+        recv_timeout: cfg.options.recv_timeout.map(|t| t.min(RECV_TIMEOUT_MAX)),
+        ..cfg.options.clone()
+    };
     rc.control = false;
     rc.stall_timeout = Duration::from_secs(20);
     rc
 }
 
+/// The median (the mean of the middle two of an even count; 0 if empty).
 fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
     v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    let n = v.len();
+    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+}
+
+/// How far apart `v` lies: (max - min) / median, in percent (0 for fewer
+/// than two values or a zero median).
+fn spread_pct(v: &[f64]) -> f64 {
+    let m = median(v.to_vec());
+    if v.len() < 2 || m <= 0.0 {
+        return 0.0;
+    }
+    let (lo, hi) = v.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+    (hi - lo) / m * 100.0
+}
+
+/// Per-round ratios `a[i] / b[i]` of the rounds both have (round `i` of
+/// both ran under the same conditions): their median and spread.
+fn round_ratio(a: &[f64], b: &[f64]) -> Option<(f64, f64)> {
+    let r: Vec<f64> = a.iter().zip(b).filter(|(_, y)| **y > 0.0).map(|(x, y)| x / y).collect();
+    (!r.is_empty()).then(|| (median(r.clone()), spread_pct(&r)))
+}
+
+/// User-space copies per hop: frame bytes copied in user space by every
+/// node (sends and receives) per frame byte that crossed a hop (received
+/// by a node), summed over `runs`. None when no byte moved.
+pub fn copies_per_hop(runs: &[RingReport]) -> Option<f64> {
+    let copied: u64 = runs.iter().map(|r| r.stats.copied_bytes).sum();
+    let moved: u64 = runs.iter().map(|r| r.stats.bytes_received).sum();
+    (moved > 0).then(|| copied as f64 / moved as f64)
+}
+
+/// The row of `kind` at `size` and `mode` from its rounds, in round order.
+fn row(
+    cfg: &BenchConfig,
+    kind: TransportKind,
+    size: usize,
+    mode: &str,
+    inflight: usize,
+    frames: u64,
+    runs: &[RingReport],
+) -> BenchRow {
+    let m = |f: &dyn Fn(&RingReport) -> f64| median(runs.iter().map(f).collect());
+    let round_p50_us: Vec<f64> = runs.iter().map(|r| r.rtt_us.p50).collect();
+    BenchRow {
+        transport: kind.to_string(),
+        site: cfg.site.clone(),
+        frame_size: size,
+        mode: mode.into(),
+        inflight,
+        repeats: runs.len(),
+        frames,
+        rtt_us: Percentiles {
+            p50: m(&|r| r.rtt_us.p50),
+            p90: m(&|r| r.rtt_us.p90),
+            p99: m(&|r| r.rtt_us.p99),
+            max: m(&|r| r.rtt_us.max),
+            mean: m(&|r| r.rtt_us.mean),
+        },
+        p50_spread_pct: spread_pct(&round_p50_us),
+        round_p50_us,
+        round_trips_per_s: m(&|r| r.round_trips_per_s),
+        gbit_per_s: m(&|r| r.gbit_per_s),
+        round_gbit_per_s: runs.iter().map(|r| r.gbit_per_s).collect(),
+        cpu_us_per_frame: m(&|r| r.cpu_us_per_frame),
+        frames_lost: runs.iter().map(|r| r.frames_lost).sum(),
+        frames_corrupt: runs.iter().map(|r| r.frames_corrupt).sum(),
+        retransmits: runs.iter().map(|r| r.retransmits).sum(),
+        frames_resent: runs.iter().map(|r| r.frames_resent).sum(),
+        copies_per_hop: copies_per_hop(runs),
+        p50_vs_tcp: None,
+        p50_vs_tcp_spread_pct: None,
+        p50_vs_floor: None,
+        gbit_vs_tcp: None,
+    }
 }
 
 /// Runs the benchmark. `progress(done, total, label)` is called between runs.
@@ -341,7 +452,8 @@ pub fn run_on(
     let profiled = usize::from(cfg.profile.is_some());
     let crc_kinds = kinds.iter().filter(|k| has_crc(**k)).count();
     let crc_pairs = if cfg.options.crc { crc_runs(cfg) } else { 0 };
-    let total = kinds.len() * (cfg.sizes.len() * modes.len() * cfg.repeat + profiled) + crc_kinds * 2 * crc_pairs + 1;
+    let rounds = cfg.repeat.max(1);
+    let total = kinds.len() * (cfg.sizes.len() * modes.len() * rounds + profiled) + crc_kinds * 2 * crc_pairs + 1;
     let mut done = 0;
     progress(done, total, "floor");
     match rings.floor(cfg.nodes, if cfg.quick { 2000 } else { 10_000 })? {
@@ -351,55 +463,48 @@ pub fn run_on(
         FloorOutcome::NotMeasurable(why) => rep.notes.push(format!("no floor at {}: {why}", cfg.site)),
     }
     done += 1;
-    for &kind in &kinds {
-        'sizes: for &size in &cfg.sizes {
-            for (mode, inflight) in modes {
-                let frames = frames_for(size, cfg.quick, inflight > 1);
-                let mut runs: Vec<RingReport> = Vec::new();
-                for r in 0..cfg.repeat {
-                    progress(done, total, &format!("{kind} {size} B {mode} #{}", r + 1));
+    for &size in &cfg.sizes {
+        // A transport that failed at this size is not tried again at it.
+        let mut failed = vec![false; kinds.len()];
+        for (mode, inflight) in modes {
+            let frames = frames_for(size, cfg.quick, inflight > 1);
+            let mut runs: Vec<Vec<RingReport>> = vec![Vec::new(); kinds.len()];
+            for round in 0..rounds {
+                // Every transport once per round, the order rotating, so
+                // that the machine's drift (other work, clock speed) hits
+                // all of them alike and none always runs first.
+                for j in 0..kinds.len() {
+                    let i = (j + round) % kinds.len();
+                    let kind = kinds[i];
+                    done += 1;
+                    if failed[i] {
+                        continue;
+                    }
+                    progress(done - 1, total, &format!("{kind} {size} B {mode}, round {}/{rounds}", round + 1));
                     match rings.run(&ring_config(cfg, kind, size, frames, inflight)) {
-                        Ok(x) => runs.push(x),
+                        Ok(x) => runs[i].push(x),
                         Err(e) => {
                             rep.skipped.push(Skipped {
                                 transport: kind.to_string(),
                                 site: cfg.site.clone(),
                                 reason: format!("{size}-byte frames, {mode}: {e}"),
                             });
-                            done += cfg.repeat - r;
-                            continue 'sizes;
+                            failed[i] = true;
+                            // Rounds pair up by index: a transport's rounds
+                            // must be a prefix of every other's.
+                            runs[i].clear();
                         }
                     }
-                    done += 1;
                 }
-                let m = |f: &dyn Fn(&RingReport) -> f64| median(runs.iter().map(f).collect());
-                rep.rows.push(BenchRow {
-                    transport: kind.to_string(),
-                    site: cfg.site.clone(),
-                    frame_size: size,
-                    mode: mode.into(),
-                    inflight,
-                    repeats: runs.len(),
-                    frames,
-                    rtt_us: Percentiles {
-                        p50: m(&|r| r.rtt_us.p50),
-                        p90: m(&|r| r.rtt_us.p90),
-                        p99: m(&|r| r.rtt_us.p99),
-                        max: m(&|r| r.rtt_us.max),
-                        mean: m(&|r| r.rtt_us.mean),
-                    },
-                    round_trips_per_s: m(&|r| r.round_trips_per_s),
-                    gbit_per_s: m(&|r| r.gbit_per_s),
-                    cpu_us_per_frame: m(&|r| r.cpu_us_per_frame),
-                    frames_lost: runs.iter().map(|r| r.frames_lost).sum(),
-                    frames_corrupt: runs.iter().map(|r| r.frames_corrupt).sum(),
-                    retransmits: runs.iter().map(|r| r.retransmits).sum(),
-                    p50_vs_tcp: None,
-                    p50_vs_floor: None,
-                    gbit_vs_tcp: None,
-                });
+            }
+            for (i, &kind) in kinds.iter().enumerate() {
+                if !runs[i].is_empty() {
+                    rep.rows.push(row(cfg, kind, size, mode, inflight, frames, &runs[i]));
+                }
             }
         }
+    }
+    for &kind in &kinds {
         if let Some(&size) = cfg.sizes.first()
             && has_crc(kind)
             && crc_pairs > 0
@@ -484,8 +589,16 @@ impl BenchReport {
             let tcp = rows
                 .iter()
                 .find(|t| t.transport == "tcp" && t.site == r.site && t.frame_size == r.frame_size && t.mode == r.mode);
-            r.p50_vs_tcp = tcp.filter(|t| t.rtt_us.p50 > 0.0).map(|t| r.rtt_us.p50 / t.rtt_us.p50);
-            r.gbit_vs_tcp = tcp.filter(|t| t.gbit_per_s > 0.0).map(|t| r.gbit_per_s / t.gbit_per_s);
+            // Round by round when both have rounds (the same round ran
+            // under the same conditions), else the ratio of the medians.
+            let p50 = tcp.and_then(|t| round_ratio(&r.round_p50_us, &t.round_p50_us));
+            r.p50_vs_tcp =
+                p50.map(|(v, _)| v).or_else(|| tcp.filter(|t| t.rtt_us.p50 > 0.0).map(|t| r.rtt_us.p50 / t.rtt_us.p50));
+            r.p50_vs_tcp_spread_pct = p50.map(|(_, s)| s);
+            r.gbit_vs_tcp = tcp
+                .and_then(|t| round_ratio(&r.round_gbit_per_s, &t.round_gbit_per_s))
+                .map(|(v, _)| v)
+                .or_else(|| tcp.filter(|t| t.gbit_per_s > 0.0).map(|t| r.gbit_per_s / t.gbit_per_s));
             let floor = self.floors.iter().find(|f| f.site == r.site);
             r.p50_vs_floor = floor.filter(|f| f.rtt_us.p50 > 0.0).map(|f| r.rtt_us.p50 / f.rtt_us.p50);
         }
@@ -524,4 +637,126 @@ impl BenchReport {
 /// `uname -r`.
 pub fn kernel_release() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_string()).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ring::{HeadSummary, assemble};
+    use crate::transport::Stats;
+
+    /// A report as a ring of `rc` would give, with this p50 and these
+    /// counters.
+    fn report(rc: &RingConfig, p50: f64, stats: Stats) -> RingReport {
+        let head = HeadSummary {
+            sent: rc.frames,
+            delivered: rc.frames,
+            rtt_us: Percentiles { p50, p90: p50, p99: p50, max: p50, mean: p50 },
+            elapsed_s: 1.0,
+            ..HeadSummary::default()
+        };
+        assemble(rc, head, stats, &[], Duration::from_millis(1))
+    }
+
+    /// Rings that answer from a script: round trip p50 = `p50(kind, n)`
+    /// for the `n`th run of `kind`; every run is logged.
+    struct Scripted {
+        p50: fn(TransportKind, usize) -> f64,
+        runs: Vec<(TransportKind, usize, usize)>,
+    }
+
+    impl Rings for Scripted {
+        fn kernels(&self) -> Vec<(String, String)> {
+            Vec::new()
+        }
+        fn unavailable(&self, _: TransportKind) -> Option<String> {
+            None
+        }
+        fn floor(&mut self, _: usize, _: usize) -> Result<FloorOutcome, String> {
+            Ok(FloorOutcome::Measured(Percentiles { p50: 10.0, ..Percentiles::default() }))
+        }
+        fn run(&mut self, rc: &RingConfig) -> Result<RingReport, String> {
+            let n =
+                self.runs.iter().filter(|r| r.0 == rc.transport && r.1 == rc.frame_size && r.2 == rc.inflight).count();
+            self.runs.push((rc.transport, rc.frame_size, rc.inflight));
+            let moved = rc.frames * rc.frame_size as u64 * rc.nodes as u64;
+            let stats = Stats { bytes_received: moved, copied_bytes: 2 * moved, ..Stats::default() };
+            Ok(report(rc, (self.p50)(rc.transport, n), stats))
+        }
+    }
+
+    fn config(rounds: usize) -> BenchConfig {
+        BenchConfig {
+            transports: vec![TransportKind::Tcp, TransportKind::Udp],
+            sizes: vec![16_392],
+            nodes: 3,
+            repeat: rounds,
+            quick: true,
+            placement: Placement::Loopback,
+            options: Options { crc: false, ..Options::default() },
+            site: "host".into(),
+            profile: None,
+        }
+    }
+
+    #[test]
+    fn median_of_even_count_is_mean_of_middle_two() {
+        assert_eq!(median(vec![]), 0.0);
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 2.5);
+    }
+
+    #[test]
+    fn spread_is_range_over_median_in_percent() {
+        assert_eq!(spread_pct(&[50.0]), 0.0);
+        assert!((spread_pct(&[45.0, 50.0, 55.0]) - 20.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn copies_per_hop_divides_copied_by_moved_bytes_over_all_runs() {
+        let rc = RingConfig::new(TransportKind::Udp, 3, 1000, 10);
+        // 10 frames x 1000 B x 3 hops = 30 000 B moved per run.
+        let run = |copied| report(&rc, 1.0, Stats { bytes_received: 30_000, copied_bytes: copied, ..Stats::default() });
+        assert_eq!(copies_per_hop(&[run(30_000), run(90_000)]), Some(2.0));
+        assert_eq!(copies_per_hop(&[run(0)]), Some(0.0));
+        assert_eq!(copies_per_hop(&[report(&rc, 1.0, Stats::default())]), None);
+    }
+
+    #[test]
+    fn rounds_interleave_transports_in_rotating_order() {
+        let mut rings = Scripted { p50: |_, _| 1.0, runs: Vec::new() };
+        let cfg = config(3);
+        run_on(&cfg, &mut rings, &|_, _, _| {}).unwrap();
+        let latency: Vec<TransportKind> = rings.runs.iter().filter(|r| r.2 == 1).map(|r| r.0).collect();
+        use TransportKind::{Tcp, Udp};
+        assert_eq!(latency, [Tcp, Udp, Udp, Tcp, Tcp, Udp]);
+    }
+
+    #[test]
+    fn ratio_to_tcp_is_the_median_of_per_round_ratios() {
+        // The machine slows down from round to round; UDP is always 0.9x
+        // TCP in the same round, which the ratio of medians would miss
+        // (the medians come from different rounds when the order rotates).
+        let mut rings = Scripted {
+            p50: |kind, n| {
+                let level = [10.0, 40.0, 20.0, 30.0][n];
+                if kind == TransportKind::Udp { 0.9 * level } else { level }
+            },
+            runs: Vec::new(),
+        };
+        let rep = run_on(&config(4), &mut rings, &|_, _, _| {}).unwrap();
+        let row = |t: &str| rep.rows.iter().find(|r| r.transport == t && r.mode == "latency").unwrap();
+        let (tcp, udp) = (row("tcp"), row("udp"));
+        assert_eq!(tcp.round_p50_us, [10.0, 40.0, 20.0, 30.0]);
+        assert_eq!(tcp.rtt_us.p50, 25.0);
+        assert!((tcp.p50_spread_pct - 120.0).abs() < 1e-9, "{}", tcp.p50_spread_pct);
+        assert!((udp.p50_vs_tcp.unwrap() - 0.9).abs() < 1e-9);
+        assert!(udp.p50_vs_tcp_spread_pct.unwrap() < 1e-9);
+        assert_eq!(udp.copies_per_hop, Some(2.0));
+        assert_eq!(rep.floors[0].rtt_us.p50, 10.0);
+        let md = report::markdown(&rep);
+        assert!(md.contains("Copies per hop"), "{md}");
+        assert!(md.contains("2.00 / 2.00"), "{md}");
+        assert!(md.contains("= 0.90x TCP, spread 0% over the rounds (target <= 0.85: **not met**)"), "{md}");
+    }
 }

@@ -88,6 +88,18 @@ fn hosts(s: &mut String, r: &BenchReport) {
     s.push('\n');
 }
 
+fn copies(x: Option<f64>) -> String {
+    x.map_or("-".into(), |v| format!("{v:.2}"))
+}
+
+/// The rounds behind the rows, as "3" or "1-3" when they differ (a
+/// transport that failed part-way, or merged reports).
+fn rounds(r: &BenchReport) -> String {
+    let lo = r.rows.iter().map(|x| x.repeats).min().unwrap_or(0);
+    let hi = r.rows.iter().map(|x| x.repeats).max().unwrap_or(0);
+    if lo == hi { lo.to_string() } else { format!("{lo}-{hi}") }
+}
+
 fn ratio(x: Option<f64>) -> String {
     x.map_or("-".into(), |v| format!("{v:.2}x"))
 }
@@ -99,12 +111,16 @@ pub fn markdown(r: &BenchReport) -> String {
     let kernels: Vec<String> = r.kernels.iter().map(|(site, k)| format!("{site}: Linux {k}")).collect();
     let _ = writeln!(
         s,
-        "{}-node ring ({}), leap {}; {}. Figures are medians over the repeats of each run; \
-         ratios compare rows measured in the same run at the same site.\n",
+        "{}-node ring ({}), leap {}; {}. Measured in {} rounds, each running every transport once per \
+         size and mode, the order rotating from round to round. Figures are medians over the rounds; \
+         the spread is (max - min) / median of the round p50s. Ratios to TCP are taken round by round \
+         (the same round, the same conditions), then their median; all ratios compare rows measured \
+         in the same run at the same site.\n",
         r.nodes,
         placement_text(r, "veth pairs between network namespaces"),
         r.leap_version,
-        kernels.join(", ")
+        kernels.join(", "),
+        rounds(r)
     );
     for f in &r.floors {
         let _ = writeln!(
@@ -142,15 +158,22 @@ pub fn markdown(r: &BenchReport) -> String {
         }
         s.push('\n');
     };
-    table(&mut s, "Latency: one frame in flight, round trip p50 / p99 (us), p50 vs TCP, vs floor", "latency", &|x| {
-        format!(
-            "{:.1} / {:.1} ({} tcp, {} floor)",
-            x.rtt_us.p50,
-            x.rtt_us.p99,
-            ratio(x.p50_vs_tcp),
-            ratio(x.p50_vs_floor)
-        )
-    });
+    table(
+        &mut s,
+        "Latency: one frame in flight, round trip p50 (spread) / p99 (us), p50 vs TCP (spread), vs floor",
+        "latency",
+        &|x| {
+            format!(
+                "{:.1} ({:.0}%) / {:.1} ({} tcp{}, {} floor)",
+                x.rtt_us.p50,
+                x.p50_spread_pct,
+                x.rtt_us.p99,
+                ratio(x.p50_vs_tcp),
+                x.p50_vs_tcp_spread_pct.map_or(String::new(), |v| format!(" ({v:.0}%)")),
+                ratio(x.p50_vs_floor)
+            )
+        },
+    );
     table(&mut s, "Throughput: 8 frames in flight, Gbit/s (vs TCP)", "throughput", &|x| {
         format!("{:.2} ({})", x.gbit_per_s, ratio(x.gbit_vs_tcp))
     });
@@ -159,13 +182,31 @@ pub fn markdown(r: &BenchReport) -> String {
             .map_or("-".into(), |t| format!("{:.1}", t.cpu_us_per_frame));
         format!("{:.1} / {thr}", x.cpu_us_per_frame)
     });
-    table(&mut s, "Losses: frames lost / chunks retransmitted (latency + throughput runs)", "latency", &|x| {
-        let thr = find(r, &x.transport, &x.site, x.frame_size, "throughput");
-        let lost = x.frames_lost + thr.map_or(0, |t| t.frames_lost);
-        let retx = x.retransmits + thr.map_or(0, |t| t.retransmits);
-        let corrupt = x.frames_corrupt + thr.map_or(0, |t| t.frames_corrupt);
-        if corrupt > 0 { format!("{lost} / {retx} / **{corrupt} corrupt**") } else { format!("{lost} / {retx}") }
-    });
+    table(
+        &mut s,
+        "Copies per hop: frame bytes copied in user space (all nodes, send and receive) per byte moved \
+         across a hop, latency / throughput",
+        "latency",
+        &|x| {
+            let thr = find(r, &x.transport, &x.site, x.frame_size, "throughput").and_then(|t| t.copies_per_hop);
+            format!("{} / {}", copies(x.copies_per_hop), copies(thr))
+        },
+    );
+    table(
+        &mut s,
+        "Losses: frames lost / chunks retransmitted / frames re-sent by the head after a stall \
+         (latency + throughput runs)",
+        "latency",
+        &|x| {
+            let thr = find(r, &x.transport, &x.site, x.frame_size, "throughput");
+            let lost = x.frames_lost + thr.map_or(0, |t| t.frames_lost);
+            let retx = x.retransmits + thr.map_or(0, |t| t.retransmits);
+            let resent = x.frames_resent + thr.map_or(0, |t| t.frames_resent);
+            let corrupt = x.frames_corrupt + thr.map_or(0, |t| t.frames_corrupt);
+            let c = if corrupt > 0 { format!(" / **{corrupt} corrupt**") } else { String::new() };
+            format!("{lost} / {retx} / {resent}{c}")
+        },
+    );
     let _ = writeln!(s, "## Targets\n");
     let mut sites: Vec<&str> = r.floors.iter().map(|f| f.site.as_str()).collect();
     for row in &r.rows {
@@ -298,6 +339,17 @@ fn targets(s: &mut String, r: &BenchReport, site: &str) {
         None => {
             let _ = writeln!(s, "- 16 392 B latency: no fast path measured here.");
         }
+    }
+    if let Some(u) = find(r, "udp", site, 16_392, "latency")
+        && let Some(v) = u.p50_vs_tcp
+    {
+        let spread = u.p50_vs_tcp_spread_pct.map_or(String::new(), |s| format!(", spread {s:.0}% over the rounds"));
+        let _ = writeln!(
+            s,
+            "- 16 392 B, one in flight: `udp` p50 {:.1} us = {v:.2}x TCP{spread} (target <= 0.85: {}).",
+            u.rtt_us.p50,
+            verdict(v <= 0.85)
+        );
     }
     match best(262_152, "throughput", &|x| x.gbit_per_s, false) {
         Some(b) => {

@@ -8,15 +8,20 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 
 use super::TransportArgs;
+use crate::bench::sched::{self, Sched};
 use crate::bench::{BenchConfig, BenchReport, DEFAULT_SIZES, run, run_on};
 use crate::ring::Placement;
 use crate::serve::coordinator::{HostRings, HostSpec, HostsFile};
 use crate::transport::open::TransportKind;
 
+/// Rounds of `leap bench --quick`, and of the full benchmark.
+const QUICK_ROUNDS: usize = 3;
+const FULL_ROUNDS: usize = 7;
+
 /// Arguments of `leap bench`.
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
-    /// Short runs, one repeat, two sizes: about a minute.
+    /// Short runs, fewer rounds, two sizes: about a minute.
     #[arg(long)]
     pub quick: bool,
     /// Directory for report.json, report.md and report.svg.
@@ -31,7 +36,9 @@ pub struct BenchArgs {
     /// Nodes in the ring.
     #[arg(long, default_value_t = 3)]
     pub nodes: usize,
-    /// Repetitions of every run (default 3, or 1 with --quick).
+    /// Rounds: each runs every transport once per size and mode, the order
+    /// rotating; medians over the rounds are reported (default 7, or 3
+    /// with --quick).
     #[arg(long)]
     pub repeat: Option<usize>,
     /// Measure on loopback even as root (default: namespaces as root).
@@ -69,6 +76,11 @@ pub struct BenchArgs {
     /// `token_file`, else /etc/leap/serve.token).
     #[arg(long, value_name = "PATH")]
     pub token_file: Option<PathBuf>,
+    /// How the ring threads on this host are scheduled: `rr` (real-time
+    /// round-robin, so that other work cannot take their CPU mid-round-trip)
+    /// or `normal` (default: rr as root without --spin-us, else normal).
+    #[arg(long, value_enum)]
+    pub sched: Option<Sched>,
     /// Backend options.
     #[command(flatten)]
     pub transport_args: TransportArgs,
@@ -153,8 +165,10 @@ pub fn main(args: &BenchArgs) -> Result<()> {
     }
     let transports = if args.transports.is_empty() { TransportKind::ALL.to_vec() } else { args.transports.clone() };
     let hosts = hosts(args)?;
-    if hosts.is_some() && (args.profile || !args.transport_args.cpus.is_empty() || args.loopback) {
-        bail!("--profile, --cpus and --loopback apply to rings on this host, not to --hosts");
+    if hosts.is_some()
+        && (args.profile || !args.transport_args.cpus.is_empty() || args.loopback || args.sched.is_some())
+    {
+        bail!("--profile, --cpus, --loopback and --sched apply to rings on this host, not to --hosts");
     }
     let root = crate::sys::is_root();
     let placement = if hosts.is_some() {
@@ -184,7 +198,7 @@ pub fn main(args: &BenchArgs) -> Result<()> {
         transports,
         sizes,
         nodes: rings.as_ref().map_or(args.nodes, |r| r.capabilities().len()),
-        repeat: args.repeat.unwrap_or(if args.quick { 1 } else { 3 }).max(1),
+        repeat: args.repeat.unwrap_or(if args.quick { QUICK_ROUNDS } else { FULL_ROUNDS }).max(1),
         quick: args.quick,
         placement,
         options: args.transport_args.options(16_392),
@@ -205,6 +219,9 @@ pub fn main(args: &BenchArgs) -> Result<()> {
             )
         }
     }));
+    if rings.is_none() {
+        notes.push(schedule(args, root)?);
+    }
     if args.profile {
         match crate::bench::profile::perf() {
             Ok(perf) => cfg.profile = Some((perf, args.out.clone())),
@@ -251,4 +268,40 @@ pub fn main(args: &BenchArgs) -> Result<()> {
         bail!("{corrupt} corrupt frames during the benchmark");
     }
     Ok(())
+}
+
+/// Schedules this thread, and so the ring threads it starts, as `--sched`
+/// says (by default real-time when it may and no node spins); returns the
+/// report's note.
+///
+/// # Errors
+///
+/// `--sched rr` that cannot be had.
+fn schedule(args: &BenchArgs, root: bool) -> Result<String> {
+    let spins = args.transport_args.spin_us > 0;
+    let want = args.sched.unwrap_or(if root && !spins { Sched::Rr } else { Sched::Normal });
+    if want == Sched::Rr && spins {
+        bail!("--sched rr with --spin-us: a spinning real-time node would keep the others off a shared CPU");
+    }
+    let got = match sched::apply(want) {
+        Ok(()) => want,
+        Err(e) if args.sched.is_none() => {
+            eprintln!(
+                "leap bench: cannot schedule the ring threads real-time ({e}); measuring with the normal scheduler"
+            );
+            Sched::Normal
+        }
+        Err(e) => bail!("--sched {}: {e}", want.as_str()),
+    };
+    Ok(match got {
+        Sched::Rr => format!(
+            "{}: ring threads real-time (SCHED_RR, --sched rr): other work on the machine does not take their CPU",
+            args.site
+        ),
+        Sched::Normal => format!(
+            "{}: ring threads under the normal scheduler (--sched normal): other work on the machine shares their \
+             CPU, so figures move with its load",
+            args.site
+        ),
+    })
 }
