@@ -188,6 +188,21 @@ impl RetransmitBuffer {
         &mut s.data[..len]
     }
 
+    /// As [`Self::slot_mut`], but hands the slot's memory out (to write the
+    /// frame without holding the buffer); give it back with
+    /// [`Self::put_slot`] before [`Self::commit`].
+    pub fn take_slot(&mut self, seq: u16, len: usize) -> Vec<u8> {
+        self.slot_mut(seq, len);
+        let i = self.slot(seq);
+        std::mem::take(&mut self.slots[i].data)
+    }
+
+    /// Gives back the memory of [`Self::take_slot`].
+    pub fn put_slot(&mut self, seq: u16, data: Vec<u8>) {
+        let i = self.slot(seq);
+        self.slots[i].data = data;
+    }
+
     /// Keeps the `len` bytes written through [`Self::slot_mut`] as frame
     /// `seq`, sent with `reserved` and followed on the wire by `trailer` (at
     /// most 4 bytes).

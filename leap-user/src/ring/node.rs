@@ -146,9 +146,15 @@ pub fn run_head(t: &mut dyn Transport, cfg: &HeadConfig) -> Result<HeadReport, T
     let mut next_pos: i64 = 0;
     let start = Instant::now();
     let mut last_progress = Instant::now();
+    // Frames are written where the transport sends them from, and read
+    // where it received them (the lending API): the transport copies none.
+    let frame_size = cfg.frame_size;
     let send = |t: &mut dyn Transport, pos: i32| {
         let hdr = FrameHeader { pos, flags: FrameHeader::REPLY }.to_bytes();
-        t.send_multipart_next(&hdr, patterns.payload(pos))
+        t.send_next_with(FrameKind::Data, frame_size, &mut |buf| {
+            buf[..FrameHeader::LEN].copy_from_slice(&hdr);
+            buf[FrameHeader::LEN..].copy_from_slice(patterns.payload(pos));
+        })
     };
     while rep.delivered + rep.corrupt + rep.lost < cfg.frames {
         if cfg.stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed)) {
@@ -170,22 +176,22 @@ pub fn run_head(t: &mut dyn Transport, cfg: &HeadConfig) -> Result<HeadReport, T
             rep.sent += 1;
             next_pos += 1;
         }
-        match t.recv_prev(&mut buf) {
-            Ok(got) if got.kind == FrameKind::Control => {
+        let error = match t.recv_prev_lent() {
+            Ok(frame) if frame.kind() == FrameKind::Control => {
                 // A late ACK of the control round: nothing to do.
                 continue;
             }
-            Ok(got) => {
+            Ok(frame) => {
                 let now = Instant::now();
                 last_progress = now;
-                let Some(hdr) = FrameHeader::read(&buf[..got.len]) else {
+                let Some(hdr) = FrameHeader::read(&frame) else {
                     rep.corrupt += 1;
                     continue;
                 };
                 let intact = |p: i32| {
-                    got.len == cfg.frame_size
+                    frame.len() == cfg.frame_size
                         && hdr.flags == FrameHeader::REPLY
-                        && buf[FrameHeader::LEN..got.len] == *patterns.payload(p)
+                        && frame[FrameHeader::LEN..] == *patterns.payload(p)
                 };
                 if !cfg.retry {
                     // Without retries frames come back in order: older
@@ -218,9 +224,14 @@ pub fn run_head(t: &mut dyn Transport, cfg: &HeadConfig) -> Result<HeadReport, T
                     // Never sent, or not what we sent.
                     rep.corrupt += 1;
                 }
+                None
             }
-            Err(TransportError::FrameLost { .. }) => last_progress = Instant::now(),
-            Err(e @ (TransportError::Timeout(_) | TransportError::PeerClosed(_))) => {
+            Err(e) => Some(e),
+        };
+        match error {
+            None => {}
+            Some(TransportError::FrameLost { .. }) => last_progress = Instant::now(),
+            Some(e @ (TransportError::Timeout(_) | TransportError::PeerClosed(_))) => {
                 if last_progress.elapsed() >= cfg.stall_timeout {
                     return Err(TransportError::Stalled { waited: cfg.stall_timeout, last: Box::new(e) });
                 }
@@ -240,7 +251,7 @@ pub fn run_head(t: &mut dyn Transport, cfg: &HeadConfig) -> Result<HeadReport, T
                     }
                 }
             }
-            Err(e) => return Err(e),
+            Some(e) => return Err(e),
         }
         if let Some(p) = &cfg.progress {
             let done = rep.delivered + rep.corrupt + rep.lost;
@@ -350,8 +361,22 @@ pub fn run_worker(t: &mut dyn Transport, cfg: &WorkerConfig, stop: &AtomicBool) 
         if let Some(tel) = &cfg.telemetry {
             tel.publish(&*t, frames, false);
         }
-        let got = match t.recv_prev(&mut buf) {
+        // Receive, "compute" (spin), and send on what the layer wrote: the
+        // frame is read where it arrived and written where it leaves.
+        let mut received_at = None;
+        let relayed = t.relay(&mut buf, &mut |input, out| {
+            received_at = Some(Instant::now());
+            if !compute.is_zero() {
+                let until = Instant::now() + compute;
+                while Instant::now() < until {
+                    std::hint::spin_loop();
+                }
+            }
+            out.copy_from_slice(input);
+        });
+        let got = match relayed {
             Ok(got) => got,
+            Err(_) if stop.load(Ordering::Relaxed) => break,
             Err(TransportError::FrameLost { .. }) => continue,
             Err(_) if stop.load(Ordering::Relaxed) => break,
             Err(e @ (TransportError::Timeout(_) | TransportError::PeerClosed(_))) => {
@@ -366,7 +391,6 @@ pub fn run_worker(t: &mut dyn Transport, cfg: &WorkerConfig, stop: &AtomicBool) 
             }
             Err(e) => return Err(e),
         };
-        let received_at = Instant::now();
         if let Some(since) = silent_since.take() {
             log::info!("previous node back after {:.1} s", since.elapsed().as_secs_f64());
         }
@@ -378,19 +402,10 @@ pub fn run_worker(t: &mut dyn Transport, cfg: &WorkerConfig, stop: &AtomicBool) 
             }
             continue;
         }
-        if !compute.is_zero() {
-            let until = Instant::now() + compute;
-            while Instant::now() < until {
-                std::hint::spin_loop();
-            }
-        }
-        match t.send_next(&buf[..got.len]) {
-            Ok(()) => {}
-            Err(_) if stop.load(Ordering::Relaxed) => break,
-            Err(e) => return Err(e),
-        }
         frames += 1;
-        if let Some(tel) = &cfg.telemetry {
+        if let Some(tel) = &cfg.telemetry
+            && let Some(received_at) = received_at
+        {
             tel.latency.record(received_at.elapsed());
             tel.publish(&*t, frames, false);
         }

@@ -330,17 +330,45 @@ impl DatagramLink {
     ///
     /// As [`Self::send`].
     pub fn send_with(&mut self, kind: FrameKind, len: usize, fill: &mut dyn FnMut(&mut [u8])) -> Result<()> {
+        let mut slot = self.begin_send(kind, len)?;
+        fill(slot.buf());
+        self.finish_send(slot)
+    }
+
+    /// The first half of [`Self::send_with`]: the memory to write a frame of
+    /// `len` bytes into, handed out so that the link need not stay locked
+    /// while the caller writes (computes) it. Pass it to
+    /// [`Self::finish_send`] before any other frame is sent.
+    ///
+    /// # Errors
+    ///
+    /// [`TransportError::BadFrameLen`].
+    pub fn begin_send(&mut self, kind: FrameKind, len: usize) -> Result<SendSlot> {
         if len == 0 || len > leap_common::chunk::FRAME_LEN_MAX {
             return Err(TransportError::BadFrameLen(len));
         }
         let reserved = self.prepare_send(kind);
         let seq = self.sender.next_seq();
         let keep = reserved & flags::LEAP != 0 && self.retx.is_some();
-        let frame = match (&mut self.retx, keep) {
-            (Some(retx), true) => retx.slot_mut(seq, len),
-            _ => self.tx.get(len),
+        let mut buf = match (&mut self.retx, keep) {
+            (Some(retx), true) => retx.take_slot(seq, len),
+            _ => std::mem::take(&mut self.tx).into_vec(),
         };
-        fill(frame);
+        if buf.len() < len {
+            buf.resize(len, 0);
+        }
+        Ok(SendSlot { seq, reserved, keep, len, buf })
+    }
+
+    /// Sends the frame written into `slot` (see [`Self::begin_send`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::send`].
+    pub fn finish_send(&mut self, slot: SendSlot) -> Result<()> {
+        let SendSlot { seq, reserved, keep, len, buf } = slot;
+        debug_assert_eq!(seq, self.sender.next_seq(), "another frame was sent between begin_send and finish_send");
+        let frame = &buf[..len];
         let crc;
         let trailer: &[u8] = if reserved & flags::CRC != 0 {
             crc = crc32c::crc32c(frame).to_le_bytes();
@@ -349,8 +377,12 @@ impl DatagramLink {
             &[]
         };
         let res = self.sender.send(&self.socket, reserved, frame, &[], trailer);
-        if keep && let Some(retx) = &mut self.retx {
-            retx.commit(seq, reserved, len, trailer);
+        match (&mut self.retx, keep) {
+            (Some(retx), true) => {
+                retx.put_slot(seq, buf);
+                retx.commit(seq, reserved, len, trailer);
+            }
+            _ => self.tx = OwnedBuf::from_vec(buf),
         }
         self.sent(seq, keep, len, res)
     }
@@ -809,6 +841,25 @@ impl DatagramLink {
         }
         self.reasm.suspend(out);
         TransportError::Timeout(self.cfg.recv_timeout.unwrap_or_default())
+    }
+}
+
+/// A frame being written in place, between [`DatagramLink::begin_send`] and
+/// [`DatagramLink::finish_send`].
+#[derive(Debug)]
+pub struct SendSlot {
+    seq: u16,
+    reserved: u16,
+    keep: bool,
+    len: usize,
+    buf: Vec<u8>,
+}
+
+impl SendSlot {
+    /// The frame's bytes, to write (they hold whatever an earlier frame
+    /// left).
+    pub fn buf(&mut self) -> &mut [u8] {
+        &mut self.buf[..self.len]
     }
 }
 

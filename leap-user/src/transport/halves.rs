@@ -63,7 +63,7 @@ impl<R: RxPath + 'static> DatagramCore<R> {
     ///
     /// As [`DatagramLink::send_with`].
     pub fn send_with(&self, kind: FrameKind, len: usize, fill: &mut dyn FnMut(&mut [u8])) -> Result<()> {
-        self.shared.link().send_with(kind, len, fill)
+        send_unlocked(&self.shared, kind, len, fill)
     }
 
     /// Receives into the caller's buffer.
@@ -82,6 +82,22 @@ impl<R: RxPath + 'static> DatagramCore<R> {
     /// As [`Shared::recv`].
     pub fn recv_lent(&mut self) -> Result<Lent<'_>> {
         lend(&self.shared, &mut self.lend, self.max_frame_len, self.call)
+    }
+
+    /// See [`super::Transport::relay`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Shared::recv`], then as [`DatagramLink::send_with`].
+    pub fn relay(&mut self, control: &mut [u8], compute: &mut dyn FnMut(&[u8], &mut [u8])) -> Result<Received> {
+        let got = self.shared.recv(self.lend.get(self.max_frame_len), self.call)?;
+        let input = &self.lend.all()[..got.len];
+        if got.kind == FrameKind::Control {
+            super::keep_control(input, control)?;
+        } else {
+            send_unlocked(&self.shared, FrameKind::Data, got.len, &mut |out| compute(input, out))?;
+        }
+        Ok(got)
     }
 
     /// Sets the receive deadline.
@@ -110,6 +126,19 @@ impl<R: RxPath + 'static> DatagramCore<R> {
         };
         (sender, receiver)
     }
+}
+
+/// Sends a frame that `fill` writes in place without holding the link: the
+/// driver answers NACKs while the caller computes its output.
+fn send_unlocked<R: RxPath>(
+    shared: &Shared<R>,
+    kind: FrameKind,
+    len: usize,
+    fill: &mut dyn FnMut(&mut [u8]),
+) -> Result<()> {
+    let mut slot = shared.link().begin_send(kind, len)?;
+    fill(slot.buf());
+    shared.link().finish_send(slot)
 }
 
 fn lend<'a, R: RxPath>(
@@ -180,7 +209,7 @@ impl<R: RxPath + 'static> FrameSender for DatagramSender<R> {
     }
 
     fn send_next_with(&mut self, kind: FrameKind, len: usize, fill: &mut dyn FnMut(&mut [u8])) -> Result<()> {
-        self.shared.link().send_with(kind, len, fill)
+        send_unlocked(&self.shared, kind, len, fill)
     }
 
     fn stats(&self) -> Stats {

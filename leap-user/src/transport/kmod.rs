@@ -380,6 +380,30 @@ impl Transport for KmodTransport {
         Ok(Lent::with_release(bytes, kind, &*self.dev, w.bank as u32))
     }
 
+    fn relay(&mut self, control: &mut [u8], compute: &mut dyn FnMut(&[u8], &mut [u8])) -> Result<Received> {
+        let (w, kind) = self.wait()?;
+        let (len, bank) = (w.len as usize, w.bank as u32);
+        // SAFETY: WAIT_FRAME handed the bank to this file; it is released
+        // below, after the slice's last use.
+        let input = unsafe { self.dev.held_bank(w.bank as usize, len) };
+        let res = if kind == FrameKind::Control {
+            super::keep_control(input, control)
+        } else if len == 0 || len > HALF_LEN {
+            Err(TransportError::BadFrameLen(len))
+        } else {
+            // SAFETY: this node is the only writer of its TX area (see
+            // `send_next_parts`); the slice is gone before the SEND ioctl.
+            compute(input, unsafe { self.dev.tx_area(len) });
+            Ok(())
+        };
+        self.dev.release_bank(bank).map_err(|e| self.syscall("LEAP_IOCTL_RELEASE_BANK", e))?;
+        res?;
+        if kind == FrameKind::Data {
+            self.send_tx(FrameKind::Data, len)?;
+        }
+        Ok(Received { len, kind })
+    }
+
     fn send_next_with(&mut self, kind: FrameKind, len: usize, fill: &mut dyn FnMut(&mut [u8])) -> Result<()> {
         if len == 0 || len > HALF_LEN {
             return Err(TransportError::BadFrameLen(len));

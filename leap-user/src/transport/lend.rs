@@ -97,4 +97,14 @@ impl OwnedBuf {
     pub fn all(&mut self) -> &mut [u8] {
         &mut self.buf
     }
+
+    /// The memory, handed out (the buffer is empty until given back).
+    pub fn into_vec(self) -> Vec<u8> {
+        self.buf
+    }
+
+    /// A buffer over `buf`.
+    pub fn from_vec(buf: Vec<u8>) -> Self {
+        Self { buf }
+    }
 }

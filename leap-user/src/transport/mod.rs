@@ -383,6 +383,22 @@ pub trait Transport: Send {
     /// As [`Self::send_next_parts`].
     fn send_next_with(&mut self, kind: FrameKind, len: usize, fill: &mut dyn FnMut(&mut [u8])) -> Result<()>;
 
+    /// One worker step: receives the next frame and, for a data frame, sends
+    /// on the frame that `compute(input, output)` writes, of the same
+    /// length: the input is read where the transport received it and the
+    /// output written where the transport sends it from, so the frame is not
+    /// copied by the transport either way. A control frame is not forwarded:
+    /// it is copied into `control` and returned for the caller to handle.
+    ///
+    /// For the datagram transports `compute` runs without the link locked:
+    /// the driver answers the next node's NACKs meanwhile.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::recv_prev`] (a control frame larger than `control` is
+    /// [`TransportError::FrameTooLarge`]), then as [`Self::send_next_with`].
+    fn relay(&mut self, control: &mut [u8], compute: &mut dyn FnMut(&[u8], &mut [u8])) -> Result<Received>;
+
     /// Sets the receive deadline of [`Self::recv_prev`] (`None`: wait forever).
     fn set_recv_timeout(&mut self, timeout: Option<Duration>);
 
@@ -459,6 +475,17 @@ pub trait Transport: Send {
     fn recv_next(&mut self, _buf: &mut [u8]) -> Result<Received> {
         Err(TransportError::Unsupported("recv_next"))
     }
+}
+
+/// Copies a control frame that [`Transport::relay`] does not forward into
+/// the caller's buffer.
+pub(crate) fn keep_control(input: &[u8], control: &mut [u8]) -> Result<()> {
+    let capacity = control.len();
+    control
+        .get_mut(..input.len())
+        .ok_or(TransportError::FrameTooLarge { len: input.len(), capacity })?
+        .copy_from_slice(input);
+    Ok(())
 }
 
 /// The sending half of a split transport (see [`Transport::split`]).
@@ -548,6 +575,9 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
     }
     fn send_next_with(&mut self, kind: FrameKind, len: usize, fill: &mut dyn FnMut(&mut [u8])) -> Result<()> {
         (**self).send_next_with(kind, len, fill)
+    }
+    fn relay(&mut self, control: &mut [u8], compute: &mut dyn FnMut(&[u8], &mut [u8])) -> Result<Received> {
+        (**self).relay(control, compute)
     }
     fn set_recv_timeout(&mut self, timeout: Option<Duration>) {
         (**self).set_recv_timeout(timeout)

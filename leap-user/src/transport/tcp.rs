@@ -380,6 +380,23 @@ impl TcpTransport {
 }
 
 impl TcpTransport {
+    /// [`Transport::relay`] with the receive buffer taken out of `self`.
+    fn relay_from(
+        &mut self,
+        lend: &mut OwnedBuf,
+        control: &mut [u8],
+        compute: &mut dyn FnMut(&[u8], &mut [u8]),
+    ) -> Result<Received> {
+        let got = self.recv_prev(lend.get(self.cfg.frame_len.max(1)))?;
+        let input = &lend.all()[..got.len];
+        if got.kind == FrameKind::Control {
+            super::keep_control(input, control)?;
+        } else {
+            self.send_next_with(FrameKind::Data, got.len, &mut |out| compute(input, out))?;
+        }
+        Ok(got)
+    }
+
     fn set_timeouts(&self) {
         let t = self.cfg.recv_timeout.map(|t| t.max(Duration::from_millis(1)));
         for inb in [&self.from_prev, &self.to_next].into_iter().flatten() {
@@ -481,6 +498,13 @@ impl Transport for TcpTransport {
         fill(tx.get(len));
         let res = self.send_next_parts(kind, &tx.all()[..len], &[]);
         self.tx = tx;
+        res
+    }
+
+    fn relay(&mut self, control: &mut [u8], compute: &mut dyn FnMut(&[u8], &mut [u8])) -> Result<Received> {
+        let mut lend = std::mem::take(&mut self.lend);
+        let res = self.relay_from(&mut lend, control, compute);
+        self.lend = lend;
         res
     }
 

@@ -236,6 +236,10 @@ impl Transport for UdpTransport {
         self.core.recv(out)
     }
 
+    fn relay(&mut self, control: &mut [u8], compute: &mut dyn FnMut(&[u8], &mut [u8])) -> Result<Received> {
+        self.core.relay(control, compute)
+    }
+
     fn recv_prev_lent(&mut self) -> Result<Lent<'_>> {
         self.core.recv_lent()
     }

@@ -621,6 +621,10 @@ impl Transport for XdpTransport {
         res
     }
 
+    fn relay(&mut self, control: &mut [u8], compute: &mut dyn FnMut(&[u8], &mut [u8])) -> Result<Received> {
+        self.core.relay(control, compute)
+    }
+
     fn recv_prev_lent(&mut self) -> Result<Lent<'_>> {
         if self.cfg.log {
             self.program.flush_log();
