@@ -1,6 +1,8 @@
 //! After warm-up, moving a frame through the XDP backend (send through UDP,
 //! receive through AF_XDP or the ring buffer, reassemble) allocates nothing
-//! on either node. Needs root and BPF: `cargo xtask ci`.
+//! on either node, through the copying API and through the lending one
+//! (`send_next_with`, `relay`, `recv_prev_lent`). Needs root and BPF:
+//! `cargo xtask ci`.
 
 mod xdp_common;
 
@@ -11,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use leap::Transport;
+use leap::{FrameKind, Transport};
 use leap::netns::{NodeNet, Topology};
 use leap::transport::udp::UdpConfig;
 use leap::transport::xdp::{Delivery, XdpTransport, XdpTransportConfig};
@@ -83,8 +85,13 @@ fn no_allocations_per_frame(delivery: Delivery) {
                 ready.wait();
                 for i in 0..WARM_UP + MEASURED {
                     COUNT.with(|c| c.set(i >= WARM_UP));
-                    let got = t.recv_prev(&mut buf).unwrap();
-                    t.send_next(&buf[..got.len]).unwrap();
+                    if i % 2 == 0 {
+                        let got = t.recv_prev(&mut buf).unwrap();
+                        t.send_next(&buf[..got.len]).unwrap();
+                    } else {
+                        // The lending API: read in place, write in place.
+                        t.relay(&mut buf, &mut |input, out| out.copy_from_slice(input)).unwrap();
+                    }
                 }
                 COUNT.with(|c| c.set(false));
             })
@@ -97,9 +104,14 @@ fn no_allocations_per_frame(delivery: Delivery) {
         ready.wait();
         for i in 0..WARM_UP + MEASURED {
             COUNT.with(|c| c.set(i >= WARM_UP));
-            t.send_next(&frame).unwrap();
-            let got = t.recv_prev(&mut buf).unwrap();
-            assert_eq!(got.len, LEN);
+            if i % 2 == 0 {
+                t.send_next(&frame).unwrap();
+                let got = t.recv_prev(&mut buf).unwrap();
+                assert_eq!(got.len, LEN);
+            } else {
+                t.send_next_with(FrameKind::Data, LEN, &mut |out| out.copy_from_slice(&frame)).unwrap();
+                assert!(*t.recv_prev_lent().unwrap() == frame[..]);
+            }
         }
         COUNT.with(|c| c.set(false));
         assert!(buf == frame);

@@ -158,10 +158,13 @@ pub fn run_ci(args: Args) -> Result<()> {
     })?;
     stage("fmt", &mut || run(cargo().args(["fmt", "--all", "--check"])))?;
     stage("clippy", &mut || {
-        run(cargo().args(["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"]))
+        // With the async layer (feature `tokio`), so that it and its example
+        // are checked too.
+        let all = ["clippy", "--workspace", "--all-targets", "--locked", "--features", "leap/tokio"];
+        run(cargo().args(all).args(["--", "-D", "warnings"]))
     })?;
     stage("test", &mut || {
-        run(cargo().args(["test", "--workspace", "--locked"]))?;
+        run(cargo().args(["test", "--workspace", "--locked", "--features", "leap/tokio"]))?;
         core_library()
     })?;
     stage("fuzz", &mut || {
@@ -175,9 +178,14 @@ pub fn run_ci(args: Args) -> Result<()> {
         let leap = root.join("target/release/leap");
         for t in ["tcp", "udp"] {
             ring_smoke(&leap, t, "--loopback", 2000)?;
-            // The embedding example: a toy 3-stage pipeline through the trait.
+            // The embedding example: a toy 3-stage pipeline through the
+            // lending API and split halves.
             run(cargo().args(["run", "--release", "--locked", "-p", "leap", "--example", "pipeline", "--", t]))?;
         }
+        // The same pipeline on tokio.
+        run(cargo()
+            .args(["run", "--release", "--locked", "-p", "leap", "--features", "tokio", "--example"])
+            .arg("async_pipeline"))?;
         if require_root("smoke (namespaces)")? {
             for t in ["tcp", "udp"] {
                 ring_smoke(&leap, t, "--netns", 2000)?;
@@ -206,6 +214,10 @@ pub fn run_ci(args: Args) -> Result<()> {
         for t in privileged_tests(&root)?.into_iter().filter(|t| t.starts_with("xdp_")) {
             run(ignored_test(&t).env("LEAP_XDP_OBJECT", &obj))?;
         }
+        // The embedding example over XDP on loopback (generic mode).
+        run(cargo()
+            .args(["run", "--release", "--locked", "-p", "leap", "--example", "pipeline", "--", "xdp"])
+            .env("LEAP_XDP_OBJECT", &obj))?;
         Ok(())
     })?;
     stage("vm", &mut || {
