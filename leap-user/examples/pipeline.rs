@@ -2,8 +2,10 @@
 //! inference engine would use leap: stage 0 embeds a token into activations
 //! and sends them on; stage 1 and 2 each apply "their layers" (here a scale
 //! and a shift) and pass the result on; stage 2's output comes back to stage
-//! 0, which reads the "logits". Runs on loopback with UDP; swap the
-//! transport kind for TCP, XDP or the kernel module.
+//! 0, which reads the "logits". Runs on loopback with UDP or TCP. XDP and
+//! the kernel module need one interface (or host) per node: an XDP program
+//! and an AF_XDP queue belong to one node, so three nodes cannot share
+//! `lo` (`leap ring --netns` gives each node its own namespace).
 //!
 //! Frames go through the lending API: a stage reads the frame where its
 //! transport received it (`recv_prev_lent`) and writes its output where

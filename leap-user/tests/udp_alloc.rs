@@ -6,8 +6,8 @@ mod support;
 
 use std::net::{SocketAddr, UdpSocket};
 
-use leap::{FrameKind, Transport};
 use leap::transport::udp::{UdpConfig, UdpTransport};
+use leap::{FrameKind, Transport};
 
 #[global_allocator]
 static GLOBAL: support::Counting = support::Counting;

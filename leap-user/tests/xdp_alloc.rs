@@ -13,10 +13,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use leap::{FrameKind, Transport};
 use leap::netns::{NodeNet, Topology};
 use leap::transport::udp::UdpConfig;
 use leap::transport::xdp::{Delivery, XdpTransport, XdpTransportConfig};
+use leap::{FrameKind, Transport};
 use xdp_common::{in_netns, object, pattern};
 
 struct Counting;

@@ -214,10 +214,6 @@ pub fn run_ci(args: Args) -> Result<()> {
         for t in privileged_tests(&root)?.into_iter().filter(|t| t.starts_with("xdp_")) {
             run(ignored_test(&t).env("LEAP_XDP_OBJECT", &obj))?;
         }
-        // The embedding example over XDP on loopback (generic mode).
-        run(cargo()
-            .args(["run", "--release", "--locked", "-p", "leap", "--example", "pipeline", "--", "xdp"])
-            .env("LEAP_XDP_OBJECT", &obj))?;
         Ok(())
     })?;
     stage("vm", &mut || {

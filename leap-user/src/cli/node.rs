@@ -341,6 +341,7 @@ fn run(
                 compute: r.compute,
                 policy: r.policy,
                 telemetry: Some(tel.clone()),
+                copying: false,
             };
             let layers = run_worker(t, &wc, stop).context("worker stopped")?;
             log::info!("worker stopped; layers {:?}", layers.range);
@@ -359,6 +360,7 @@ fn run(
                 telemetry: Some(tel.clone()),
                 stop: Some(stop.clone()),
                 pause: Duration::ZERO,
+                copying: false,
             };
             let rep = run_head(t, &hc)?;
             let rtt = rep.rtt.percentiles();

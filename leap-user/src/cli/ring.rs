@@ -55,6 +55,11 @@ pub struct RingArgs {
     /// its LimitMEMLOCK=infinity), as root only sets up the namespaces.
     #[arg(long)]
     pub unit_caps: bool,
+    /// Move frames through the copying API (`recv_prev` into a buffer of the
+    /// node, `send_next` from it) instead of the lending one (`relay`,
+    /// `send_next_with`, `recv_prev_lent`), to compare their copies.
+    #[arg(long)]
+    pub copying_api: bool,
     /// Print one JSON object as the last line of stdout.
     #[arg(long)]
     pub json: bool,
@@ -76,6 +81,7 @@ impl RingArgs {
         c.control = !self.no_control;
         c.loss_pct = self.loss;
         c.unit_caps = self.unit_caps;
+        c.copying = self.copying_api;
         c
     }
 }

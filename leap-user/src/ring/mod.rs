@@ -72,6 +72,9 @@ pub struct RingConfig {
     /// Each node opens its transport and runs with exactly the packaged
     /// unit's capabilities ([`crate::sys::UNIT_CAPS`]), not as root.
     pub unit_caps: bool,
+    /// Move frames through the copying API instead of the lending one (to
+    /// compare what each copies).
+    pub copying: bool,
 }
 
 /// A callback told how many frames are done.
@@ -103,6 +106,7 @@ impl RingConfig {
             loss_pct: 0.0,
             send_fault_pct: 0.0,
             unit_caps: false,
+            copying: false,
         }
     }
 
@@ -485,8 +489,12 @@ pub fn run(cfg: &RingConfig) -> Result<RingReport, RingError> {
                 .spawn(move || {
                     pin(&cfg.options.cpus, i)?;
                     let mut t = gate.open_node(ns.as_deref(), &cfg, &ep, start_timeout)?;
-                    let wc =
-                        WorkerConfig { frame_size: cfg.frame_size, compute: cfg.compute, ..WorkerConfig::default() };
+                    let wc = WorkerConfig {
+                        frame_size: cfg.frame_size,
+                        compute: cfg.compute,
+                        copying: cfg.copying,
+                        ..WorkerConfig::default()
+                    };
                     // Like the head's: the data phase only, not opening the
                     // transport (loading BPF, parsing BTF, connecting).
                     let cpu0 = crate::sys::thread_cpu_time();
@@ -519,6 +527,7 @@ pub fn run(cfg: &RingConfig) -> Result<RingReport, RingError> {
                     telemetry: None,
                     stop: None,
                     pause: Duration::ZERO,
+                    copying: cfg2.copying,
                 };
                 let cpu0 = crate::sys::thread_cpu_time();
                 let res = run_head(&mut *t, &hc);

@@ -42,6 +42,9 @@ pub struct HeadConfig {
     pub stop: Option<Arc<AtomicBool>>,
     /// Idle this long before sending each frame (a head between requests).
     pub pause: Duration,
+    /// Move frames through the copying API (`send_next_parts`,
+    /// `recv_prev` into a buffer of the head) instead of the lending one.
+    pub copying: bool,
 }
 
 impl HeadConfig {
@@ -61,6 +64,7 @@ impl HeadConfig {
             telemetry: None,
             stop: None,
             pause: Duration::ZERO,
+            copying: false,
         }
     }
 }
@@ -149,8 +153,12 @@ pub fn run_head(t: &mut dyn Transport, cfg: &HeadConfig) -> Result<HeadReport, T
     // Frames are written where the transport sends them from, and read
     // where it received them (the lending API): the transport copies none.
     let frame_size = cfg.frame_size;
+    let copying = cfg.copying;
     let send = |t: &mut dyn Transport, pos: i32| {
         let hdr = FrameHeader { pos, flags: FrameHeader::REPLY }.to_bytes();
+        if copying {
+            return t.send_multipart_next(&hdr, patterns.payload(pos));
+        }
         t.send_next_with(FrameKind::Data, frame_size, &mut |buf| {
             buf[..FrameHeader::LEN].copy_from_slice(&hdr);
             buf[FrameHeader::LEN..].copy_from_slice(patterns.payload(pos));
@@ -176,57 +184,69 @@ pub fn run_head(t: &mut dyn Transport, cfg: &HeadConfig) -> Result<HeadReport, T
             rep.sent += 1;
             next_pos += 1;
         }
-        let error = match t.recv_prev_lent() {
-            Ok(frame) if frame.kind() == FrameKind::Control => {
-                // A late ACK of the control round: nothing to do.
-                continue;
-            }
-            Ok(frame) => {
-                let now = Instant::now();
-                last_progress = now;
-                let Some(hdr) = FrameHeader::read(&frame) else {
-                    rep.corrupt += 1;
-                    continue;
-                };
-                let intact = |p: i32| {
-                    frame.len() == cfg.frame_size
-                        && hdr.flags == FrameHeader::REPLY
-                        && frame[FrameHeader::LEN..] == *patterns.payload(p)
-                };
-                if !cfg.retry {
-                    // Without retries frames come back in order: older
-                    // ones still in flight were lost on the way.
-                    while in_flight.front().is_some_and(|f| f.pos < hdr.pos) {
-                        in_flight.pop_front();
-                        rep.lost += 1;
-                    }
+        let mut on_frame = |frame: &[u8]| {
+            let now = Instant::now();
+            last_progress = now;
+            let Some(hdr) = FrameHeader::read(frame) else {
+                rep.corrupt += 1;
+                return;
+            };
+            let intact = |p: i32| {
+                frame.len() == cfg.frame_size
+                    && hdr.flags == FrameHeader::REPLY
+                    && frame[FrameHeader::LEN..] == *patterns.payload(p)
+            };
+            if !cfg.retry {
+                // Without retries frames come back in order: older
+                // ones still in flight were lost on the way.
+                while in_flight.front().is_some_and(|f| f.pos < hdr.pos) {
+                    in_flight.pop_front();
+                    rep.lost += 1;
                 }
-                if let Some(i) = in_flight.iter().position(|f| f.pos == hdr.pos) {
-                    let f = in_flight.remove(i).expect("index from position");
-                    if intact(f.pos) {
-                        rep.delivered += 1;
-                        if recent.len() == RECENT {
-                            recent.pop_front();
-                        }
-                        recent.push_back(f.pos);
-                        let rtt = now.duration_since(f.sent);
-                        rep.rtt.record(rtt);
-                        if let Some(tel) = &cfg.telemetry {
-                            tel.latency.record(rtt);
-                        }
-                    } else {
-                        rep.corrupt += 1;
+            }
+            if let Some(i) = in_flight.iter().position(|f| f.pos == hdr.pos) {
+                let f = in_flight.remove(i).expect("index from position");
+                if intact(f.pos) {
+                    rep.delivered += 1;
+                    if recent.len() == RECENT {
+                        recent.pop_front();
                     }
-                } else if recent.contains(&hdr.pos) && intact(hdr.pos) {
-                    // A frame re-sent by us whose first copy also made it.
-                    rep.duplicates += 1;
+                    recent.push_back(f.pos);
+                    let rtt = now.duration_since(f.sent);
+                    rep.rtt.record(rtt);
+                    if let Some(tel) = &cfg.telemetry {
+                        tel.latency.record(rtt);
+                    }
                 } else {
-                    // Never sent, or not what we sent.
                     rep.corrupt += 1;
                 }
-                None
+            } else if recent.contains(&hdr.pos) && intact(hdr.pos) {
+                // A frame re-sent by us whose first copy also made it.
+                rep.duplicates += 1;
+            } else {
+                // Never sent, or not what we sent.
+                rep.corrupt += 1;
             }
-            Err(e) => Some(e),
+        };
+        let error = if cfg.copying {
+            match t.recv_prev(&mut buf) {
+                // A late ACK of the control round: nothing to do.
+                Ok(got) if got.kind == FrameKind::Control => continue,
+                Ok(got) => {
+                    on_frame(&buf[..got.len]);
+                    None
+                }
+                Err(e) => Some(e),
+            }
+        } else {
+            match t.recv_prev_lent() {
+                Ok(frame) if frame.kind() == FrameKind::Control => continue,
+                Ok(frame) => {
+                    on_frame(&frame);
+                    None
+                }
+                Err(e) => Some(e),
+            }
         };
         match error {
             None => {}
@@ -333,6 +353,9 @@ pub struct WorkerConfig {
     pub policy: NeighbourPolicy,
     /// Where to publish counters and forward times (a `leap node`).
     pub telemetry: Option<Arc<Telemetry>>,
+    /// Receive into a buffer of the worker and send from it (the copying
+    /// API) instead of [`Transport::relay`].
+    pub copying: bool,
 }
 
 impl WorkerConfig {
@@ -364,7 +387,7 @@ pub fn run_worker(t: &mut dyn Transport, cfg: &WorkerConfig, stop: &AtomicBool) 
         // Receive, "compute" (spin), and send on what the layer wrote: the
         // frame is read where it arrived and written where it leaves.
         let mut received_at = None;
-        let relayed = t.relay(&mut buf, &mut |input, out| {
+        let mut layer = |input: &[u8], out: Option<&mut [u8]>| {
             received_at = Some(Instant::now());
             if !compute.is_zero() {
                 let until = Instant::now() + compute;
@@ -372,8 +395,22 @@ pub fn run_worker(t: &mut dyn Transport, cfg: &WorkerConfig, stop: &AtomicBool) 
                     std::hint::spin_loop();
                 }
             }
-            out.copy_from_slice(input);
-        });
+            if let Some(out) = out {
+                out.copy_from_slice(input);
+            }
+        };
+        let relayed = if cfg.copying {
+            // The frame stays in `buf`: the layer works in place there.
+            match t.recv_prev(&mut buf) {
+                Ok(got) if got.kind == FrameKind::Data => {
+                    layer(&buf[..got.len], None);
+                    t.send_next(&buf[..got.len]).map(|()| got)
+                }
+                other => other,
+            }
+        } else {
+            t.relay(&mut buf, &mut |input, out| layer(input, Some(out)))
+        };
         let got = match relayed {
             Ok(got) => got,
             Err(_) if stop.load(Ordering::Relaxed) => break,

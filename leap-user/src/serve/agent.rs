@@ -523,6 +523,7 @@ fn member_thread(
                 telemetry: None,
                 stop: Some(stop.clone()),
                 pause: Duration::ZERO,
+                copying: false,
             };
             match run_head(&mut *t, &hc) {
                 Ok(h) => (Some(HeadSummary::of(h)), None),
