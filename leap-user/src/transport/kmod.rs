@@ -1,7 +1,9 @@
 //! The `leap_kmod` kernel module (`/dev/leap_tensor`) as a [`Transport`]:
 //! the module reassembles chunks straight into a mapped bank and sends the
-//! mapped TX area as chunks, so a frame costs one ioctl each way plus the
-//! copy between the caller's buffer and the mapping that the ABI requires.
+//! mapped TX area as chunks, so a frame costs one ioctl each way.
+//! `recv_prev_lent`, `send_next_with` and `relay` read the bank and write the
+//! TX area in place (no copy in user space); `recv_prev` and `send_next`
+//! copy between the caller's buffer and the mapping.
 //!
 //! ```no_run
 //! use leap::transport::Transport;
@@ -394,13 +396,13 @@ impl Transport for KmodTransport {
             // SAFETY: this node is the only writer of its TX area (see
             // `send_next_parts`); the slice is gone before the SEND ioctl.
             compute(input, unsafe { self.dev.tx_area(len) });
-            Ok(())
+            // The frame leaves before the bank is given back: the next node
+            // does not wait for the RELEASE_BANK ioctl.
+            self.send_tx(FrameKind::Data, len)
         };
-        self.dev.release_bank(bank).map_err(|e| self.syscall("LEAP_IOCTL_RELEASE_BANK", e))?;
+        let released = self.dev.release_bank(bank).map_err(|e| self.syscall("LEAP_IOCTL_RELEASE_BANK", e));
         res?;
-        if kind == FrameKind::Data {
-            self.send_tx(FrameKind::Data, len)?;
-        }
+        released?;
         Ok(Received { len, kind })
     }
 
