@@ -280,7 +280,8 @@ impl KmodTransport {
     }
 
     /// Waits for the next frame (held in its bank until released) and tells
-    /// its kind; counts it as received.
+    /// its kind. The caller counts it with [`Self::count_received`] once the
+    /// frame is taken (a frame refused as too large is not received).
     fn wait(&mut self) -> Result<(leap_common::kmod::Wait, FrameKind)> {
         let deadline = self.cfg.recv_timeout.map(|t| Instant::now() + t);
         // A signal may interrupt the wait: retry until the deadline, at most
@@ -318,13 +319,17 @@ impl KmodTransport {
                 let frame = unsafe { self.dev.held_bank(w.bank as usize, len) };
                 if ControlMessage::decode_frame(frame).is_ok() { FrameKind::Control } else { FrameKind::Data }
             };
-            let mut s = self.count();
-            s.frames_received += 1;
-            s.chunks_received += u64::from(w.chunks);
-            s.bytes_received += len as u64;
             return Ok((w, kind));
         }
         Err(self.syscall("LEAP_IOCTL_WAIT_FRAME", io::Error::from(io::ErrorKind::Interrupted)))
+    }
+
+    /// Counts the frame `w` as received.
+    fn count_received(&self, w: &leap_common::kmod::Wait) {
+        let mut s = self.count();
+        s.frames_received += 1;
+        s.chunks_received += u64::from(w.chunks);
+        s.bytes_received += u64::from(w.len);
     }
 
     fn count(&self) -> std::sync::MutexGuard<'_, Stats> {
@@ -368,6 +373,7 @@ impl Transport for KmodTransport {
             return Err(TransportError::FrameTooLarge { len, capacity: out.len() });
         }
         self.dev.read_bank(w.bank as usize, 0, &mut out[..len]);
+        self.count_received(&w);
         self.count().copied_bytes += len as u64;
         self.dev.release_bank(bank).map_err(|e| self.syscall("LEAP_IOCTL_RELEASE_BANK", e))?;
         Ok(Received { len, kind })
@@ -375,6 +381,7 @@ impl Transport for KmodTransport {
 
     fn recv_prev_lent(&mut self) -> Result<Lent<'_>> {
         let (w, kind) = self.wait()?;
+        self.count_received(&w);
         // SAFETY: WAIT_FRAME handed the bank to this file; the `Lent` gives
         // it back (RELEASE_BANK) when dropped, after its last use of the
         // slice, and `self` stays borrowed until then.
@@ -384,6 +391,7 @@ impl Transport for KmodTransport {
 
     fn relay(&mut self, control: &mut [u8], compute: &mut dyn FnMut(&[u8], &mut [u8])) -> Result<Received> {
         let (w, kind) = self.wait()?;
+        self.count_received(&w);
         let (len, bank) = (w.len as usize, w.bank as u32);
         // SAFETY: WAIT_FRAME handed the bank to this file; it is released
         // below, after the slice's last use.
