@@ -5,6 +5,8 @@
 //! Packets are crafted with std sockets (and raw IPv4 sockets for checksums
 //! and fragments) to 127.0.0.1 only; every wait is bounded.
 
+mod support;
+
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd};
@@ -20,6 +22,10 @@ use leap_common::kmod::{
     MMAP_LEN, RX_BANKS, WAIT_STATUS_FRAME, WAIT_STATUS_LOST, Wait, features,
 };
 use nix::poll::{PollFd, PollFlags};
+
+/// Counts allocations per thread: the lending path must make none per frame.
+#[global_allocator]
+static GLOBAL: support::Counting = support::Counting;
 
 const LO: Ipv4Addr = Ipv4Addr::LOCALHOST;
 /// Bound of every wait for the module to act on a packet.
@@ -1124,4 +1130,239 @@ fn routed_transit_traffic_to_the_port_passes_through_untouched() {
     let got = got.unwrap_or_else(|e| panic!("{e}"));
     assert!(got == sent, "transit datagrams changed on the way");
     assert_eq!(c, Counters::default(), "the middle node's module saw transit traffic");
+}
+
+/// Three kmod transports on loopback, node `i` sending to node `i + 1`
+/// and accepting only node `i - 1`.
+fn kmod_ring() -> Vec<leap::transport::kmod::KmodTransport> {
+    use leap::transport::kmod::{KmodConfig, KmodTransport};
+    let ports: Vec<u16> = (0..3).map(|_| next_port()).collect();
+    (0..3)
+        .map(|i| {
+            let mut cfg = KmodConfig::new(ports[i], SocketAddrV4::new(LO, ports[(i + 1) % 3]));
+            cfg.prev = Some(SocketAddrV4::new(LO, ports[(i + 2) % 3]));
+            cfg.recv_timeout = Some(PATIENCE);
+            cfg.frame_timeout = FRAME_TIMEOUT;
+            KmodTransport::open(cfg).expect("open the kmod transport")
+        })
+        .collect()
+}
+
+/// One frame around a kmod ring through the lending API: written in place
+/// into the head's TX area, relayed by each worker from its bank straight
+/// into its TX area (adding 1 to every byte), read in place at the head.
+/// Returns whether it came back as `frame` + 2.
+fn lend_round(
+    nodes: &mut [leap::transport::kmod::KmodTransport],
+    frame: &[u8],
+    want: &[u8],
+    control: &mut [u8],
+) -> bool {
+    use leap::{FrameKind, Transport};
+    nodes[0].send_next_with(FrameKind::Data, frame.len(), &mut |tx| tx.copy_from_slice(frame)).expect("send_next_with");
+    for (hop, node) in nodes.iter_mut().enumerate().skip(1) {
+        let got = node
+            .relay(control, &mut |input, output| {
+                for (o, i) in output.iter_mut().zip(input) {
+                    *o = i.wrapping_add(1);
+                }
+            })
+            .unwrap_or_else(|e| panic!("hop {hop}: relay: {e}"));
+        assert_eq!((got.len, got.kind), (frame.len(), FrameKind::Data), "hop {hop}");
+    }
+    let back = nodes[0].recv_prev_lent().expect("recv_prev_lent at the head");
+    back.kind() == FrameKind::Data && *back == *want
+}
+
+/// The lending API on the module: the head writes into its TX area, the
+/// workers relay bank to TX area, the head reads its bank; every frame is
+/// intact and no node copies a byte in user space, unlike the copying path.
+#[test]
+#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
+fn kmod_ring_through_the_lending_api_copies_nothing_in_user_space() {
+    use leap::Transport;
+    const LEN: usize = 16392;
+    let mut nodes = kmod_ring();
+    let mut control = vec![0u8; LEN];
+    for round in 0..300u16 {
+        let frame = pattern(round, LEN);
+        let want: Vec<u8> = frame.iter().map(|b| b.wrapping_add(2)).collect();
+        assert!(
+            lend_round(&mut nodes, &frame, &want, &mut control),
+            "round {round}: the frame changed on the way round"
+        );
+    }
+    for (i, n) in nodes.iter().enumerate() {
+        let s = n.stats();
+        assert_eq!((s.frames_sent, s.frames_received, s.copied_bytes), (300, 300, 0), "node {i}: {s:#?}");
+    }
+    // The same ring through recv_prev / send_next copies each frame out of
+    // the bank and into the TX area on every node.
+    let mut buf = vec![0u8; LEN];
+    for round in 0..10u16 {
+        let frame = pattern(round, LEN);
+        nodes[0].send_next(&frame).unwrap();
+        for hop in 1..=3 {
+            let got = nodes[hop % 3].recv_prev(&mut buf).unwrap();
+            assert_eq!(got.len, LEN);
+            if hop < 3 {
+                nodes[hop % 3].send_next(&buf).unwrap();
+            }
+        }
+        assert!(buf == frame, "round {round}: the frame changed on the way round");
+    }
+    for (i, n) in nodes.iter().enumerate() {
+        assert_eq!(n.stats().copied_bytes, 2 * 10 * LEN as u64, "node {i}");
+        let c = n.counters().unwrap();
+        assert_eq!((c.rx_frames_delivered, c.dropped()), (310, 0), "node {i}: {c:#?}");
+    }
+}
+
+/// After warm-up, a frame around the ring through the lending API
+/// allocates nothing on the thread that drives all three nodes.
+#[test]
+#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
+fn kmod_lending_api_allocates_nothing_per_frame() {
+    const LEN: usize = 16392;
+    let mut nodes = kmod_ring();
+    let mut control = vec![0u8; LEN];
+    let frame = pattern(5, LEN);
+    let want: Vec<u8> = frame.iter().map(|b| b.wrapping_add(2)).collect();
+    for _ in 0..20 {
+        assert!(lend_round(&mut nodes, &frame, &want, &mut control));
+    }
+    let before = support::allocations();
+    for round in 0..300 {
+        assert!(lend_round(&mut nodes, &frame, &want, &mut control), "round {round}");
+    }
+    assert_eq!(support::allocations() - before, 0, "allocations on the lending path over 300 frames");
+}
+
+/// A split kmod node: its receiving half waits in the module on one thread
+/// while its sending half sends on another; neither blocks the other, and
+/// every frame arrives intact, in bounded time.
+#[test]
+#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
+fn split_kmod_node_receives_on_one_thread_while_sending_on_another() {
+    use leap::{FrameKind, Transport};
+    use std::sync::atomic::AtomicUsize;
+    const N: usize = 200;
+    const LEN: usize = 16392;
+    /// Frames a sender may be ahead of its receiver: fewer than its banks.
+    const AHEAD: usize = 32;
+    let mut nodes = kmod_ring().into_iter();
+    let (mut a, b, mut c) = (nodes.next().unwrap(), nodes.next().unwrap(), nodes.next().unwrap());
+    let leap::transport::Halves { mut sender, mut receiver } = Box::new(b).split().unwrap();
+    let (b_got, c_got) = (&AtomicUsize::new(0), &AtomicUsize::new(0));
+    let pace = |seq: usize, got: &AtomicUsize| {
+        let deadline = Instant::now() + PATIENCE;
+        while seq >= got.load(Ordering::Acquire) + AHEAD {
+            assert!(Instant::now() < deadline, "the receiver stalled at {}", got.load(Ordering::Relaxed));
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    let frame = |seq: usize| pattern(seq as u16, LEN);
+    let start = Instant::now();
+    let (done_tx, done_rx) = mpsc::channel::<&'static str>();
+    std::thread::scope(|s| {
+        // B's receiver waits in WAIT_FRAME before anything is sent to it.
+        let d = done_tx.clone();
+        s.spawn(move || {
+            for seq in 0..N {
+                let got = receiver.recv_prev_lent().unwrap_or_else(|e| panic!("B received {seq} of {N}: {e}"));
+                assert!(got.kind() == FrameKind::Data && *got == frame(seq)[..], "B: frame {seq} changed");
+                b_got.fetch_add(1, Ordering::Release);
+            }
+            assert_eq!(receiver.stats().copied_bytes, 0);
+            d.send("B's receiver").unwrap();
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        // Meanwhile B's sender sends to C, in place.
+        let d = done_tx.clone();
+        s.spawn(move || {
+            for seq in 0..N {
+                pace(seq, c_got);
+                let f = frame(seq + 1000);
+                sender.send_next_with(FrameKind::Data, LEN, &mut |tx| tx.copy_from_slice(&f)).unwrap();
+            }
+            d.send("B's sender").unwrap();
+        });
+        let d = done_tx.clone();
+        s.spawn(move || {
+            for seq in 0..N {
+                let got = c.recv_prev_lent().unwrap_or_else(|e| panic!("C received {seq} of {N}: {e}"));
+                assert!(*got == frame(seq + 1000)[..], "C: frame {seq} changed");
+                c_got.fetch_add(1, Ordering::Release);
+            }
+            d.send("C").unwrap();
+        });
+        // A feeds B's receiver.
+        for seq in 0..N {
+            pace(seq, b_got);
+            let f = frame(seq);
+            a.send_next_with(FrameKind::Data, LEN, &mut |tx| tx.copy_from_slice(&f)).unwrap();
+        }
+        for _ in 0..3 {
+            let who = done_rx.recv_timeout(Duration::from_secs(60)).expect("a half deadlocked or a thread failed");
+            eprintln!("{who} done after {:?}", start.elapsed());
+        }
+    });
+}
+
+/// A lent bank is held while the `Lent` lives (a frame for the same bank is
+/// refused), free once it is dropped, and released once only: a new frame
+/// lent from the same bank stays held after the first one's release.
+#[test]
+#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
+fn lent_bank_is_held_until_dropped_and_released_once() {
+    use leap::transport::kmod::{KmodConfig, KmodTransport, status};
+    use leap::{FrameKind, Transport};
+    let port = next_port();
+    let mut cfg = KmodConfig::new(port, SocketAddrV4::new(LO, next_port()));
+    cfg.recv_timeout = Some(PATIENCE);
+    cfg.frame_timeout = FRAME_TIMEOUT;
+    let mut node = KmodTransport::open(cfg).unwrap();
+    let tx = sender();
+    // The lent frame borrows the node: read its counters through the module.
+    let busy = || status(Path::new(DEVICE_PATH), INFO_SCOPE_MODULE).unwrap().counters.drop_bank_busy;
+    let wait_busy = |n: u64, what: &str| {
+        let deadline = Instant::now() + PATIENCE;
+        while busy() != n {
+            assert!(Instant::now() < deadline, "{what}: drop_bank_busy {} != {n}", busy());
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    };
+    let (f1, f65, f129) = (pattern(1, 100), pattern(65, 100), pattern(129, 100));
+    send_all(&tx, port, &chunks_of(1, &f1));
+    let lent = node.recv_prev_lent().unwrap();
+    assert!(lent.kind() == FrameKind::Data && *lent == f1[..]);
+    // Seq 65 maps to bank 1, which the lent frame holds.
+    let b0 = busy();
+    send_all(&tx, port, &chunks_of(65, &f65));
+    wait_busy(b0 + 1, "frame 65 while bank 1 is lent");
+    drop(lent);
+    // Bank 1 is free: frame 65 lands there.
+    send_all(&tx, port, &chunks_of(65, &f65));
+    let lent = node.recv_prev_lent().unwrap();
+    assert!(*lent == f65[..], "bank 1 did not take frame 65 after the lent frame was dropped");
+    // The first frame's release did not free bank 1 again under this one.
+    send_all(&tx, port, &chunks_of(129, &f129));
+    wait_busy(b0 + 2, "frame 129 while bank 1 is lent again");
+    drop(lent);
+    // Through relay, too, the bank is released once the step is done.
+    send_all(&tx, port, &chunks_of(129, &f129));
+    let mut control = [0u8; 128];
+    let mut seen = Vec::new();
+    let got = node.relay(&mut control, &mut |input, output| {
+        seen.extend_from_slice(input);
+        output.copy_from_slice(input);
+    });
+    assert_eq!(got.unwrap().len, 100);
+    assert!(seen == f129);
+    send_all(&tx, port, &chunks_of(193, &pattern(193, 100)));
+    let lent = node.recv_prev_lent().unwrap();
+    assert!(*lent == pattern(193, 100)[..], "bank 1 stayed held after relay");
+    drop(lent);
+    let c = node.counters().unwrap();
+    assert_eq!((c.rx_frames_delivered, c.drop_bank_busy, c.dropped()), (4, 2, 2), "{c:#?}");
 }

@@ -49,6 +49,10 @@ pub struct Args {
     /// Give up on the guest after this many seconds.
     #[arg(long, default_value_t = 900)]
     timeout: u64,
+    /// Another host program in the guest's `/bin`, as NAME=PATH (repeatable),
+    /// e.g. a `leap` built from an older commit to compare with in one boot.
+    #[arg(long = "bin", value_name = "NAME=PATH", value_parser = parse_bin)]
+    bins: Vec<(String, PathBuf)>,
     /// Command to run in the guest instead of the test suite (the module is
     /// loaded first; PATH holds `leap` and `kmod_vm`).
     #[arg(last = true)]
@@ -272,6 +276,7 @@ pub fn run(args: Args) -> Result<()> {
     util::apt_install(&["qemu-system-x86", "busybox-static", "iproute2", "util-linux", "gcc", "libc6-dev"])?;
     let mut user = if args.kmod_only { UserBinaries { bins: Vec::new(), xdp: false } } else { build_user_binaries()? };
     user.bins.push(("original_abi".into(), build_original_abi()?));
+    user.bins.extend(args.bins.iter().cloned());
     let trees: Vec<Option<PathBuf>> = match (&args.kernel_dir, args.kernels.as_slice()) {
         (Some(dir), _) => vec![Some(dir.clone())],
         (None, []) => vec![None, Some(kmod::debian_612_tree(&kmod::debian_612_release()?)?)],
@@ -305,6 +310,16 @@ pub fn run(args: Args) -> Result<()> {
         bail!("the suite failed on {release}: {e:#}");
     }
     Ok(())
+}
+
+/// `NAME=PATH` of `--bin`.
+fn parse_bin(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((name, path)) if !name.is_empty() && !name.contains('/') && !path.is_empty() => {
+            Ok((name.to_owned(), PathBuf::from(path)))
+        }
+        _ => Err(format!("{s}: expected NAME=PATH, NAME without '/'")),
+    }
 }
 
 /// Builds the C test program written against the original ABI, statically,

@@ -1,7 +1,9 @@
 //! The `leap_kmod` kernel module (`/dev/leap_tensor`) as a [`Transport`]:
 //! the module reassembles chunks straight into a mapped bank and sends the
-//! mapped TX area as chunks, so a frame costs one ioctl each way plus the
-//! copy between the caller's buffer and the mapping that the ABI requires.
+//! mapped TX area as chunks, so a frame costs one ioctl each way.
+//! `recv_prev_lent`, `send_next_with` and `relay` read the bank and write the
+//! TX area in place (no copy in user space); `recv_prev` and `send_next`
+//! copy between the caller's buffer and the mapping.
 //!
 //! ```no_run
 //! use leap::transport::Transport;
@@ -278,7 +280,8 @@ impl KmodTransport {
     }
 
     /// Waits for the next frame (held in its bank until released) and tells
-    /// its kind; counts it as received.
+    /// its kind. The caller counts it with [`Self::count_received`] once the
+    /// frame is taken (a frame refused as too large is not received).
     fn wait(&mut self) -> Result<(leap_common::kmod::Wait, FrameKind)> {
         let deadline = self.cfg.recv_timeout.map(|t| Instant::now() + t);
         // A signal may interrupt the wait: retry until the deadline, at most
@@ -316,13 +319,17 @@ impl KmodTransport {
                 let frame = unsafe { self.dev.held_bank(w.bank as usize, len) };
                 if ControlMessage::decode_frame(frame).is_ok() { FrameKind::Control } else { FrameKind::Data }
             };
-            let mut s = self.count();
-            s.frames_received += 1;
-            s.chunks_received += u64::from(w.chunks);
-            s.bytes_received += len as u64;
             return Ok((w, kind));
         }
         Err(self.syscall("LEAP_IOCTL_WAIT_FRAME", io::Error::from(io::ErrorKind::Interrupted)))
+    }
+
+    /// Counts the frame `w` as received.
+    fn count_received(&self, w: &leap_common::kmod::Wait) {
+        let mut s = self.count();
+        s.frames_received += 1;
+        s.chunks_received += u64::from(w.chunks);
+        s.bytes_received += u64::from(w.len);
     }
 
     fn count(&self) -> std::sync::MutexGuard<'_, Stats> {
@@ -366,6 +373,7 @@ impl Transport for KmodTransport {
             return Err(TransportError::FrameTooLarge { len, capacity: out.len() });
         }
         self.dev.read_bank(w.bank as usize, 0, &mut out[..len]);
+        self.count_received(&w);
         self.count().copied_bytes += len as u64;
         self.dev.release_bank(bank).map_err(|e| self.syscall("LEAP_IOCTL_RELEASE_BANK", e))?;
         Ok(Received { len, kind })
@@ -373,6 +381,7 @@ impl Transport for KmodTransport {
 
     fn recv_prev_lent(&mut self) -> Result<Lent<'_>> {
         let (w, kind) = self.wait()?;
+        self.count_received(&w);
         // SAFETY: WAIT_FRAME handed the bank to this file; the `Lent` gives
         // it back (RELEASE_BANK) when dropped, after its last use of the
         // slice, and `self` stays borrowed until then.
@@ -382,6 +391,7 @@ impl Transport for KmodTransport {
 
     fn relay(&mut self, control: &mut [u8], compute: &mut dyn FnMut(&[u8], &mut [u8])) -> Result<Received> {
         let (w, kind) = self.wait()?;
+        self.count_received(&w);
         let (len, bank) = (w.len as usize, w.bank as u32);
         // SAFETY: WAIT_FRAME handed the bank to this file; it is released
         // below, after the slice's last use.
@@ -394,13 +404,13 @@ impl Transport for KmodTransport {
             // SAFETY: this node is the only writer of its TX area (see
             // `send_next_parts`); the slice is gone before the SEND ioctl.
             compute(input, unsafe { self.dev.tx_area(len) });
-            Ok(())
+            // The frame leaves before the bank is given back: the next node
+            // does not wait for the RELEASE_BANK ioctl.
+            self.send_tx(FrameKind::Data, len)
         };
-        self.dev.release_bank(bank).map_err(|e| self.syscall("LEAP_IOCTL_RELEASE_BANK", e))?;
+        let released = self.dev.release_bank(bank).map_err(|e| self.syscall("LEAP_IOCTL_RELEASE_BANK", e));
         res?;
-        if kind == FrameKind::Data {
-            self.send_tx(FrameKind::Data, len)?;
-        }
+        released?;
         Ok(Received { len, kind })
     }
 
