@@ -16,15 +16,19 @@ fn free_addr() -> SocketAddr {
     UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
 }
 
-#[test]
-fn udp_send_and_receive_allocate_nothing_per_frame_after_warm_up() {
+/// Two UDP nodes that are each other's previous and next node.
+fn pair() -> (UdpTransport, UdpTransport) {
     let (a, b) = (free_addr(), free_addr());
     let mut ca = UdpConfig::new(a, b);
     ca.prev = Some(b);
     let mut cb = UdpConfig::new(b, a);
     cb.prev = Some(a);
-    let mut ta = UdpTransport::bind(ca).unwrap();
-    let mut tb = UdpTransport::bind(cb).unwrap();
+    (UdpTransport::bind(ca).unwrap(), UdpTransport::bind(cb).unwrap())
+}
+
+#[test]
+fn udp_send_and_receive_allocate_nothing_per_frame_after_warm_up() {
+    let (mut ta, mut tb) = pair();
     let header = [7u8; 8];
     let payload = vec![3u8; 16384];
     let mut buf = vec![0u8; 1 << 20];
@@ -46,13 +50,7 @@ fn udp_send_and_receive_allocate_nothing_per_frame_after_warm_up() {
 fn the_lending_api_allocates_nothing_per_frame_after_warm_up() {
     // A writes frames in place, B relays them back (reads in place, writes
     // in place), A reads them lent: no allocation on any of these paths.
-    let (a, b) = (free_addr(), free_addr());
-    let mut ca = UdpConfig::new(a, b);
-    ca.prev = Some(b);
-    let mut cb = UdpConfig::new(b, a);
-    cb.prev = Some(a);
-    let mut ta = UdpTransport::bind(ca).unwrap();
-    let mut tb = UdpTransport::bind(cb).unwrap();
+    let (mut ta, mut tb) = pair();
     let mut control = vec![0u8; 16392];
     let mut round = |n: usize| {
         for i in 0..n {

@@ -34,18 +34,12 @@ use super::{FrameKind, FrameReceiver, FrameSender, Lent, Received, Result, Stats
 /// Steps that took datagrams in a row before the task yields to others.
 const STEPS_BEFORE_YIELD: u32 = 64;
 
-/// A datagram transport driven by tokio.
+/// A datagram transport driven by tokio: an [`AsyncSender`] and an
+/// [`AsyncReceiver`] together.
+#[derive(Debug)]
 pub struct AsyncDatagram<R: RxPath + 'static> {
-    ready: AsyncFd<OwnedFd>,
-    core: DatagramCore<R>,
-    /// What must outlive the receive path (the XDP program).
-    _keep: Option<Box<dyn std::any::Any + Send>>,
-}
-
-impl<R: RxPath + 'static> std::fmt::Debug for AsyncDatagram<R> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AsyncDatagram").field("ready", &self.ready).finish_non_exhaustive()
-    }
+    tx: AsyncSender<R>,
+    rx: AsyncReceiver<R>,
 }
 
 /// Ends an async receive call however it ends (also when its future is
@@ -68,13 +62,14 @@ impl<R: RxPath + 'static> AsyncDatagram<R> {
         Self::keeping(core, None)
     }
 
-    /// As [`Self::new`], keeping `keep` alive as long as the transport.
+    /// As [`Self::new`], keeping `keep` alive as long as the receiver.
     pub(crate) fn keeping(core: DatagramCore<R>, keep: Option<Box<dyn std::any::Any + Send>>) -> io::Result<Self> {
         let fd = core.shared().ready_fd()?;
         // SAFETY: the AsyncFd owns `fd`: it stays open, and is the same
         // descriptor, until the AsyncFd is dropped.
         let ready = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }?;
-        Ok(Self { ready, core, _keep: keep })
+        let (tx, rx) = core.split();
+        Ok(Self { tx: AsyncSender { tx }, rx: AsyncReceiver { ready, rx, _keep: keep } })
     }
 
     /// Receives the next frame into `out`.
@@ -83,8 +78,7 @@ impl<R: RxPath + 'static> AsyncDatagram<R> {
     ///
     /// As [`super::Transport::recv_prev`].
     pub async fn recv_prev(&mut self, out: &mut [u8]) -> Result<Received> {
-        let call = self.core.parts().3;
-        recv(self.core.shared(), &self.ready, out, call).await
+        self.rx.recv_prev(out).await
     }
 
     /// Receives the next frame into the transport's buffer and lends it.
@@ -93,9 +87,7 @@ impl<R: RxPath + 'static> AsyncDatagram<R> {
     ///
     /// As [`super::Transport::recv_prev`].
     pub async fn recv_prev_lent(&mut self) -> Result<Lent<'_>> {
-        let (shared, buf, max, call) = self.core.parts();
-        let got = recv(shared, &self.ready, buf.get(max), call).await?;
-        Ok(Lent::new(&buf.all()[..got.len], got.kind))
+        self.rx.recv_prev_lent().await
     }
 
     /// Sends a frame that `fill` writes in place (see
@@ -108,10 +100,9 @@ impl<R: RxPath + 'static> AsyncDatagram<R> {
         &mut self,
         kind: FrameKind,
         len: usize,
-        mut fill: F,
+        fill: F,
     ) -> Result<()> {
-        self.await_proof().await;
-        self.core.send_with(kind, len, &mut fill)
+        self.tx.send_next_with(kind, len, fill).await
     }
 
     /// Sends one frame.
@@ -120,31 +111,24 @@ impl<R: RxPath + 'static> AsyncDatagram<R> {
     ///
     /// As [`super::Transport::send_next_parts`].
     pub async fn send_next(&mut self, frame: &[u8]) -> Result<()> {
-        self.await_proof().await;
-        self.core.send_parts(FrameKind::Data, frame, &[])
+        self.tx.send_next(frame).await
     }
 
     /// Sets the receive deadline.
-    pub fn set_recv_timeout(&self, t: Option<Duration>) {
-        self.core.set_recv_timeout(t);
+    pub fn set_recv_timeout(&mut self, t: Option<Duration>) {
+        self.rx.set_recv_timeout(t);
     }
 
     /// The counters.
     pub fn stats(&self) -> Stats {
-        self.core.stats()
-    }
-
-    async fn await_proof(&self) {
-        await_proof(self.core.shared()).await;
+        self.rx.stats()
     }
 
     /// Splits into a sender and a receiver for two tasks (or threads): a
     /// stage receives frame N+1 while it computes N and sends N-1, and
     /// reads a lent frame while it writes its output in place.
     pub fn split(self) -> (AsyncSender<R>, AsyncReceiver<R>) {
-        let Self { ready, core, _keep } = self;
-        let (tx, rx) = core.split();
-        (AsyncSender { tx }, AsyncReceiver { ready, rx, _keep })
+        (self.tx, self.rx)
     }
 }
 

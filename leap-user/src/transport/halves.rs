@@ -41,13 +41,6 @@ impl<R: RxPath + 'static> DatagramCore<R> {
         &self.shared
     }
 
-    /// The shared state, the buffer frames are lent from, the largest frame
-    /// and the receive path's call name.
-    #[cfg(feature = "tokio")]
-    pub(crate) fn parts(&mut self) -> (&Shared<R>, &mut OwnedBuf, usize, &'static str) {
-        (&self.shared, &mut self.lend, self.max_frame_len, self.call)
-    }
-
     /// See [`super::Transport::send_next_parts`].
     ///
     /// # Errors
@@ -186,7 +179,8 @@ impl<R: RxPath + 'static> DatagramSender<R> {
 }
 
 impl<R: RxPath + 'static> DatagramReceiver<R> {
-    /// As [`DatagramCore::parts`].
+    /// The shared state, the buffer frames are lent from, the largest frame
+    /// and the receive path's call name.
     #[cfg(feature = "tokio")]
     pub(crate) fn parts(&mut self) -> (&Shared<R>, &mut OwnedBuf, usize, &'static str) {
         (&self.shared, &mut self.lend, self.max_frame_len, self.call)

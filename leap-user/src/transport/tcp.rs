@@ -101,15 +101,8 @@ const STASH_MAX: usize = 256 << 20;
 /// node re-established with backoff (and the frame being sent sent again).
 #[derive(Debug)]
 pub struct TcpTransport {
-    cfg: TcpConfig,
-    listener: TcpListener,
-    from_prev: Option<Inbound>,
-    to_next: Option<Inbound>,
-    stats: Stats,
-    /// What [`Transport::recv_prev_lent`] lends and
-    /// [`Transport::send_next_with`] fills.
-    lend: OwnedBuf,
-    tx: OwnedBuf,
+    tx: TcpSendHalf,
+    rx: TcpRecvHalf,
 }
 
 /// Whether an error means the connection is gone (as opposed to a deadline).
@@ -250,16 +243,24 @@ impl TcpTransport {
         let accepted = accept_from(&listener, cfg.prev, cfg.setup_timeout);
         let to_next = connector.join().map_err(|_| TransportError::Unsupported("connect thread panicked"))??;
         let from_prev = accepted?;
+        let stats = Arc::new(Mutex::new(Stats::default()));
+        let timeout = cfg.recv_timeout;
         let mut t = Self {
-            from_prev: Some(Inbound::new(from_prev)),
-            to_next: Some(Inbound::new(to_next)),
-            listener,
-            stats: Stats::default(),
-            lend: OwnedBuf::default(),
-            tx: OwnedBuf::default(),
-            cfg,
+            tx: TcpSendHalf {
+                cfg: cfg.clone(),
+                to_next: Some(Inbound::new(to_next)),
+                stats: Arc::clone(&stats),
+                tx: OwnedBuf::default(),
+            },
+            rx: TcpRecvHalf {
+                cfg,
+                listener,
+                from_prev: Some(Inbound::new(from_prev)),
+                stats,
+                lend: OwnedBuf::default(),
+            },
         };
-        t.set_recv_timeout(t.cfg.recv_timeout);
+        t.set_recv_timeout(timeout);
         Ok(t)
     }
 
@@ -379,160 +380,60 @@ impl TcpTransport {
     }
 }
 
-impl TcpTransport {
-    /// [`Transport::relay`] with the receive buffer taken out of `self`.
-    fn relay_from(
-        &mut self,
-        lend: &mut OwnedBuf,
-        control: &mut [u8],
-        compute: &mut dyn FnMut(&[u8], &mut [u8]),
-    ) -> Result<Received> {
-        let got = self.recv_prev(lend.get(self.cfg.frame_len.max(1)))?;
-        let input = &lend.all()[..got.len];
-        if got.kind == FrameKind::Control {
-            super::keep_control(input, control)?;
-        } else {
-            self.send_next_with(FrameKind::Data, got.len, &mut |out| compute(input, out))?;
-        }
-        Ok(got)
-    }
-
-    fn set_timeouts(&self) {
-        let t = self.cfg.recv_timeout.map(|t| t.max(Duration::from_millis(1)));
-        for inb in [&self.from_prev, &self.to_next].into_iter().flatten() {
-            let _ = inb.stream.set_read_timeout(t);
-        }
-    }
-
-    /// The connection from the previous node, accepting it (again) if needed,
-    /// waiting at most the receive deadline.
-    fn ensure_from_prev(&mut self) -> Result<()> {
-        if self.from_prev.is_none() {
-            let wait = self.cfg.recv_timeout.unwrap_or(self.cfg.setup_timeout);
-            let s = accept_from(&self.listener, self.cfg.prev, wait)?;
-            log::info!("previous node connected again from {:?}", s.peer_addr().ok());
-            self.from_prev = Some(Inbound::new(s));
-            self.set_timeouts();
-        }
-        Ok(())
-    }
-
-    /// Sends on the connection to the next node; if it broke (the next node
-    /// restarted), reconnects with backoff and sends the frame again.
-    fn send_to_next(&mut self, kind: FrameKind, header: &[u8], payload: &[u8]) -> Result<()> {
-        if let Some(inb) = &mut self.to_next {
-            match Self::write(&mut inb.stream, self.from_prev.as_mut(), self.cfg.framing, kind, header, payload) {
-                Ok(()) => return Ok(()),
-                Err(e) if is_broken(&e) => {
-                    log::warn!("connection to the next node {} lost ({e}); reconnecting", self.cfg.next)
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        self.to_next = None;
-        let s = connect_with_backoff(self.cfg.next, self.cfg.setup_timeout)?;
-        self.to_next = Some(Inbound::new(s));
-        self.set_timeouts();
-        let inb = self.to_next.as_mut().expect("just set");
-        Self::write(&mut inb.stream, self.from_prev.as_mut(), self.cfg.framing, kind, header, payload)
-    }
-}
-
 impl Transport for TcpTransport {
     fn name(&self) -> &'static str {
         "tcp"
     }
 
     fn send_next_parts(&mut self, kind: FrameKind, header: &[u8], payload: &[u8]) -> Result<()> {
-        self.send_to_next(kind, header, payload)?;
-        self.stats.frames_sent += 1;
-        self.stats.bytes_sent += (header.len() + payload.len()) as u64;
-        Ok(())
+        self.tx.send(kind, header, payload, self.rx.from_prev.as_mut())
     }
 
     fn recv_prev(&mut self, buf: &mut [u8]) -> Result<Received> {
-        let res = match self.ensure_from_prev() {
-            Ok(_) => {
-                let inb = self.from_prev.as_mut().expect("connected");
-                Self::read(inb, &self.cfg, buf, "previous")
-            }
-            Err(e) => Err(e),
-        };
-        if let Err(e) = &res
-            && is_broken(e)
-        {
-            log::info!("connection from the previous node lost ({e}); accepting it again when it comes back");
-            self.from_prev = None;
-        }
-        match res {
-            Ok(got) => {
-                self.stats.frames_received += 1;
-                self.stats.bytes_received += got.len as u64;
-                Ok(got)
-            }
-            Err(e) => {
-                if e.is_timeout() {
-                    self.stats.timeouts += 1;
-                }
-                Err(e)
-            }
-        }
+        self.rx.recv_prev(buf)
     }
 
     fn recv_prev_lent(&mut self) -> Result<Lent<'_>> {
-        // The kernel copies straight into the transport's buffer, as it
-        // would into the caller's: TCP has no copy to save on receive.
-        let mut lend = std::mem::take(&mut self.lend);
-        let cap = self.cfg.frame_len.max(1);
-        let res = self.recv_prev(lend.get(cap));
-        self.lend = lend;
-        let got = res?;
-        Ok(Lent::new(&self.lend.all()[..got.len], got.kind))
+        self.rx.recv_prev_lent()
     }
 
     fn send_next_with(&mut self, kind: FrameKind, len: usize, fill: &mut dyn FnMut(&mut [u8])) -> Result<()> {
-        if len == 0 || u32::try_from(len).is_err() {
-            return Err(TransportError::BadFrameLen(len));
-        }
-        let mut tx = std::mem::take(&mut self.tx);
-        fill(tx.get(len));
-        let res = self.send_next_parts(kind, &tx.all()[..len], &[]);
-        self.tx = tx;
-        res
+        self.tx.send_with(kind, len, fill, self.rx.from_prev.as_mut())
     }
 
     fn relay(&mut self, control: &mut [u8], compute: &mut dyn FnMut(&[u8], &mut [u8])) -> Result<Received> {
-        let mut lend = std::mem::take(&mut self.lend);
-        let res = self.relay_from(&mut lend, control, compute);
-        self.lend = lend;
-        res
+        let got = self.rx.recv_into_lend()?;
+        let TcpRecvHalf { lend, from_prev, .. } = &mut self.rx;
+        let input = &lend.all()[..got.len];
+        if got.kind == FrameKind::Control {
+            super::keep_control(input, control)?;
+        } else {
+            self.tx.send_with(FrameKind::Data, got.len, &mut |out| compute(input, out), from_prev.as_mut())?;
+        }
+        Ok(got)
     }
 
     fn set_recv_timeout(&mut self, timeout: Option<Duration>) {
-        self.cfg.recv_timeout = timeout;
-        self.set_timeouts();
+        self.tx.set_recv_timeout(timeout);
+        FrameReceiver::set_recv_timeout(&mut self.rx, timeout);
     }
 
     fn stats(&self) -> Stats {
-        self.stats
+        *counters(&self.rx.stats)
     }
 
     fn split(self: Box<Self>) -> Result<Halves> {
-        let Self { cfg, listener, from_prev, to_next, stats, lend, tx } = *self;
-        let stats = Arc::new(Mutex::new(stats));
-        let sender = TcpSendHalf { cfg: cfg.clone(), to_next, stats: Arc::clone(&stats), tx };
-        let receiver = TcpRecvHalf { cfg, listener, from_prev, stats, lend };
-        Ok(Halves { sender: Box::new(sender), receiver: Box::new(receiver) })
+        Ok(Halves { sender: Box::new(self.tx), receiver: Box::new(self.rx) })
     }
 
     fn send_prev(&mut self, frame: &[u8]) -> Result<()> {
-        let inb = self.from_prev.as_mut().ok_or(TransportError::PeerClosed("previous"))?;
-        Self::write(&mut inb.stream, None, self.cfg.framing, FrameKind::Data, frame, &[])
+        let inb = self.rx.from_prev.as_mut().ok_or(TransportError::PeerClosed("previous"))?;
+        TcpTransport::write(&mut inb.stream, None, self.rx.cfg.framing, FrameKind::Data, frame, &[])
     }
 
     fn recv_next(&mut self, buf: &mut [u8]) -> Result<Received> {
-        let inb = self.to_next.as_mut().ok_or(TransportError::PeerClosed("next"))?;
-        Self::read(inb, &self.cfg, buf, "next")
+        let inb = self.tx.to_next.as_mut().ok_or(TransportError::PeerClosed("next"))?;
+        TcpTransport::read(inb, &self.tx.cfg, buf, "next")
     }
 }
 
@@ -562,10 +463,14 @@ fn counters(stats: &Mutex<Stats>) -> std::sync::MutexGuard<'_, Stats> {
 }
 
 impl TcpSendHalf {
-    fn send(&mut self, kind: FrameKind, header: &[u8], payload: &[u8]) -> Result<()> {
+    /// Sends on the connection to the next node; if it broke (the next node
+    /// restarted), reconnects with backoff and sends the frame again. While
+    /// the next node takes no bytes, what `prev` has ready is drained (see
+    /// [`TcpTransport::write`]); a split sender has nothing to drain, its
+    /// receiver reads on its own thread.
+    fn send(&mut self, kind: FrameKind, header: &[u8], payload: &[u8], mut prev: Option<&mut Inbound>) -> Result<()> {
         if let Some(inb) = &mut self.to_next {
-            // The receiving half reads on its own thread: nothing to drain.
-            match TcpTransport::write(&mut inb.stream, None, self.cfg.framing, kind, header, payload) {
+            match TcpTransport::write(&mut inb.stream, prev.as_deref_mut(), self.cfg.framing, kind, header, payload) {
                 Ok(()) => return self.sent(header.len() + payload.len()),
                 Err(e) if is_broken(&e) => {
                     log::warn!("connection to the next node {} lost ({e}); reconnecting", self.cfg.next)
@@ -575,9 +480,36 @@ impl TcpSendHalf {
         }
         self.to_next = None;
         let s = connect_with_backoff(self.cfg.next, self.cfg.setup_timeout)?;
+        let _ = s.set_read_timeout(self.cfg.recv_timeout.map(|t| t.max(Duration::from_millis(1))));
         let inb = self.to_next.insert(Inbound::new(s));
-        TcpTransport::write(&mut inb.stream, None, self.cfg.framing, kind, header, payload)?;
+        TcpTransport::write(&mut inb.stream, prev, self.cfg.framing, kind, header, payload)?;
         self.sent(header.len() + payload.len())
+    }
+
+    /// A frame that `fill` writes into the half's buffer.
+    fn send_with(
+        &mut self,
+        kind: FrameKind,
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]),
+        prev: Option<&mut Inbound>,
+    ) -> Result<()> {
+        if len == 0 || u32::try_from(len).is_err() {
+            return Err(TransportError::BadFrameLen(len));
+        }
+        let mut tx = std::mem::take(&mut self.tx);
+        fill(tx.get(len));
+        let res = self.send(kind, &tx.all()[..len], &[], prev);
+        self.tx = tx;
+        res
+    }
+
+    /// The read deadline of the connection to the next node (`recv_next`).
+    fn set_recv_timeout(&mut self, timeout: Option<Duration>) {
+        self.cfg.recv_timeout = timeout;
+        if let Some(inb) = &self.to_next {
+            let _ = inb.stream.set_read_timeout(timeout.map(|t| t.max(Duration::from_millis(1))));
+        }
     }
 
     fn sent(&self, len: usize) -> Result<()> {
@@ -594,22 +526,25 @@ impl FrameSender for TcpSendHalf {
     }
 
     fn send_next_parts(&mut self, kind: FrameKind, header: &[u8], payload: &[u8]) -> Result<()> {
-        self.send(kind, header, payload)
+        self.send(kind, header, payload, None)
     }
 
     fn send_next_with(&mut self, kind: FrameKind, len: usize, fill: &mut dyn FnMut(&mut [u8])) -> Result<()> {
-        if len == 0 || u32::try_from(len).is_err() {
-            return Err(TransportError::BadFrameLen(len));
-        }
-        let mut tx = std::mem::take(&mut self.tx);
-        fill(tx.get(len));
-        let res = self.send(kind, &tx.all()[..len], &[]);
-        self.tx = tx;
-        res
+        self.send_with(kind, len, fill, None)
     }
 
     fn stats(&self) -> Stats {
         *counters(&self.stats)
+    }
+}
+
+impl TcpRecvHalf {
+    /// Receives the next frame into the half's own buffer.
+    fn recv_into_lend(&mut self) -> Result<Received> {
+        let mut lend = std::mem::take(&mut self.lend);
+        let res = FrameReceiver::recv_prev(self, lend.get(self.cfg.frame_len.max(1)));
+        self.lend = lend;
+        res
     }
 }
 
@@ -646,11 +581,9 @@ impl FrameReceiver for TcpRecvHalf {
     }
 
     fn recv_prev_lent(&mut self) -> Result<Lent<'_>> {
-        let mut lend = std::mem::take(&mut self.lend);
-        let cap = self.cfg.frame_len.max(1);
-        let res = self.recv_prev(lend.get(cap));
-        self.lend = lend;
-        let got = res?;
+        // The kernel copies straight into the half's buffer, as it would
+        // into the caller's: TCP has no copy to save on receive.
+        let got = self.recv_into_lend()?;
         Ok(Lent::new(&self.lend.all()[..got.len], got.kind))
     }
 
