@@ -184,6 +184,70 @@ pub const fn chunks_for(len: usize) -> Option<u16> {
 /// Largest frame the chunk format can describe (65535 full chunks).
 pub const FRAME_LEN_MAX: usize = u16::MAX as usize * CHUNK_PAYLOAD_MAX;
 
+/// Most chunks one datagram carries as a train (see [`train`]). Six full
+/// chunks (8 472 bytes) fit the UDP payload of a 9 000-byte MTU; the bound
+/// also bounds the XDP program's walk over a train.
+pub const TRAIN_CHUNKS_MAX: usize = 6;
+/// Largest train: [`TRAIN_CHUNKS_MAX`] full chunks.
+pub const TRAIN_DATAGRAM_MAX: usize = TRAIN_CHUNKS_MAX * CHUNK_DATAGRAM_MAX;
+
+/// Chunks per train that fit `udp_payload` bytes: 1..=[`TRAIN_CHUNKS_MAX`].
+pub const fn train_chunks_for(udp_payload: usize) -> usize {
+    let n = udp_payload / CHUNK_DATAGRAM_MAX;
+    if n == 0 {
+        1
+    } else if n > TRAIN_CHUNKS_MAX {
+        TRAIN_CHUNKS_MAX
+    } else {
+        n
+    }
+}
+
+/// The chunks of one datagram.
+///
+/// Between leap nodes that agreed on it (see `hello::caps::TRAINS`), one
+/// datagram may carry several chunks back to back, each with its own
+/// 12-byte header: a *train*. Every chunk but the last of a train is full
+/// ([`CHUNK_DATAGRAM_MAX`] bytes), so the train splits without a length
+/// field; the last takes the rest. A datagram of at most
+/// [`CHUNK_DATAGRAM_MAX`] bytes (everything the original sends) is one
+/// chunk. Each piece must still be parsed and validated on its own.
+///
+/// # Errors
+///
+/// [`ChunkError::Oversize`] for a datagram longer than
+/// [`TRAIN_DATAGRAM_MAX`].
+pub fn train(datagram: &[u8]) -> Result<Train<'_>, ChunkError> {
+    if datagram.len() > TRAIN_DATAGRAM_MAX {
+        return Err(ChunkError::Oversize);
+    }
+    Ok(Train { rest: datagram, first: true })
+}
+
+/// Iterator over the chunks of a datagram, from [`train`].
+#[derive(Clone, Debug)]
+pub struct Train<'a> {
+    rest: &'a [u8],
+    first: bool,
+}
+
+impl<'a> Iterator for Train<'a> {
+    type Item = &'a [u8];
+
+    #[inline]
+    fn next(&mut self) -> Option<&'a [u8]> {
+        // An empty datagram is still one (malformed) chunk.
+        if self.rest.is_empty() && !self.first {
+            return None;
+        }
+        self.first = false;
+        let n = self.rest.len().min(CHUNK_DATAGRAM_MAX);
+        let (piece, rest) = self.rest.split_at(n);
+        self.rest = rest;
+        Some(piece)
+    }
+}
+
 /// Bytes of the CRC32C trailer a leap sender appends to a frame sent with
 /// [`flags::CRC`].
 pub const CRC_TRAILER_LEN: usize = 4;
@@ -231,6 +295,35 @@ mod tests {
         assert_eq!(h.kind(), ChunkKind::Data);
         let h = ChunkHeader { reserved: flags::LEAP | 1, ..h };
         assert_eq!(h.kind(), ChunkKind::Control);
+    }
+
+    #[test]
+    fn trains_split_into_full_chunks_and_a_last_one() {
+        let d = [0u8; 2 * CHUNK_DATAGRAM_MAX + 100];
+        let mut t = train(&d).unwrap().map(<[u8]>::len);
+        assert_eq!(
+            [t.next(), t.next(), t.next(), t.next()],
+            [Some(CHUNK_DATAGRAM_MAX), Some(CHUNK_DATAGRAM_MAX), Some(100), None]
+        );
+        let d = [0u8; 2 * CHUNK_DATAGRAM_MAX];
+        assert_eq!(train(&d).unwrap().count(), 2);
+        // What the original sends is one chunk, however short.
+        let mut t = train(&d[..5]).unwrap().map(<[u8]>::len);
+        assert_eq!([t.next(), t.next()], [Some(5), None]);
+        let mut t = train(&[]).unwrap().map(<[u8]>::len);
+        assert_eq!([t.next(), t.next()], [Some(0), None]);
+        let big = [0u8; TRAIN_DATAGRAM_MAX + 1];
+        assert_eq!(train(&big).err(), Some(ChunkError::Oversize));
+        assert_eq!(train(&big[..TRAIN_DATAGRAM_MAX]).unwrap().count(), TRAIN_CHUNKS_MAX);
+    }
+
+    #[test]
+    fn train_size_follows_the_mtu() {
+        assert_eq!(train_chunks_for(1472), 1);
+        assert_eq!(train_chunks_for(0), 1);
+        assert_eq!(train_chunks_for(9000 - 28), 6);
+        assert_eq!(train_chunks_for(65507), TRAIN_CHUNKS_MAX);
+        assert_eq!(train_chunks_for(4096 - 256 - 42), 2);
     }
 
     #[test]

@@ -19,7 +19,7 @@
 //! | 12 | echo: u64 | the nonce of the hello this answers, 0 if none |
 //! | 20 | nonce: u64 | a challenge the receiver should echo, 0 if none |
 //! | 28 | epoch: u64 | random per process: a new one means a restart |
-//! | 36 | caps: u32 | [`caps`] of the sender |
+//! | 36 | caps: u32 | [`caps`] of the sender; bits 16..32: the largest train it takes |
 
 /// "LPHI" in ASCII, big-endian on the wire.
 pub const HELLO_MAGIC: u32 = 0x4C50_4849;
@@ -34,6 +34,29 @@ pub mod caps {
     pub const RELIABLE: u32 = 1;
     /// Checks a CRC32C trailer on received frames ([`crate::chunk::flags::CRC`]).
     pub const CRC: u32 = 2;
+    /// Takes chunk trains ([`crate::chunk::train`]) of up to
+    /// [`train_bytes`] bytes of UDP payload, a number carried in the top 16
+    /// bits of the caps.
+    pub const TRAINS: u32 = 4;
+    /// Where the largest train a node takes sits in its caps.
+    const TRAIN_BYTES_SHIFT: u32 = 16;
+
+    /// `caps` announcing trains of up to `bytes` (at most 65 535) of UDP
+    /// payload; 0 bytes, or fewer than two chunks, announce no trains.
+    pub const fn with_train_bytes(caps: u32, bytes: usize) -> u32 {
+        let caps = caps & !TRAINS & 0xFFFF;
+        if bytes < 2 * crate::chunk::CHUNK_DATAGRAM_MAX {
+            return caps;
+        }
+        let bytes = if bytes > 0xFFFF { 0xFFFF } else { bytes as u32 };
+        caps | TRAINS | bytes << TRAIN_BYTES_SHIFT
+    }
+
+    /// The largest train a node with `caps` takes, in bytes of UDP payload;
+    /// 0 when it takes none (one chunk per datagram).
+    pub const fn train_bytes(caps: u32) -> usize {
+        if caps & TRAINS == 0 { 0 } else { (caps >> TRAIN_BYTES_SHIFT) as usize }
+    }
 }
 
 /// A decoded hello.
@@ -119,6 +142,18 @@ mod tests {
         assert_ne!(&b[..4], &crate::chunk::LEAP_MAGIC.to_be_bytes());
         // Where the original picks up `reserved` from its last datagram.
         assert_eq!(&b[10..12], &[0, 0]);
+    }
+
+    #[test]
+    fn train_size_travels_in_the_caps() {
+        let c = caps::with_train_bytes(caps::RELIABLE | caps::CRC, 8972);
+        assert_eq!(caps::train_bytes(c), 8972);
+        assert_eq!(c & 0xFFFF, caps::RELIABLE | caps::CRC | caps::TRAINS);
+        assert_eq!(caps::train_bytes(caps::with_train_bytes(caps::RELIABLE, 1472)), 0);
+        assert_eq!(caps::train_bytes(caps::with_train_bytes(0, 100_000)), 0xFFFF);
+        assert_eq!(caps::train_bytes(caps::RELIABLE), 0);
+        let h = Hello { caps: c, ..Hello::default() };
+        assert_eq!(Hello::parse(&h.to_bytes()).unwrap().caps, c);
     }
 
     #[test]

@@ -410,6 +410,7 @@ impl DatagramLink {
         match res {
             Ok(chunks) => {
                 self.stats.chunks_sent += u64::from(chunks);
+                self.stats.datagrams_sent += u64::from(chunks);
                 Ok(())
             }
             Err(e) => {

@@ -274,7 +274,9 @@ impl KmodTransport {
         self.dev.send_frame(len as u32, reserved).map_err(|e| self.syscall("LEAP_IOCTL_SEND_FRAME", e))?;
         let mut s = self.count();
         s.frames_sent += 1;
-        s.chunks_sent += len.div_ceil(leap_common::chunk::CHUNK_PAYLOAD_MAX) as u64;
+        let chunks = len.div_ceil(leap_common::chunk::CHUNK_PAYLOAD_MAX) as u64;
+        s.chunks_sent += chunks;
+        s.datagrams_sent += chunks;
         s.bytes_sent += len as u64;
         Ok(())
     }

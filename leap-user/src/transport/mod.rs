@@ -132,6 +132,9 @@ pub struct Stats {
     pub frames_received: u64,
     /// Datagrams (chunks) sent, retransmissions included.
     pub chunks_sent: u64,
+    /// Datagrams that carried frames' first copies (a chunk train counts
+    /// once): divided by `frames_sent`, the datagrams per frame.
+    pub datagrams_sent: u64,
     /// Valid chunks taken into a frame.
     pub chunks_received: u64,
     /// Payload bytes sent.
@@ -176,6 +179,7 @@ impl Stats {
         self.frames_sent += o.frames_sent;
         self.frames_received += o.frames_received;
         self.chunks_sent += o.chunks_sent;
+        self.datagrams_sent += o.datagrams_sent;
         self.chunks_received += o.chunks_received;
         self.bytes_sent += o.bytes_sent;
         self.bytes_received += o.bytes_received;
