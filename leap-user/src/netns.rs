@@ -135,6 +135,16 @@ impl Topology {
     ///
     /// [`NetnsError`]; whatever was created is removed again.
     pub fn ring(prefix: &str, n: usize) -> Result<Self, NetnsError> {
+        Self::ring_with_mtu(prefix, n, None)
+    }
+
+    /// [`Self::ring`] with every veth at `mtu` bytes (`None`: the default,
+    /// 1500); 9000 makes a jumbo-frame ring.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::ring`]; an MTU the veth refuses fails the creation.
+    pub fn ring_with_mtu(prefix: &str, n: usize, mtu: Option<u32>) -> Result<Self, NetnsError> {
         if n < 2 {
             return Err(NetnsError::TooFew);
         }
@@ -183,6 +193,9 @@ impl Topology {
             let ns = node.netns.as_str();
             exec_in(ns, &["ip", "addr", "add", &format!("{}/32", node.addr), "dev", &node.rx_iface])?;
             for dev in [&node.rx_iface, &node.tx_iface] {
+                if let Some(mtu) = mtu {
+                    exec_in(ns, &["ip", "link", "set", dev, "mtu", &mtu.to_string()])?;
+                }
                 exec_in(ns, &["ip", "link", "set", dev, "up"])?;
                 exec_in(ns, &["sysctl", "-qw", &format!("net.ipv4.conf.{dev}.rp_filter=0")])?;
             }

@@ -132,6 +132,15 @@ pub struct TransportArgs {
     /// CRC fails is never delivered).
     #[arg(long)]
     pub no_crc: bool,
+    /// One chunk per datagram: no chunk trains, even to leap nodes that
+    /// take them (trains fill datagrams up to the path MTU).
+    #[arg(long)]
+    pub no_trains: bool,
+    /// Busy-poll the receive sockets for US microseconds per wait
+    /// (SO_BUSY_POLL, SO_PREFER_BUSY_POLL, SO_BUSY_POLL_BUDGET; these need
+    /// CAP_NET_ADMIN) and spin as long before sleeping. Alone: 50.
+    #[arg(long, value_name = "US", num_args = 0..=1, default_missing_value = "50")]
+    pub busy_poll: Option<u64>,
     /// Pin to these CPUs (comma-separated): ring node i runs on the
     /// (i mod n)-th, `leap node` on all of them.
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
@@ -208,6 +217,8 @@ impl TransportArgs {
             window: self.window,
             keep_frames: self.keep_frames.map(|k| k as usize),
             window_memory: self.window_memory_mib.saturating_mul(1 << 20),
+            trains: !self.no_trains,
+            busy_poll: self.busy_poll.map(Duration::from_micros),
         }
     }
 }

@@ -75,6 +75,8 @@ pub struct RingConfig {
     /// Move frames through the copying API instead of the lending one (to
     /// compare what each copies).
     pub copying: bool,
+    /// MTU of the namespaces' veths (`None`: 1500).
+    pub mtu: Option<u32>,
 }
 
 /// A callback told how many frames are done.
@@ -107,6 +109,7 @@ impl RingConfig {
             send_fault_pct: 0.0,
             unit_caps: false,
             copying: false,
+            mtu: None,
         }
     }
 
@@ -423,7 +426,7 @@ fn layout(cfg: &RingConfig) -> Result<(Vec<Endpoint>, Option<Topology>), RingErr
         }
         Placement::Netns => {
             let prefix = format!("lp{}", std::process::id() % 100_000);
-            let mut topo = Topology::ring(&prefix, n)?;
+            let mut topo = Topology::ring_with_mtu(&prefix, n, cfg.mtu)?;
             let port = if cfg.port == 0 { leap_common::DEFAULT_PORT } else { cfg.port };
             if cfg.loss_pct > 0.0 {
                 topo.set_loss(cfg.loss_pct, port)?;

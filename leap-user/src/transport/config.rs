@@ -141,6 +141,18 @@ pub struct UdpConfig {
     /// Send a CRC32C with every frame to a next node that checks it, and
     /// check it on frames received (between proven leap nodes only).
     pub crc: bool,
+    /// Send chunk trains (several chunks per datagram, up to the path MTU)
+    /// to a next node that proved it takes them; off: one chunk per
+    /// datagram, and none announced.
+    pub trains: bool,
+    /// The largest train this node takes, in bytes of UDP payload (what its
+    /// receive path can hold; 0: one chunk per datagram). Announced in
+    /// hellos when `trains` is on; set by the backend at open.
+    pub rx_train_bytes: usize,
+    /// Busy-poll the receive sockets this long per wait (`SO_BUSY_POLL`,
+    /// `SO_PREFER_BUSY_POLL`, `SO_BUSY_POLL_BUDGET`) and spin that long
+    /// before sleeping; `None`: sleep at once.
+    pub busy_poll: Option<Duration>,
 }
 
 impl UdpConfig {
@@ -164,6 +176,9 @@ impl UdpConfig {
             inflight: 1,
             window_memory: crate::frame::window::DEFAULT_WINDOW_MEMORY,
             crc: true,
+            trains: true,
+            rx_train_bytes: leap_common::chunk::TRAIN_DATAGRAM_MAX,
+            busy_poll: None,
         }
     }
 }
@@ -253,6 +268,10 @@ pub struct Options {
     pub keep_frames: Option<usize>,
     /// Bytes the window and the frames kept may take per link.
     pub window_memory: usize,
+    /// Chunk trains between leap nodes (see [`UdpConfig::trains`]).
+    pub trains: bool,
+    /// Busy polling on the receive sockets (see [`UdpConfig::busy_poll`]).
+    pub busy_poll: Option<Duration>,
 }
 
 impl Default for Options {
@@ -277,6 +296,8 @@ impl Default for Options {
             window: None,
             keep_frames: None,
             window_memory: crate::frame::window::DEFAULT_WINDOW_MEMORY,
+            trains: true,
+            busy_poll: None,
         }
     }
 }
@@ -297,6 +318,8 @@ pub fn udp_config(ep: &Endpoint, opts: &Options) -> UdpConfig {
     c.window = opts.window.unwrap_or(0);
     c.keep_frames = opts.keep_frames.unwrap_or(0);
     c.window_memory = opts.window_memory;
+    c.trains = opts.trains;
+    c.busy_poll = opts.busy_poll;
     c
 }
 
