@@ -441,6 +441,46 @@ static bool leap_rx_datagram(struct leap_file *f, const struct sk_buff *skb, uns
 }
 
 /*
+ * One UDP payload of `len` bytes at `off`, which may be a chunk train (see
+ * leap-common's chunk::train): full chunks (header + 1400 bytes) back to
+ * back, the last taking the rest, at most LEAP_TRAIN_CHUNKS_MAX. A longer
+ * payload is a train only when every piece after the first starts with the
+ * magic and the last holds a header; anything else is one oversize chunk,
+ * as the original would see it, and nothing of it is taken. Each chunk of a
+ * train is then checked and counted on its own. Returns whether any was
+ * taken.
+ */
+static bool leap_rx_train(struct leap_file *f, const struct sk_buff *skb, unsigned int off, unsigned int len,
+			  __be32 saddr, __be16 sport)
+{
+	unsigned int pos, piece, tail = len % LEAP_CHUNK_WIRE_MAX;
+	bool taken = false;
+	const u8 *magic;
+	u8 buf[4];
+
+	if (len <= LEAP_CHUNK_WIRE_MAX)
+		return leap_rx_datagram(f, skb, off, len, saddr, sport);
+	if (len > LEAP_TRAIN_CHUNKS_MAX * LEAP_CHUNK_WIRE_MAX || (tail && tail < LEAP_CHUNK_HDR_LEN))
+		goto oversize;
+	for (pos = LEAP_CHUNK_WIRE_MAX; pos < len; pos += LEAP_CHUNK_WIRE_MAX) {
+		magic = skb_header_pointer(skb, off + pos, sizeof(buf), buf);
+		if (!magic || get_unaligned_be32(magic) != LEAP_CHUNK_MAGIC)
+			goto oversize;
+	}
+	for (pos = 0; pos < len; pos += piece) {
+		piece = min(len - pos, LEAP_CHUNK_WIRE_MAX);
+		if (leap_rx_datagram(f, skb, off + pos, piece, saddr, sport))
+			taken = true;
+	}
+	return taken;
+oversize:
+	spin_lock(&f->rx_lock);
+	f->c.drop_oversize++;
+	spin_unlock(&f->rx_lock);
+	return false;
+}
+
+/*
  * Whether skb was addressed to this host alone: not a broadcast or multicast
  * copy (the UDP stack hands those to every socket bound to the port).
  */
@@ -460,8 +500,9 @@ static bool leap_is_unicast(const struct sk_buff *skb)
  * reassembled, and with the UDP checksum already verified by the stack
  * (udp_lib_checksum_complete, which honours CHECKSUM_COMPLETE and offloads)
  * before encap_rcv is called. Broadcast and multicast copies are refused. A
- * UDP GSO datagram (accepted whole, see leap_accept_gso) holds one chunk per
- * gso_size bytes, as the sender cut it, and is walked in place.
+ * UDP GSO datagram (accepted whole, see leap_accept_gso) holds one datagram
+ * (a chunk or a train) per gso_size bytes, as the sender cut it, and is
+ * walked in place.
  */
 static int leap_encap_rcv(struct sock *sk, struct sk_buff *skb)
 {
@@ -489,7 +530,7 @@ static int leap_encap_rcv(struct sock *sk, struct sk_buff *skb)
 	/* At least once: an empty datagram is counted as short. */
 	do {
 		seg = min(step, len);
-		if (leap_rx_datagram(f, skb, off, seg, saddr, sport))
+		if (leap_rx_train(f, skb, off, seg, saddr, sport))
 			taken = true;
 		off += seg;
 		len -= seg;
@@ -934,7 +975,7 @@ static void leap_fill_info(struct leap_file *f, struct leap_info *info)
 	info->info_size = sizeof(*info);
 	info->features = LEAP_FEAT_LOCAL_ONLY | LEAP_FEAT_SENDER_LOCK | LEAP_FEAT_PER_OPEN | LEAP_FEAT_RELEASE_BANK | LEAP_FEAT_PEER_FILTER |
 			 LEAP_FEAT_WAIT_FRAME | LEAP_FEAT_LOST_REPORT | LEAP_FEAT_RX_CSUM | LEAP_FEAT_TX_CSUM |
-			 LEAP_FEAT_FRAGMENTS | LEAP_FEAT_SEND_FRAME | LEAP_FEAT_POLL | LEAP_FEAT_FRAME_TIMEOUT;
+			 LEAP_FEAT_FRAGMENTS | LEAP_FEAT_SEND_FRAME | LEAP_FEAT_POLL | LEAP_FEAT_FRAME_TIMEOUT | LEAP_FEAT_TRAINS;
 	info->rx_banks = LEAP_RX_BANKS;
 	info->bank_size = LEAP_BANK_SIZE;
 	info->tx_size = LEAP_HALF_SIZE;

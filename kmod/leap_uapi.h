@@ -35,6 +35,9 @@
 #define LEAP_CHUNK_MAGIC	0x4C454150u
 #define LEAP_CHUNK_HDR_LEN	12u
 #define LEAP_CHUNK_PAYLOAD_MAX	1400u
+/* A chunk train: up to this many chunks back to back in one datagram, every
+ * one but the last a full header + 1400 bytes. */
+#define LEAP_TRAIN_CHUNKS_MAX	6u
 /*
  * Most chunks of a frame, as the original: a frame may fill the whole bank
  * (131072 bytes = 93 chunks of 1400 and a last one of 872).
@@ -66,6 +69,7 @@
 #define LEAP_FEAT_FRAME_TIMEOUT	(1ull << 10)	/* LEAP_IOCTL_SET_FRAME_TIMEOUT */
 #define LEAP_FEAT_LOCAL_ONLY	(1ull << 11)	/* only datagrams delivered to this host */
 #define LEAP_FEAT_SENDER_LOCK	(1ull << 12)	/* no peer set: first sender locked */
+#define LEAP_FEAT_TRAINS	(1ull << 13)	/* chunk trains split (LEAP_TRAIN_CHUNKS_MAX) */
 
 /* Sender of a bank (LEAP_IOCTL_GET_BANK_SRC), as in the original. */
 struct leap_bank_metadata {

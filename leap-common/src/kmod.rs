@@ -96,6 +96,8 @@ pub mod features {
     pub const LOCAL_ONLY: u64 = 1 << 11;
     /// With no peer set, the first sender is learnt and locked.
     pub const SENDER_LOCK: u64 = 1 << 12;
+    /// Chunk trains ([`crate::chunk::train`]) are split and each chunk taken.
+    pub const TRAINS: u64 = 1 << 13;
 }
 
 /// `struct leap_counters`: what the module did with chunks and frames.

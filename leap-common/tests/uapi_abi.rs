@@ -127,6 +127,8 @@ fn expected() -> Vec<(&'static str, u64)> {
         ("LEAP_FEAT_FRAME_TIMEOUT", features::FRAME_TIMEOUT),
         ("LEAP_FEAT_LOCAL_ONLY", features::LOCAL_ONLY),
         ("LEAP_FEAT_SENDER_LOCK", features::SENDER_LOCK),
+        ("LEAP_FEAT_TRAINS", features::TRAINS),
+        ("LEAP_TRAIN_CHUNKS_MAX", leap_common::chunk::TRAIN_CHUNKS_MAX as u64),
     ]
 }
 

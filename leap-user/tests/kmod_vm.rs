@@ -16,7 +16,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use leap::sys::kmod::Device;
-use leap_common::chunk::{CHUNK_PAYLOAD_MAX, ChunkHeader, flags};
+use leap_common::chunk::{CHUNK_DATAGRAM_MAX, CHUNK_PAYLOAD_MAX, ChunkHeader, flags};
 use leap_common::kmod::{
     ABI_VERSION, BANK_FRAME_MAX, BANK_LEN, Counters, DEVICE_PATH, HALF_LEN, INFO_SCOPE_FILE, INFO_SCOPE_MODULE,
     MMAP_LEN, RX_BANKS, WAIT_STATUS_FRAME, WAIT_STATUS_LOST, Wait, features,
@@ -157,6 +157,7 @@ fn device_reports_abi_version_features_and_layout() {
         features::TX_CSUM,
         features::FRAGMENTS,
         features::SEND_FRAME,
+        features::TRAINS,
     ] {
         assert_ne!(info.features & f, 0, "feature bit {f:#x} missing");
     }
@@ -266,6 +267,51 @@ fn oversize_payload_never_changes_any_bank() {
     assert_rejected(&dev, port, &d, "drop_oversize", |c| c.drop_oversize);
     let d = chunk(5, 0, 1, 0, &[0xAB; CHUNK_PAYLOAD_MAX + 1]);
     assert_rejected(&dev, port, &d, "drop_oversize", |c| c.drop_oversize);
+}
+
+#[test]
+#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
+fn chunk_trains_are_split_and_every_chunk_taken() {
+    let (dev, port) = node();
+    let tx = sender();
+    // 16 392 bytes: 12 chunks, sent as trains of 6 and 6, then one of 5
+    // full chunks and the short last one of another frame, then in the
+    // kernel's GSO form (two trains in one send, as leap cuts them).
+    let trains = |seq: u16, per: usize| -> Vec<Vec<u8>> {
+        let frame = pattern(seq, 16_392);
+        chunks_of(seq, &frame).chunks(per).map(|t| t.concat()).collect()
+    };
+    send_all(&tx, port, &trains(7, 6));
+    expect_frame(&dev, 7, &pattern(7, 16_392));
+    dev.release_bank(7).unwrap();
+    let t = trains(8, 5);
+    assert_eq!(t.len(), 3);
+    send_all(&tx, port, &t);
+    expect_frame(&dev, 8, &pattern(8, 16_392));
+    dev.release_bank(8).unwrap();
+    let c = counters(&dev);
+    assert_eq!((c.rx_chunks, c.rx_frames_completed), (24, 2));
+    assert_eq!(c.dropped(), 0, "{c:#?}");
+}
+
+#[test]
+#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
+fn trains_that_are_not_all_chunks_never_change_any_bank() {
+    let (dev, port) = node();
+    let frame = pattern(9, 3 * CHUNK_PAYLOAD_MAX);
+    let cs = chunks_of(9, &frame);
+    // The second piece lacks the magic: one oversize datagram, nothing taken.
+    let mut bad = cs.concat();
+    bad[CHUNK_DATAGRAM_MAX] ^= 0xFF;
+    assert_rejected(&dev, port, &bad, "drop_oversize", |c| c.drop_oversize);
+    // A last piece too short for a header.
+    let mut short = cs[..2].concat();
+    short.extend_from_slice(&cs[2][..5]);
+    assert_rejected(&dev, port, &short, "drop_oversize", |c| c.drop_oversize);
+    // Longer than the longest train.
+    let long: Vec<u8> = (0..7).flat_map(|i| chunk(10, i, 7, flags::LEAP, &[1; CHUNK_PAYLOAD_MAX])).collect();
+    assert_rejected(&dev, port, &long, "drop_oversize", |c| c.drop_oversize);
+    assert_eq!(counters(&dev).rx_chunks, 0);
 }
 
 #[test]
