@@ -80,8 +80,11 @@ pub struct RingConfig {
     /// Per-node changes to [`Self::options`] (rings [`run`] starts): node `i` (0 = head) opens
     /// its transport with the options after every `f` listed for `i` ran
     /// on them, e.g. `(1, |o| o.trains = false)` for a mixed ring.
-    pub node_options: Vec<(usize, fn(&mut Options))>,
+    pub node_options: Vec<(usize, NodeOptions)>,
 }
+
+/// A change to one node's options (see [`RingConfig::node_options`]).
+pub type NodeOptions = fn(&mut Options);
 
 /// A callback told how many frames are done.
 #[derive(Clone)]

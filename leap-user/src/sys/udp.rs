@@ -35,7 +35,10 @@ pub const PIECES_MAX: usize = 4 * leap_common::chunk::TRAIN_CHUNKS_MAX;
 
 /// Segments of `seg` bytes one GSO super-datagram may carry.
 pub const fn gso_segments_max(seg: usize) -> usize {
-    let n = if seg == 0 { GSO_MAX_SEGMENTS } else { GSO_MAX_BYTES / seg };
+    let n = match GSO_MAX_BYTES.checked_div(seg) {
+        Some(n) => n,
+        None => GSO_MAX_SEGMENTS,
+    };
     if n > GSO_MAX_SEGMENTS {
         GSO_MAX_SEGMENTS
     } else if n == 0 {

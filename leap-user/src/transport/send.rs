@@ -239,7 +239,7 @@ mod tests {
             let n = gso_segments_max(seg);
             // UDP_MAX_SEGMENTS is 64 on 6.x kernels; a UDP payload at most
             // 65 487 bytes (IPv6; 65 507 over IPv4).
-            assert!(n >= 1 && n <= 64 && n * seg <= GSO_MAX_BYTES && n * seg <= 65_487, "k {k}: {n} segments");
+            assert!((1..=64).contains(&n) && n * seg <= GSO_MAX_BYTES && n * seg <= 65_487, "k {k}: {n} segments");
         }
         assert_eq!(gso_segments_max(CHUNK_DATAGRAM_MAX), 44);
         assert_eq!(gso_segments_max(6 * CHUNK_DATAGRAM_MAX), 7);
