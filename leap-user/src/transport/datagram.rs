@@ -183,21 +183,25 @@ impl DatagramLink {
     /// (again): the largest it takes, within the path MTU, none with trains
     /// off or when it takes none.
     fn size_trains(&mut self) {
+        let next = self.cfg.next;
         let peer_bytes = self.next_peer.proven().map_or(0, |p| caps::train_bytes(p.caps));
         if !self.cfg.trains || self.cfg.original_compat || peer_bytes == 0 {
             self.sender.set_train(1);
+            let why = if self.cfg.trains { "it takes no trains" } else { "trains are off here" };
+            log::info!("one chunk per datagram to {next} ({why})");
             return;
         }
         let mtu = self.route.as_ref().and_then(|r| r.mtu().ok());
-        let path = mtu
-            .map_or(CHUNK_DATAGRAM_MAX, |m| m.saturating_sub(crate::sys::udp::ip_udp_headers(self.cfg.next.is_ipv6())));
+        let path =
+            mtu.map_or(CHUNK_DATAGRAM_MAX, |m| m.saturating_sub(crate::sys::udp::ip_udp_headers(next.is_ipv6())));
         let k = leap_common::chunk::train_chunks_for(peer_bytes.min(path));
         self.sender.set_train(k);
-        log::info!(
-            "trains of {k} chunks to {} (path MTU {})",
-            self.cfg.next,
-            mtu.map_or_else(|| "unknown".into(), |m| m.to_string())
-        );
+        let mtu = mtu.map_or_else(|| "unknown".into(), |m| m.to_string());
+        if k == 1 {
+            log::info!("one chunk per datagram to {next} (path MTU {mtu}: no room for a train)");
+        } else {
+            log::info!("trains of {k} chunks to {next} (path MTU {mtu})");
+        }
     }
 
     /// The UDP socket frames leave from.
