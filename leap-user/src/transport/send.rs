@@ -232,6 +232,43 @@ mod tests {
     }
 
     #[test]
+    fn a_gro_super_datagram_of_trains_splits_into_the_frames_chunks() {
+        use crate::sys::udp::{RxBatch, enable_gro, wait_readable};
+        let rx = Socket::from(UdpSocket::bind("127.0.0.1:0").unwrap());
+        if !enable_gro(rx.as_fd()) {
+            // A kernel without UDP GRO has nothing to split; CI's has it.
+            assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "this kernel lacks UDP GRO");
+            return;
+        }
+        let tx = Socket::from(UdpSocket::bind("127.0.0.1:0").unwrap());
+        let to = rx.local_addr().unwrap().as_socket().unwrap();
+        let mut s = UdpSender::new(&tx, to, true);
+        assert!(s.gso(), "loopback takes UDP GSO");
+        s.set_train(6);
+        let frame: Vec<u8> = (0..16_392u32).map(|i| i as u8).collect();
+        s.send(&tx, flags::LEAP, &frame, &[], &[]).unwrap();
+        assert!(wait_readable(rx.as_fd(), Duration::from_secs(1)).unwrap());
+        let mut batch = RxBatch::new(4, 65536);
+        assert_eq!(batch.recv(rx.as_fd(), false).unwrap(), 1, "one super-datagram");
+        let (bytes, meta, _) = batch.get(0);
+        assert_eq!(meta.segment, Some(6 * 1412));
+        assert_eq!(bytes.len(), 6 * 1412 + 5 * 1412 + 12 + 992);
+        // Cut at the segment size, then each segment at its chunks: the
+        // frame's 12 chunks in order, the bytes whole.
+        let mut joined = Vec::new();
+        let mut ids = Vec::new();
+        for seg in bytes.chunks(usize::from(meta.segment.unwrap())) {
+            for c in leap_common::chunk::train(seg).unwrap() {
+                let (h, payload) = leap_common::chunk::ChunkHeader::parse(c).unwrap();
+                ids.push(h.chunk_id);
+                joined.extend_from_slice(payload);
+            }
+        }
+        assert_eq!(ids, (0..12).collect::<Vec<u16>>());
+        assert!(joined == frame);
+    }
+
+    #[test]
     fn gso_super_datagrams_stay_within_the_kernel_limits() {
         use crate::sys::udp::{GSO_MAX_BYTES, gso_segments_max};
         for k in 1..=TRAIN_CHUNKS_MAX {
