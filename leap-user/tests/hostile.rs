@@ -225,51 +225,70 @@ impl Relay {
             let mut seen = std::collections::HashSet::new();
             while !st.load(Ordering::Relaxed) {
                 let Ok((n, from)) = s.recv_from(&mut buf) else { continue };
-                let d = &mut buf[..n];
                 if from == b {
-                    s.send_to(d, a).unwrap();
+                    s.send_to(&buf[..n], a).unwrap();
                     continue;
                 }
-                let Ok((hdr, _)) = ChunkHeader::parse(d) else {
-                    s.send_to(d, b).unwrap();
+                // A train from A is faulted chunk by chunk; what survives
+                // goes on as one train (a train may skip chunks: all its
+                // pieces but the last are still full).
+                let Ok(train) = leap_common::chunk::train(&buf[..n]) else {
+                    s.send_to(&buf[..n], b).unwrap();
                     continue;
                 };
-                n_chunks += 1;
-                match fault {
-                    Fault::LoseFirst(id) => {
-                        if !(hdr.chunk_id == id && seen.insert((hdr.seq, id))) {
-                            s.send_to(d, b).unwrap();
+                let mut pass = Vec::with_capacity(n);
+                let mut spoofed = Vec::new();
+                for piece in train {
+                    let mut d = piece.to_vec();
+                    let Ok((hdr, _)) = ChunkHeader::parse(&d) else {
+                        pass.extend_from_slice(&d);
+                        continue;
+                    };
+                    n_chunks += 1;
+                    match fault {
+                        Fault::LoseFirst(id) => {
+                            if !(hdr.chunk_id == id && seen.insert((hdr.seq, id))) {
+                                pass.extend_from_slice(&d);
+                            }
+                        }
+                        Fault::Corrupt(k) => {
+                            if n_chunks.is_multiple_of(k)
+                                && d.len() > CHUNK_HEADER_LEN + 10
+                                && seen.insert((hdr.seq, hdr.chunk_id))
+                                && inj.load(Ordering::Relaxed) < budget
+                            {
+                                d[CHUNK_HEADER_LEN + 7] ^= 0x10;
+                                inj.fetch_add(1, Ordering::Relaxed);
+                            }
+                            pass.extend_from_slice(&d);
+                        }
+                        Fault::Spoof(k) => {
+                            pass.extend_from_slice(&d);
+                            let i = inj.load(Ordering::Relaxed);
+                            if n_chunks.is_multiple_of(k) && i < budget {
+                                let mut fake = hdr;
+                                // Alternately far behind and far ahead, with
+                                // and without leap's reliable flag.
+                                fake.seq =
+                                    if i % 2 == 0 { fake.seq.wrapping_sub(3000) } else { fake.seq.wrapping_add(500) };
+                                fake.reserved = if i % 4 < 2 { flags::LEAP } else { flags::LEAP | flags::RELIABLE };
+                                fake.chunk_id = 0;
+                                fake.total_chunks = 1;
+                                let mut f = fake.to_bytes().to_vec();
+                                f.extend_from_slice(&[0xAB; 700]);
+                                spoofed.push(f);
+                                inj.fetch_add(1, Ordering::Relaxed);
+                            }
                         }
                     }
-                    Fault::Corrupt(k) => {
-                        if n_chunks.is_multiple_of(k)
-                            && n > CHUNK_HEADER_LEN + 10
-                            && seen.insert((hdr.seq, hdr.chunk_id))
-                            && inj.load(Ordering::Relaxed) < budget
-                        {
-                            d[CHUNK_HEADER_LEN + 7] ^= 0x10;
-                            inj.fetch_add(1, Ordering::Relaxed);
-                        }
-                        s.send_to(d, b).unwrap();
-                    }
-                    Fault::Spoof(k) => {
-                        s.send_to(d, b).unwrap();
-                        let i = inj.load(Ordering::Relaxed);
-                        if n_chunks.is_multiple_of(k) && i < budget {
-                            let mut fake = ChunkHeader::parse(d).unwrap().0;
-                            // Alternately far behind and far ahead, with and
-                            // without leap's reliable flag.
-                            fake.seq =
-                                if i % 2 == 0 { fake.seq.wrapping_sub(3000) } else { fake.seq.wrapping_add(500) };
-                            fake.reserved = if i % 4 < 2 { flags::LEAP } else { flags::LEAP | flags::RELIABLE };
-                            fake.chunk_id = 0;
-                            fake.total_chunks = 1;
-                            let mut f = fake.to_bytes().to_vec();
-                            f.extend_from_slice(&[0xAB; 700]);
-                            s.send_to(&f, b).unwrap();
-                            inj.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
+                }
+                // A train whose short last chunk was lost still splits
+                // right; an empty one is not sent.
+                if !pass.is_empty() {
+                    s.send_to(&pass, b).unwrap();
+                }
+                for f in spoofed {
+                    s.send_to(&f, b).unwrap();
                 }
             }
         });
@@ -473,4 +492,66 @@ fn nacks_are_answered_while_the_sender_computes() {
     // machine may stall one of them).
     waits.sort();
     assert!(waits[waits.len() / 2] < COMPUTE / 2, "{waits:?}");
+}
+
+/// Chunk `id` of frame `frame` (seq `seq`), as the original sends it.
+fn chunk_of(seq: u16, frame: &[u8], id: u16) -> Vec<u8> {
+    let total = leap_common::chunk::chunks_for(frame.len()).unwrap();
+    let at = usize::from(id) * 1400;
+    let mut d = ChunkHeader::data(seq, id, total).to_bytes().to_vec();
+    d.extend_from_slice(&frame[at..(at + 1400).min(frame.len())]);
+    d
+}
+
+#[test]
+fn malformed_trains_are_dropped_and_counted_and_good_frames_still_arrive() {
+    for gro in [true, false] {
+        let prev = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let mut cb = UdpConfig::new(free_addr(), free_addr());
+        cb.prev = Some(prev.local_addr().unwrap());
+        cb.gro = gro;
+        cb.max_frame_len = 16_392;
+        cb.recv_timeout = Some(Duration::from_secs(2));
+        let mut b = UdpTransport::bind(cb).unwrap();
+        let to = b.local_addr().unwrap();
+        let mut out = vec![0u8; 16_392];
+        let mut expect = |b: &mut UdpTransport, f: &[u8]| {
+            let got = b.recv_prev(&mut out).unwrap_or_else(|e| panic!("gro {gro}: {e}: {:?}", b.stats()));
+            assert!(out[..got.len] == f[..], "gro {gro}: a frame differs");
+        };
+        let cat = |parts: &[Vec<u8>]| parts.concat();
+        // Frame 0: one good train of its three chunks.
+        let f0 = pattern(0, 2900);
+        prev.send_to(&cat(&[chunk_of(0, &f0, 0), chunk_of(0, &f0, 1), chunk_of(0, &f0, 2)]), to).unwrap();
+        expect(&mut b, &f0);
+        // Frame 1: a train with one bad chunk (no magic) in the middle; the
+        // good ones are kept, the bad one counted, the real one completes it.
+        let f1 = pattern(1, 2900);
+        let mut bad = chunk_of(1, &f1, 1);
+        bad[0] ^= 0xFF;
+        prev.send_to(&cat(&[chunk_of(1, &f1, 0), bad, chunk_of(1, &f1, 2)]), to).unwrap();
+        prev.send_to(&chunk_of(1, &f1, 1), to).unwrap();
+        expect(&mut b, &f1);
+        // A train longer than any: dropped whole, counted as oversize.
+        let f2 = pattern(2, 8400);
+        let mut long: Vec<u8> = (0..6).flat_map(|id| chunk_of(2, &f2, id)).collect();
+        long.push(0);
+        assert_eq!(long.len(), leap_common::chunk::TRAIN_DATAGRAM_MAX + 1);
+        prev.send_to(&long, to).unwrap();
+        prev.send_to(&(0..6).flat_map(|id| chunk_of(2, &f2, id)).collect::<Vec<u8>>(), to).unwrap();
+        expect(&mut b, &f2);
+        // Frame 3: a train whose middle chunk is short. Cut at 1412 bytes,
+        // its second piece runs into the third chunk: that piece fails the
+        // length rule (a chunk that is not the last must be full).
+        let f3 = pattern(3, 2900);
+        let mut short = chunk_of(3, &f3, 1);
+        short.truncate(512);
+        prev.send_to(&cat(&[chunk_of(3, &f3, 0), short, chunk_of(3, &f3, 2)]), to).unwrap();
+        prev.send_to(&chunk_of(3, &f3, 1), to).unwrap();
+        prev.send_to(&chunk_of(3, &f3, 2), to).unwrap();
+        expect(&mut b, &f3);
+        let d = b.stats().drops;
+        assert!(d.bad_magic >= 1 && d.oversize >= 1 && d.bad_length >= 1, "gro {gro}: {d:?}");
+        assert_eq!(b.stats().frames_received, 4);
+    }
 }

@@ -43,10 +43,13 @@ fn check_names_the_bad_field() {
         assert!(err.contains(field), "case {i}: expected `{field}` in: {err}");
         assert_eq!(err.trim_end().lines().count(), 1, "case {i}: {err}");
     }
-    let f = dir.join("good.toml");
-    std::fs::write(&f, &good).unwrap();
-    let out = leap().args(["node", "--check", "--config"]).arg(&f).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let no_trains = good.replace("order = [\"udp\"]", "order = [\"udp\"]\ntrains = false");
+    for (name, text) in [("good", &good), ("no-trains", &no_trains)] {
+        let f = dir.join(format!("{name}.toml"));
+        std::fs::write(&f, text).unwrap();
+        let out = leap().args(["node", "--check", "--config"]).arg(&f).output().unwrap();
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+    }
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -14,7 +14,9 @@
 //!   forwarded as the original protocol says; no NACKs, no timeouts.
 //!
 //! A stand-in that waits longer than [`HANG`] for a locked seq reports a
-//! hang (the original would wait forever).
+//! hang (the original would wait forever). It also counts datagrams longer
+//! than one chunk (chunk trains): the original would read only their first
+//! chunk, so leap must never send it one.
 
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
@@ -24,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use leap::ring::{HeadConfig, NeighbourPolicy, WorkerConfig, run_head, run_worker};
 use leap::transport::udp::{UdpConfig, UdpTransport};
-use leap_common::chunk::{CHUNK_HEADER_LEN, CHUNK_PAYLOAD_MAX, LEAP_MAGIC};
+use leap_common::chunk::{CHUNK_DATAGRAM_MAX, CHUNK_HEADER_LEN, CHUNK_PAYLOAD_MAX, LEAP_MAGIC};
 use leap_common::control::{ControlMessage, ControlType};
 
 const FRAME: usize = 16_392;
@@ -38,6 +40,8 @@ struct Report {
     hangs: AtomicU64,
     /// `reserved` values it sent that were not 0 (echoed from leap).
     echoed_flags: AtomicU64,
+    /// Datagrams longer than one chunk (a train) it received.
+    trains: AtomicU64,
 }
 
 /// The original UDP endpoint as a thread.
@@ -73,8 +77,9 @@ fn original_loop(sock: &UdpSocket, next: SocketAddr, compute: Duration, r: &Repo
     // original does).
     let _ = socket2::SockRef::from(sock).set_recv_buffer_size(8 << 20);
     let total = FRAME.div_ceil(CHUNK_PAYLOAD_MAX);
-    // The one buffer for receiving and sending.
-    let mut buf = [0u8; CHUNK_HEADER_LEN + CHUNK_PAYLOAD_MAX];
+    // The one buffer for receiving and sending (longer than the original's,
+    // to see any train whole).
+    let mut buf = [0u8; 65536];
     let mut frame = vec![0u8; FRAME];
     let mut seq_out: u16 = 0;
     while !stop.load(Ordering::Relaxed) {
@@ -92,6 +97,10 @@ fn original_loop(sock: &UdpSocket, next: SocketAddr, compute: Duration, r: &Repo
                 since = Instant::now();
             }
             let Ok(n) = sock.recv(&mut buf) else { continue };
+            if n > CHUNK_DATAGRAM_MAX {
+                r.trains.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
             if n < CHUNK_HEADER_LEN || u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) != LEAP_MAGIC {
                 continue;
             }
@@ -237,10 +246,11 @@ fn run(case: Case) {
     let w = worker.join().unwrap();
     let o = &original.report;
     let (hangs, echoed) = (o.hangs.load(Ordering::Relaxed), o.echoed_flags.load(Ordering::Relaxed));
+    let trains = o.trains.load(Ordering::Relaxed);
     assert_eq!(
-        (rep.delivered, rep.corrupt, rep.lost, rep.resent, hangs, echoed),
-        (case.frames, 0, 0, 0, 0, 0),
-        "delivered, corrupt, lost, re-sent, original hangs, leap flags echoed by the original"
+        (rep.delivered, rep.corrupt, rep.lost, rep.resent, hangs, echoed, trains),
+        (case.frames, 0, 0, 0, 0, 0, 0),
+        "delivered, corrupt, lost, re-sent, original hangs, leap flags echoed by the original, trains it got"
     );
     if case.control {
         assert_eq!(rep.control_ack, Some(true), "the control round did not come back");
@@ -256,6 +266,14 @@ fn run(case: Case) {
     }
     let hs = leap::Transport::stats(&head);
     assert_eq!(hs.nacks_received + hs.drops.bad_crc, 0, "{hs:?}");
+    // The leap node before the original sends one chunk per datagram; the
+    // one before a leap node sends trains (loopback's MTU allows six
+    // chunks: 2 datagrams per frame of 12 chunks), except for frames sent
+    // before the proof (the original format).
+    let ws = leap::Transport::stats(&w);
+    let (to_leap, to_original) = if case.original_first { (ws, hs) } else { (hs, ws) };
+    assert_eq!(to_original.datagrams_sent, to_original.chunks_sent, "{to_original:?}");
+    assert!(to_leap.datagrams_sent * 5 < to_leap.chunks_sent, "{to_leap:?}");
 }
 
 #[test]

@@ -13,6 +13,11 @@ fn free_addr() -> SocketAddr {
 }
 
 fn pair(max: usize) -> (UdpTransport, UdpTransport) {
+    pair_with(max, |_| {}, |_| {})
+}
+
+/// A pair with each side's settings changed by `fa`, `fb`.
+fn pair_with(max: usize, fa: impl Fn(&mut UdpConfig), fb: impl Fn(&mut UdpConfig)) -> (UdpTransport, UdpTransport) {
     let (a, b) = (free_addr(), free_addr());
     let mut ca = UdpConfig::new(a, b);
     ca.max_frame_len = max;
@@ -20,6 +25,8 @@ fn pair(max: usize) -> (UdpTransport, UdpTransport) {
     cb.max_frame_len = max;
     cb.prev = Some(a);
     ca.prev = Some(b);
+    fa(&mut ca);
+    fb(&mut cb);
     let (mut a, mut b) = (UdpTransport::bind(ca).unwrap(), UdpTransport::bind(cb).unwrap());
     settle(&mut a, &mut b);
     (a, b)
@@ -140,4 +147,48 @@ fn control_frames_are_marked_and_decoded() {
     a.send_next(&f).unwrap();
     let got = b.recv_prev(&mut out).unwrap();
     assert_eq!(got.kind, FrameKind::Data);
+}
+
+/// Sends `n` frames of 16 392 bytes from `a` to `b`, checks each, and
+/// returns the datagrams per frame `a` sent.
+fn datagrams_per_frame(a: &mut UdpTransport, b: &mut UdpTransport, n: u32) -> f64 {
+    let before = a.stats();
+    let mut out = vec![0u8; 16392];
+    for i in 0..n {
+        let f = pattern(i, 16392);
+        a.send_next(&f).unwrap();
+        let got = b.recv_prev(&mut out).unwrap();
+        assert!(out[..got.len] == f[..], "frame {i} differs");
+    }
+    let s = a.stats();
+    assert_eq!(s.frames_sent - before.frames_sent, u64::from(n));
+    (s.datagrams_sent - before.datagrams_sent) as f64 / f64::from(n)
+}
+
+#[test]
+fn frames_travel_as_chunk_trains_between_leap_nodes() {
+    // Loopback's MTU (65 536) allows the largest trains, six chunks: a
+    // 16 392-byte frame (12 chunks with its CRC) is two datagrams, with
+    // GSO and GRO (a super-datagram of trains split twice) and without.
+    for offload in [true, false] {
+        let set = |c: &mut UdpConfig| (c.gso, c.gro) = (offload, offload);
+        let (mut a, mut b) = pair_with(16392, set, set);
+        assert_eq!(datagrams_per_frame(&mut a, &mut b, 20), 2.0, "GSO/GRO {offload}");
+        let s = b.stats();
+        assert_eq!(s.drops.total() - s.drops.stale, 0, "{s:?}");
+        assert_eq!(s.chunks_received, 20 * 12, "{s:?}");
+    }
+}
+
+#[test]
+fn trains_off_on_either_side_means_one_chunk_per_datagram() {
+    let off = |c: &mut UdpConfig| c.trains = false;
+    // The sender does not want them; the receiver does not announce them.
+    for (fa, fb) in [(off as fn(&mut UdpConfig), (|_| {}) as fn(&mut UdpConfig)), (|_| {}, off)] {
+        let (mut a, mut b) = pair_with(16392, fa, fb);
+        assert_eq!(datagrams_per_frame(&mut a, &mut b, 10), 12.0);
+    }
+    // A receiver that takes trains of two chunks only gets trains of two.
+    let (mut a, mut b) = pair_with(16392, |_| {}, |c| c.rx_train_bytes = 2 * 1412 + 100);
+    assert_eq!(datagrams_per_frame(&mut a, &mut b, 10), 6.0);
 }

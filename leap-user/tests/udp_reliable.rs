@@ -33,7 +33,7 @@ fn relay(fault: Fault, a: SocketAddr, b: SocketAddr, stop: Arc<AtomicBool>) -> (
     s.set_read_timeout(Some(Duration::from_millis(5))).unwrap();
     let addr = s.local_addr().unwrap();
     let h = std::thread::spawn(move || {
-        let mut buf = [0u8; 2048];
+        let mut buf = [0u8; 65536];
         let mut held: Option<Vec<u8>> = None;
         let mut seen = std::collections::HashSet::new();
         let mut dropped = 0u64;
@@ -54,31 +54,40 @@ fn relay(fault: Fault, a: SocketAddr, b: SocketAddr, stop: Arc<AtomicBool>) -> (
                 s.send_to(d, b).unwrap();
                 continue;
             }
-            let Ok((hdr, _)) = ChunkHeader::parse(d) else { continue };
-            assert_ne!(hdr.kind(), ChunkKind::Nack);
-            match fault {
-                Fault::Drop(pct) => {
-                    let key = (hdr.seq, hdr.chunk_id);
-                    let h = (u32::from(hdr.seq).wrapping_mul(2_654_435_761)
-                        ^ u32::from(hdr.chunk_id).wrapping_mul(40_503))
-                        % 100;
-                    if h < pct && seen.insert(key) {
-                        dropped += 1;
-                        continue;
+            // A train is faulted chunk by chunk (what survives of it goes on
+            // as one train; swapped chunks go singly).
+            let Ok(train) = leap_common::chunk::train(d) else { continue };
+            let mut pass = Vec::with_capacity(n);
+            for c in train {
+                let Ok((hdr, _)) = ChunkHeader::parse(c) else { continue };
+                assert_ne!(hdr.kind(), ChunkKind::Nack);
+                match fault {
+                    Fault::Drop(pct) => {
+                        let key = (hdr.seq, hdr.chunk_id);
+                        let h = (u32::from(hdr.seq).wrapping_mul(2_654_435_761)
+                            ^ u32::from(hdr.chunk_id).wrapping_mul(40_503))
+                            % 100;
+                        if h < pct && seen.insert(key) {
+                            dropped += 1;
+                            continue;
+                        }
+                        pass.extend_from_slice(c);
                     }
-                    s.send_to(d, b).unwrap();
+                    Fault::Duplicate => pass.extend_from_slice(c),
+                    Fault::Swap => match held.take() {
+                        Some(h) => {
+                            s.send_to(c, b).unwrap();
+                            s.send_to(&h, b).unwrap();
+                        }
+                        None => held = Some(c.to_vec()),
+                    },
                 }
-                Fault::Duplicate => {
-                    s.send_to(d, b).unwrap();
-                    s.send_to(d, b).unwrap();
+            }
+            if !pass.is_empty() {
+                s.send_to(&pass, b).unwrap();
+                if matches!(fault, Fault::Duplicate) {
+                    s.send_to(&pass, b).unwrap();
                 }
-                Fault::Swap => match held.take() {
-                    Some(h) => {
-                        s.send_to(d, b).unwrap();
-                        s.send_to(&h, b).unwrap();
-                    }
-                    None => held = Some(d.to_vec()),
-                },
             }
         }
         dropped

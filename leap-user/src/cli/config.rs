@@ -19,6 +19,7 @@
 //! reliability = "reliable"        # reliable | best-effort
 //! peer_filter = true              # accept only the previous member (false: the first source, locked)
 //! crc = true                      # CRC32C on every frame between leap nodes
+//! trains = true                   # several chunks per datagram between leap nodes, up to the path MTU
 //! recv_timeout_ms = 1000          # silent-neighbour deadline
 //! # window = 64                   # frames in assembly (default: from ring.inflight)
 //! # keep_frames = 128             # frames kept for NACKs (default: twice the window)
@@ -118,6 +119,10 @@ pub struct TransportSection {
     /// CRC32C on every frame between leap nodes.
     #[serde(default = "yes")]
     pub crc: bool,
+    /// Chunk trains (several chunks per datagram, up to the path MTU)
+    /// between leap nodes that take them.
+    #[serde(default = "yes")]
+    pub trains: bool,
     /// Receive deadline: a neighbour silent this long is reported.
     #[serde(default = "default_timeout")]
     pub recv_timeout_ms: u64,
@@ -146,6 +151,7 @@ impl Default for TransportSection {
             reliability: Reliability::Reliable,
             peer_filter: true,
             crc: true,
+            trains: true,
             recv_timeout_ms: default_timeout(),
             setup_timeout_s: default_setup(),
             window: None,
@@ -480,6 +486,13 @@ members = [{ name = "a", addr = "127.0.0.1:9000" }, { name = "b", addr = "127.0.
 [transport]
 order = ["udp"]
 "#;
+
+    #[test]
+    fn trains_are_on_unless_the_file_turns_them_off() {
+        assert!(parse(GOOD).unwrap().file.transport.trains);
+        let off = GOOD.replace("order = [\"udp\"]", "order = [\"udp\"]\ntrains = false");
+        assert!(!parse(&off).unwrap().file.transport.trains);
+    }
 
     #[test]
     fn a_good_file_resolves_neighbours() {

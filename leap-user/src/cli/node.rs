@@ -157,6 +157,9 @@ fn resolve(args: &NodeArgs) -> Result<Resolved> {
         if !args.transport_args.no_crc {
             opts.crc = t.crc;
         }
+        if !args.transport_args.no_trains {
+            opts.trains = t.trains;
+        }
         if args.transport_args.window.is_none() {
             opts.window = t.window;
         }

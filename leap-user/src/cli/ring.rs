@@ -60,6 +60,10 @@ pub struct RingArgs {
     /// `send_next_with`, `recv_prev_lent`), to compare their copies.
     #[arg(long)]
     pub copying_api: bool,
+    /// MTU of the namespaces' veths, bytes (with --netns; e.g. 9000 for
+    /// jumbo frames, where chunk trains carry up to six chunks a datagram).
+    #[arg(long, value_name = "BYTES")]
+    pub mtu: Option<u32>,
     /// Print one JSON object as the last line of stdout.
     #[arg(long)]
     pub json: bool,
@@ -82,6 +86,7 @@ impl RingArgs {
         c.loss_pct = self.loss;
         c.unit_caps = self.unit_caps;
         c.copying = self.copying_api;
+        c.mtu = self.mtu;
         c
     }
 }
@@ -142,8 +147,8 @@ pub fn print_report(r: &RingReport, json: bool) -> Result<()> {
         r.rtt_us.p50, r.rtt_us.p90, r.rtt_us.p99, r.rtt_us.max
     );
     println!(
-        "{:.0} round trips/s, {:.3} Gbit/s, {:.1} us CPU per frame",
-        r.round_trips_per_s, r.gbit_per_s, r.cpu_us_per_frame
+        "{:.0} round trips/s, {:.3} Gbit/s, {:.1} us CPU per frame, {:.2} datagrams per frame",
+        r.round_trips_per_s, r.gbit_per_s, r.cpu_us_per_frame, r.datagrams_per_frame
     );
     if r.stats.drops.total() > 0 {
         println!("dropped datagrams: {:?}", r.stats.drops);

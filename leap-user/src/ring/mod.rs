@@ -77,7 +77,14 @@ pub struct RingConfig {
     pub copying: bool,
     /// MTU of the namespaces' veths (`None`: 1500).
     pub mtu: Option<u32>,
+    /// Per-node changes to [`Self::options`] (rings [`run`] starts): node `i` (0 = head) opens
+    /// its transport with the options after every `f` listed for `i` ran
+    /// on them, e.g. `(1, |o| o.trains = false)` for a mixed ring.
+    pub node_options: Vec<(usize, NodeOptions)>,
 }
+
+/// A change to one node's options (see [`RingConfig::node_options`]).
+pub type NodeOptions = fn(&mut Options);
 
 /// A callback told how many frames are done.
 #[derive(Clone)]
@@ -110,7 +117,18 @@ impl RingConfig {
             unit_caps: false,
             copying: false,
             mtu: None,
+            node_options: Vec::new(),
         }
+    }
+
+    /// The options node `i` opens its transport with: [`Self::options`]
+    /// after its [`Self::node_options`].
+    pub fn options_for(&self, i: usize) -> Options {
+        let mut o = self.options.clone();
+        for (_, f) in self.node_options.iter().filter(|(n, _)| *n == i) {
+            f(&mut o);
+        }
+        o
     }
 
     /// Checks the settings; the message names the flag and the fix.
@@ -149,6 +167,19 @@ impl RingConfig {
         }
         if !(0.0..=50.0).contains(&self.loss_pct) {
             return Some(format!("--loss {}: must be 0..=50 percent", self.loss_pct));
+        }
+        if let Some(mtu) = self.mtu {
+            if self.placement != Placement::Netns {
+                return Some(format!(
+                    "--mtu {mtu}: sets the MTU of the namespaces' veths; add --netns (loopback's is 65536)"
+                ));
+            }
+            if !(1280..=65535).contains(&mtu) {
+                return Some(format!("--mtu {mtu}: must be 1280..=65535 bytes (9000 makes a jumbo-frame ring)"));
+            }
+        }
+        if let Some((i, _)) = self.node_options.iter().find(|(i, _)| *i >= self.nodes) {
+            return Some(format!("per-node options for node {i} of a ring of {}", self.nodes));
         }
         if self.inflight == 0 || self.inflight > 64 {
             return Some(format!("--inflight {}: must be 1..=64", self.inflight));
@@ -251,6 +282,9 @@ pub struct RingReport {
     pub cpu_us_per_frame: f64,
     /// Chunks retransmitted on all hops.
     pub retransmits: u64,
+    /// Datagrams per frame sent, over all nodes (a chunk train counts once;
+    /// 12 for 16 392-byte frames without trains).
+    pub datagrams_per_frame: f64,
     /// The RESIZE_CHAIN came back as an ACK from the tail.
     pub control_ack: Option<bool>,
     /// Counters summed over all nodes.
@@ -344,6 +378,7 @@ impl Gate {
         &self,
         ns: Option<&std::path::Path>,
         cfg: &RingConfig,
+        node: usize,
         ep: &Endpoint,
         timeout: Duration,
     ) -> Result<Box<dyn crate::transport::Transport>, NodeError> {
@@ -355,7 +390,7 @@ impl Gate {
             if cfg.unit_caps {
                 crate::sys::restrict_thread_caps(crate::sys::UNIT_CAPS).map_err(NodeError::UnitCaps)?;
             }
-            Ok(crate::transport::open::open(cfg.transport, ep, &cfg.options)?)
+            Ok(crate::transport::open::open(cfg.transport, ep, &cfg.options_for(node))?)
         })();
         match opened {
             Ok(t) => self.arrive(None, timeout).map(|()| t),
@@ -491,7 +526,7 @@ pub fn run(cfg: &RingConfig) -> Result<RingReport, RingError> {
                 .name(format!("leap-node-{i}"))
                 .spawn(move || {
                     pin(&cfg.options.cpus, i)?;
-                    let mut t = gate.open_node(ns.as_deref(), &cfg, &ep, start_timeout)?;
+                    let mut t = gate.open_node(ns.as_deref(), &cfg, i, &ep, start_timeout)?;
                     let wc = WorkerConfig {
                         frame_size: cfg.frame_size,
                         compute: cfg.compute,
@@ -517,7 +552,7 @@ pub fn run(cfg: &RingConfig) -> Result<RingReport, RingError> {
             .name("leap-head".into())
             .spawn(move || {
                 pin(&cfg2.options.cpus, 0)?;
-                let mut t = gate.open_node(ns.as_deref(), &cfg2, &ep, start_timeout)?;
+                let mut t = gate.open_node(ns.as_deref(), &cfg2, 0, &ep, start_timeout)?;
                 let hc = HeadConfig {
                     frame_size: cfg2.frame_size,
                     frames: cfg2.frames,
@@ -647,6 +682,11 @@ pub fn assemble(
         data_phase: None,
         cpu_us_per_frame: if delivered == 0 { 0.0 } else { cpu.as_secs_f64() * 1e6 / delivered as f64 },
         retransmits: stats.retransmits,
+        datagrams_per_frame: if stats.frames_sent == 0 {
+            0.0
+        } else {
+            stats.datagrams_sent as f64 / stats.frames_sent as f64
+        },
         control_ack: head.control_ack,
         stats,
         xdp: if is_kmod { None } else { backend },
@@ -657,6 +697,29 @@ pub fn assemble(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_mtu_needs_namespaces_and_a_size_veth_takes() {
+        let mut c = RingConfig::new(TransportKind::Udp, 3, 16392, 10);
+        c.mtu = Some(9000);
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("--mtu 9000") && e.contains("--netns"), "{e}");
+        c.placement = Placement::Netns;
+        c.validate().unwrap();
+        for bad in [576, 70_000] {
+            c.mtu = Some(bad);
+            assert!(c.validate().unwrap_err().to_string().contains("1280..=65535"));
+        }
+    }
+
+    #[test]
+    fn per_node_options_change_only_their_node() {
+        let mut c = RingConfig::new(TransportKind::Udp, 3, 16392, 10);
+        c.node_options.push((1, |o| o.trains = false));
+        assert!(c.options_for(0).trains && !c.options_for(1).trains && c.options_for(2).trains);
+        c.node_options.push((3, |o| o.crc = false));
+        assert!(c.validate().unwrap_err().to_string().contains("node 3"));
+    }
 
     #[test]
     fn windows_that_cannot_work_are_refused_naming_the_flags() {

@@ -470,6 +470,7 @@ fn start(sh: &Arc<Shared>, spec: MemberSpec, guard: BusyGuard) -> std::io::Resul
         reliability: spec.reliability,
         gso: spec.gso,
         crc: spec.crc,
+        trains: spec.trains,
         inflight: spec.inflight,
         ..Options::default()
     };

@@ -332,6 +332,7 @@ impl HostRings {
             prev: self.hosts[(i + n - 1) % n].data,
             iface: self.hosts[i].iface.clone(),
             crc: rc.options.crc,
+            trains: rc.options.trains,
             gso: rc.options.gso,
             reliability: rc.options.reliability,
             xdp_mode: XdpMode::of(rc.options.xdp_mode),

@@ -101,6 +101,14 @@ impl XdpMode {
     }
 }
 
+fn yes() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
+}
+
 /// One ring member to start.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -127,6 +135,10 @@ pub struct MemberSpec {
     pub iface: Option<String>,
     /// CRC32C on frames.
     pub crc: bool,
+    /// Chunk trains between leap nodes (sent only when off, so that an
+    /// agent of before trains still takes the default).
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub trains: bool,
     /// UDP GSO.
     pub gso: bool,
     /// Loss recovery.
@@ -451,6 +463,7 @@ mod tests {
             prev: "10.0.0.1:9999".parse().unwrap(),
             iface: Some("eth0".into()),
             crc: true,
+            trains: true,
             gso: true,
             reliability: Default::default(),
             xdp_mode: XdpMode::Auto,
@@ -474,6 +487,15 @@ mod tests {
             let got: Request = read_message(&mut &bytes[..], MAX_REQUEST).unwrap();
             assert_eq!(got, r);
         }
+    }
+
+    #[test]
+    fn trains_travel_only_when_off() {
+        let on = serde_json::to_string(&spec()).unwrap();
+        assert!(!on.contains("trains"), "{on}");
+        assert!(serde_json::from_str::<MemberSpec>(&on).unwrap().trains);
+        let off = serde_json::to_string(&MemberSpec { trains: false, ..spec() }).unwrap();
+        assert!(!serde_json::from_str::<MemberSpec>(&off).unwrap().trains);
     }
 
     #[test]

@@ -10,7 +10,7 @@
 use std::io;
 use std::mem::{size_of, zeroed};
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::ptr;
 
 use libc::{UDP_GRO, UDP_SEGMENT};
@@ -22,8 +22,31 @@ use socket2::SockAddr;
 
 /// Largest number of iovecs the kernel takes in one message.
 const IOV_MAX: usize = 1024;
-/// GSO: the kernel refuses more than 64 segments or more than 64 KiB.
+/// GSO: the kernel refuses more than `UDP_MAX_SEGMENTS` segments (64 on
+/// 6.x kernels, 128 on newer ones) or a UDP payload beyond 64 KiB; leap
+/// stays well below both.
 pub const GSO_MAX_SEGMENTS: usize = 44;
+/// GSO: most UDP payload bytes in one super-datagram (44 single chunks,
+/// or 7 trains of six; below the 65 507 of IPv4 and 65 487 of IPv6).
+pub const GSO_MAX_BYTES: usize = GSO_MAX_SEGMENTS * leap_common::chunk::CHUNK_DATAGRAM_MAX;
+/// Most pieces one datagram may have (a train of six chunks, each a header
+/// and up to three payload slices).
+pub const PIECES_MAX: usize = 4 * leap_common::chunk::TRAIN_CHUNKS_MAX;
+
+/// Segments of `seg` bytes one GSO super-datagram may carry.
+pub const fn gso_segments_max(seg: usize) -> usize {
+    let n = match GSO_MAX_BYTES.checked_div(seg) {
+        Some(n) => n,
+        None => GSO_MAX_SEGMENTS,
+    };
+    if n > GSO_MAX_SEGMENTS {
+        GSO_MAX_SEGMENTS
+    } else if n == 0 {
+        1
+    } else {
+        n
+    }
+}
 
 #[repr(C, align(8))]
 #[derive(Clone, Copy)]
@@ -66,37 +89,46 @@ impl TxBatch {
         Self { iov: Vec::new(), msgs: Vec::new(), ctrl: Vec::new(), groups: Vec::new() }
     }
 
-    /// Sends `datagrams` (each a list of pieces, header first) to `dst`.
-    /// With `gso`, runs of full-size datagrams (`segment` bytes, the last of a
-    /// run may be shorter) go out as GSO messages of up to
-    /// [`GSO_MAX_SEGMENTS`]; without, one message per datagram. Returns when
-    /// every datagram was handed to the kernel.
+    /// Sends `datagrams` (each a list of at most [`PIECES_MAX`] pieces,
+    /// header first) to `dst`. With `gso`, runs of full-size datagrams
+    /// (`segment` bytes, the last of a run may be shorter) go out as GSO
+    /// messages of up to [`gso_segments_max`] segments; without, one message
+    /// per datagram. Returns when every datagram was handed to the kernel.
     ///
     /// # Errors
     ///
     /// The `sendmmsg` error; with GSO, `EIO`/`EINVAL` mean the path cannot
     /// segment (the caller retries without).
-    pub fn send<'a, I>(&mut self, fd: BorrowedFd<'_>, dst: &SockAddr, datagrams: I, gso: Option<u16>) -> io::Result<()>
+    pub fn send<'a, I, D>(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        dst: &SockAddr,
+        datagrams: I,
+        gso: Option<u16>,
+    ) -> io::Result<()>
     where
-        I: IntoIterator<Item = [Piece<'a>; 4]>,
+        I: IntoIterator<Item = D>,
+        D: IntoIterator<Item = Piece<'a>>,
     {
         self.iov.clear();
         self.groups.clear();
         let mut seg_in_group = 0usize;
         let mut group_closed = true;
+        let segs_max = gso_segments_max(gso.map_or(0, usize::from));
         for pieces in datagrams {
-            let len: usize = pieces.iter().map(|p| p.len()).sum();
             let start = self.iov.len();
-            for p in pieces.iter().filter(|p| !p.is_empty()) {
+            let mut len = 0;
+            for p in pieces.into_iter().filter(|p| !p.is_empty()) {
+                len += p.len();
                 self.iov.push(libc::iovec { iov_base: p.as_ptr() as *mut libc::c_void, iov_len: p.len() });
             }
             let n = self.iov.len() - start;
             match gso {
-                Some(seg) if !group_closed && seg_in_group < GSO_MAX_SEGMENTS => {
+                Some(seg) if !group_closed && seg_in_group < segs_max => {
                     let g = self.groups.last_mut().expect("open group");
                     g.1 += n;
                     seg_in_group += 1;
-                    group_closed = len != usize::from(seg) || g.1 + 3 > IOV_MAX;
+                    group_closed = len != usize::from(seg) || g.1 + PIECES_MAX > IOV_MAX;
                 }
                 Some(seg) => {
                     self.groups.push((start, n, seg));
@@ -367,4 +399,63 @@ pub fn wait_readable(fd: BorrowedFd<'_>, timeout: std::time::Duration) -> io::Re
         Err(Errno::EINTR) => Ok(false),
         Err(e) => Err(e.into()),
     }
+}
+
+/// Bytes of IP and UDP headers in front of a UDP payload: 28 over IPv4, 48
+/// over IPv6 (no options, no extension headers).
+pub const fn ip_udp_headers(v6: bool) -> usize {
+    if v6 { 48 } else { 28 }
+}
+
+/// A UDP socket connected to a neighbour, never used to send: the kernel's
+/// path MTU towards it (`IP_MTU`, `IPV6_MTU`) can be read from it at any
+/// time, in the network namespace it was made in.
+#[derive(Debug)]
+pub struct RouteProbe {
+    socket: socket2::Socket,
+    v6: bool,
+}
+
+impl RouteProbe {
+    /// Connects a socket from `local` (its address; the port is ignored) to
+    /// `peer`. Nothing is sent.
+    ///
+    /// # Errors
+    ///
+    /// The failed `socket`, `bind` or `connect` (no route, say).
+    pub fn connect(local: SocketAddr, peer: SocketAddr) -> io::Result<Self> {
+        use socket2::{Domain, Protocol, Socket, Type};
+        let socket = Socket::new(Domain::for_address(peer), Type::DGRAM, Some(Protocol::UDP))?;
+        if local.is_ipv4() == peer.is_ipv4() && !local.ip().is_unspecified() {
+            socket.bind(&SocketAddr::new(local.ip(), 0).into())?;
+        }
+        socket.connect(&peer.into())?;
+        Ok(Self { socket, v6: peer.is_ipv6() })
+    }
+
+    /// The path MTU towards the peer now, in bytes of IP packet.
+    ///
+    /// # Errors
+    ///
+    /// The failed `getsockopt`.
+    pub fn mtu(&self) -> io::Result<usize> {
+        let mtu = if self.v6 {
+            ipv6_mtu(self.socket.as_fd())?
+        } else {
+            nix::sys::socket::getsockopt(&self.socket, sockopt::IpMtu)?
+        };
+        usize::try_from(mtu).map_err(|_| io::Error::from(io::ErrorKind::InvalidData))
+    }
+}
+
+/// `IPV6_MTU` of a connected socket (nix has no option for it).
+fn ipv6_mtu(fd: BorrowedFd<'_>) -> io::Result<libc::c_int> {
+    let mut v: libc::c_int = 0;
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `v` and `len` are valid for writes of the sizes given; the
+    // kernel writes at most `len` bytes into `v`.
+    let r = unsafe {
+        libc::getsockopt(fd.as_raw_fd(), libc::IPPROTO_IPV6, libc::IPV6_MTU, (&raw mut v).cast(), &raw mut len)
+    };
+    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(v) }
 }

@@ -15,7 +15,12 @@
 //! - between proven leap nodes every frame carries a CRC32C, checked before
 //!   delivery;
 //! - a NACK costs bounded work: each chunk it names is re-sent at most once,
-//!   in paced bursts, and NACKs per frame are limited.
+//!   in paced bursts, and NACKs per frame are limited;
+//! - a datagram may be a chunk train (several chunks back to back, see
+//!   [`leap_common::chunk::train`]): each chunk is taken as if it had come
+//!   alone, so a hostile train costs what its chunks sent singly would.
+//!   Trains are *sent* only to a next node proven to take them, no longer
+//!   than its announced size and the path MTU allow.
 
 use std::io;
 use std::net::SocketAddr;
@@ -111,6 +116,8 @@ pub struct DatagramLink {
     last_send: Option<Instant>,
     /// The first frame waited for the next node's proof (once per link).
     proof_waited: bool,
+    /// A socket connected to the next node, to read the path MTU from.
+    route: Option<crate::sys::udp::RouteProbe>,
 }
 
 impl DatagramLink {
@@ -126,6 +133,16 @@ impl DatagramLink {
         if cfg.crc {
             caps |= caps::CRC;
         }
+        if cfg.trains && !cfg.original_compat {
+            caps = caps::with_train_bytes(caps, cfg.rx_train_bytes);
+        }
+        let route = match crate::sys::udp::RouteProbe::connect(cfg.listen, cfg.next) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                log::debug!("{}: no route to {} to read the path MTU from ({e})", cfg.listen, cfg.next);
+                None
+            }
+        };
         let prev_peer = cfg.prev.filter(|&p| p != cfg.next).map(Peer::new);
         Self {
             reasm: Reassembler::with_window(cfg.max_frame_len, cfg.window),
@@ -151,7 +168,39 @@ impl DatagramLink {
             tx: OwnedBuf::default(),
             last_send: None,
             proof_waited: false,
+            route,
             cfg,
+        }
+    }
+
+    /// Chunks per datagram to the next node (1 until it proved it takes
+    /// trains, and always with trains off).
+    pub fn train_chunks(&self) -> usize {
+        self.sender.train()
+    }
+
+    /// Sizes the trains to the next node after it proved to be a leap node
+    /// (again): the largest it takes, within the path MTU, none with trains
+    /// off or when it takes none.
+    fn size_trains(&mut self) {
+        let next = self.cfg.next;
+        let peer_bytes = self.next_peer.proven().map_or(0, |p| caps::train_bytes(p.caps));
+        if !self.cfg.trains || self.cfg.original_compat || peer_bytes == 0 {
+            self.sender.set_train(1);
+            let why = if self.cfg.trains { "it takes no trains" } else { "trains are off here" };
+            log::info!("one chunk per datagram to {next} ({why})");
+            return;
+        }
+        let mtu = self.route.as_ref().and_then(|r| r.mtu().ok());
+        let path =
+            mtu.map_or(CHUNK_DATAGRAM_MAX, |m| m.saturating_sub(crate::sys::udp::ip_udp_headers(next.is_ipv6())));
+        let k = leap_common::chunk::train_chunks_for(peer_bytes.min(path));
+        self.sender.set_train(k);
+        let mtu = mtu.map_or_else(|| "unknown".into(), |m| m.to_string());
+        if k == 1 {
+            log::info!("one chunk per datagram to {next} (path MTU {mtu}: no room for a train)");
+        } else {
+            log::info!("trains of {k} chunks to {next} (path MTU {mtu})");
         }
     }
 
@@ -399,7 +448,7 @@ impl DatagramLink {
 
     /// Counts a frame sent (or attempted) as `seq`; a failed send of a kept
     /// frame is recovered by NACKs.
-    fn sent(&mut self, seq: u16, kept: bool, len: usize, res: Result<u16>) -> Result<()> {
+    fn sent(&mut self, seq: u16, kept: bool, len: usize, res: Result<super::send::Sent>) -> Result<()> {
         let now = Instant::now();
         if kept {
             self.probe.sent(now, &self.cfg.timers, seq);
@@ -408,9 +457,9 @@ impl DatagramLink {
         self.stats.frames_sent += 1;
         self.stats.bytes_sent += len as u64;
         match res {
-            Ok(chunks) => {
-                self.stats.chunks_sent += u64::from(chunks);
-                self.stats.datagrams_sent += u64::from(chunks);
+            Ok(sent) => {
+                self.stats.chunks_sent += u64::from(sent.chunks);
+                self.stats.datagrams_sent += u64::from(sent.datagrams);
                 Ok(())
             }
             Err(e) => {
@@ -432,15 +481,30 @@ impl DatagramLink {
         self.take(src, datagram, out);
     }
 
-    /// Takes one datagram; returns whether it was meant as a chunk (not a
-    /// hello), whatever became of it.
-    fn take(&mut self, src: Option<SocketAddr>, datagram: &[u8], out: Option<&mut [u8]>) -> bool {
+    /// Takes one datagram, a single chunk or a train of them (each taken
+    /// on its own); returns whether it was meant as chunks (not a hello),
+    /// whatever became of it. A datagram longer than any train is dropped
+    /// and counted as oversize.
+    fn take(&mut self, src: Option<SocketAddr>, datagram: &[u8], mut out: Option<&mut [u8]>) -> bool {
         self.taken += 1;
         if Hello::is_hello(datagram) {
             self.hello(src, datagram);
             return false;
         }
-        self.take_chunk(src, datagram, out);
+        if datagram.len() <= CHUNK_DATAGRAM_MAX || self.cfg.original_compat {
+            // What the original sends (and all an original-compatible node
+            // reads: a longer datagram fails the chunk's length check).
+            self.take_chunk(src, datagram, out);
+            return true;
+        }
+        match leap_common::chunk::train(datagram) {
+            Ok(train) => {
+                for chunk in train {
+                    self.take_chunk(src, chunk, out.as_deref_mut());
+                }
+            }
+            Err(e) => self.reasm.drops_mut().count_parse(e),
+        }
         true
     }
 
@@ -535,6 +599,9 @@ impl DatagramLink {
                 src.map_or_else(String::new, |a| a.to_string()),
                 if outcome.restarted { " (restarted)" } else { "" }
             );
+            if is_next {
+                self.size_trains();
+            }
         }
         if outcome.proven && !outcome.restarted && is_prev && self.stats.frames_received == 0 {
             // Whatever came from that address before it was proven (a

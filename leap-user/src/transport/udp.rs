@@ -8,7 +8,7 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leap_common::chunk::{CHUNK_DATAGRAM_MAX, FRAME_LEN_MAX};
+use leap_common::chunk::{FRAME_LEN_MAX, TRAIN_DATAGRAM_MAX};
 use socket2::{Domain, Protocol, Socket, Type};
 
 pub use super::config::UdpConfig;
@@ -176,8 +176,11 @@ impl UdpTransport {
         settle_windows(&mut cfg)?;
         let socket = bind_socket(cfg.listen)?;
         let gro = cfg.gro && enable_gro(socket.as_fd());
-        // With GRO one slot may hold a 64 KiB super-datagram.
-        let batch = if gro { RxBatch::new(16, 65536) } else { RxBatch::new(64, CHUNK_DATAGRAM_MAX + 1) };
+        // With GRO one slot may hold a 64 KiB super-datagram (of single
+        // chunks or of trains); without, one train. One byte more shows a
+        // longer datagram as truncated (dropped, counted as oversize).
+        cfg.rx_train_bytes = cfg.rx_train_bytes.min(TRAIN_DATAGRAM_MAX);
+        let batch = if gro { RxBatch::new(16, 65536) } else { RxBatch::new(64, TRAIN_DATAGRAM_MAX + 1) };
         let listen = cfg.listen;
         let link = DatagramLink::new(socket, cfg, true);
         log::debug!("udp {listen}: GSO {}, GRO {gro}", link.gso());
