@@ -343,7 +343,9 @@ pub fn validate(file: NodeFile) -> Result<NodePlan, ConfigError> {
     {
         return Err(err(
             "transport.busy_poll_us",
-            format!("{us} is beyond {BUSY_POLL_MAX_US} us: each wait would spin a CPU that long; 50 is typical, 0 turns it off"),
+            format!(
+                "{us} is beyond {BUSY_POLL_MAX_US} us: each wait would spin a CPU that long; 50 is typical, 0 turns it off"
+            ),
         ));
     }
     if let Some(v) = t.vlans.iter().find(|&&v| v > 4095) {

@@ -237,9 +237,15 @@ pub fn per_queue(xsk: XskConfig, queues: usize) -> XskConfig {
     XskConfig { frames, ring_size: xsk.ring_size.min(frames / 2).max(1), ..xsk }
 }
 
-/// Receive queues of an interface (`/sys/class/net/IF/queues/rx-*`), at
-/// least 1.
+/// Receive queues of an interface in the calling thread's network
+/// namespace (`ETHTOOL_GCHANNELS`; else `/sys/class/net/IF/queues/rx-*`,
+/// which shows sysfs's namespace), at least 1.
 pub fn rx_queue_count(iface: &str) -> u32 {
+    if let Ok(n) = sys::if_rx_queues(iface)
+        && n > 0
+    {
+        return n;
+    }
     std::fs::read_dir(std::path::Path::new("/sys/class/net").join(iface).join("queues"))
         .map(|d| d.filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().starts_with("rx-")).count() as u32)
         .unwrap_or(1)
@@ -392,7 +398,8 @@ impl QueueWatch {
         }
         self.next = now + NO_SOCKET_CHECK;
         let Some(n) = self.counters.get(Counter::NoSocket) else { return };
-        if n > self.seen && self.warnings.fetch_add(1, Ordering::Relaxed) == 0 {
+        if n > self.seen && self.warnings.load(Ordering::Relaxed) == 0 {
+            self.warnings.store(1, Ordering::Relaxed);
             let (iface, port, q) = (&self.iface, self.port, self.queues[0]);
             let flow = if self.v6 { "udp6" } else { "udp4" };
             log::warn!(
