@@ -306,7 +306,8 @@ impl Rings for LocalRings<'_> {
     fn floor(&mut self, nodes: usize, rounds: usize) -> Result<FloorOutcome, String> {
         let topo = match self.cfg.placement {
             Placement::Netns => {
-                Some(Topology::ring(&format!("lf{}", std::process::id() % 100_000), nodes).map_err(|e| e.to_string())?)
+                let prefix = format!("lf{}", std::process::id() % 100_000);
+                Some(Topology::ring_with_mtu(&prefix, nodes, self.cfg.mtu).map_err(|e| e.to_string())?)
             }
             Placement::Loopback => None,
             Placement::Hosts => return Err("LocalRings cannot place rings on other hosts".into()),
