@@ -171,9 +171,16 @@ pub fn main(args: &BenchArgs) -> Result<()> {
     let transports = if args.transports.is_empty() { TransportKind::ALL.to_vec() } else { args.transports.clone() };
     let hosts = hosts(args)?;
     if hosts.is_some()
-        && (args.profile || !args.transport_args.cpus.is_empty() || args.loopback || args.sched.is_some())
+        && (args.profile
+            || !args.transport_args.cpus.is_empty()
+            || args.loopback
+            || args.sched.is_some()
+            || args.transport_args.busy_poll.is_some())
     {
-        bail!("--profile, --cpus, --loopback and --sched apply to rings on this host, not to --hosts");
+        bail!(
+            "--profile, --cpus, --loopback, --sched and --busy-poll apply to rings on this host, not to --hosts \
+             (the `leap serve` agents do not take them)"
+        );
     }
     let root = crate::sys::is_root();
     let placement = if hosts.is_some() {
