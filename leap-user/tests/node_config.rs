@@ -33,6 +33,8 @@ fn check_names_the_bad_field() {
         (good.replace("order = [\"udp\"]", "order = [\"udp\"]\ninterface = \"leapnope0\""), "transport.interface"),
         (good.replace("[transport]", "[transport]\ncolour = 1"), "colour"),
         (format!("{good}[node]\ncpus = [100000]\n"), "node.cpus"),
+        (good.replace("order = [\"udp\"]", "order = [\"udp\"]\nbusy_poll_us = 99999"), "transport.busy_poll_us"),
+        (good.replace("order = [\"udp\"]", "order = [\"udp\"]\nqueues = [64]"), "transport.queues"),
     ];
     for (i, (text, field)) in cases.iter().enumerate() {
         let f = dir.join(format!("bad{i}.toml"));
@@ -44,7 +46,8 @@ fn check_names_the_bad_field() {
         assert_eq!(err.trim_end().lines().count(), 1, "case {i}: {err}");
     }
     let no_trains = good.replace("order = [\"udp\"]", "order = [\"udp\"]\ntrains = false");
-    for (name, text) in [("good", &good), ("no-trains", &no_trains)] {
+    let busy = good.replace("order = [\"udp\"]", "order = [\"udp\"]\nbusy_poll_us = 50");
+    for (name, text) in [("good", &good), ("no-trains", &no_trains), ("busy", &busy)] {
         let f = dir.join(format!("{name}.toml"));
         std::fs::write(&f, text).unwrap();
         let out = leap().args(["node", "--check", "--config"]).arg(&f).output().unwrap();

@@ -192,3 +192,24 @@ fn trains_off_on_either_side_means_one_chunk_per_datagram() {
     let (mut a, mut b) = pair_with(16392, |_| {}, |c| c.rx_train_bytes = 2 * 1412 + 100);
     assert_eq!(datagrams_per_frame(&mut a, &mut b, 10), 6.0);
 }
+
+#[test]
+fn busy_polling_receivers_deliver_frames_with_or_without_cap_net_admin() {
+    let (a, b) = (free_addr(), free_addr());
+    let mut ca = UdpConfig::new(a, b);
+    let mut cb = UdpConfig::new(b, a);
+    (ca.prev, cb.prev) = (Some(b), Some(a));
+    // Without CAP_NET_ADMIN the kernel refuses SO_BUSY_POLL: one warning,
+    // and the receiver still spins 50 us before it sleeps.
+    (ca.busy_poll, cb.busy_poll) = (Some(Duration::from_micros(50)), Some(Duration::from_micros(50)));
+    let (mut a, mut b) = (UdpTransport::bind(ca).unwrap(), UdpTransport::bind(cb).unwrap());
+    settle(&mut a, &mut b);
+    let mut out = vec![0u8; 16392];
+    for i in 0..50u32 {
+        let f = pattern(i, 16392);
+        a.send_next(&f).unwrap();
+        let got = b.recv_prev(&mut out).unwrap();
+        assert!(got.len == f.len() && out == f, "frame {i}");
+    }
+    assert_eq!(b.stats().frames_received, 50);
+}

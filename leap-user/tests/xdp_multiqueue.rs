@@ -1,6 +1,8 @@
 //! AF_XDP on an interface with two receive queues: one socket per queue,
 //! each in the XSKMAP at its queue index, and every chunk reaches user space
-//! through AF_XDP whichever queue the flow hashes to. Needs root and BPF:
+//! through AF_XDP whichever queue the flow hashes to; by default every queue
+//! is bound, and chunks on a queue without a socket are warned about once.
+//! Needs root and BPF:
 //! `cargo xtask ci`.
 
 mod xdp_common;
@@ -140,4 +142,89 @@ fn flows_spread_over_queues_all_reach_their_queues_socket() {
     assert_eq!(c.get(Counter::ToXsk), u64::from(flows), "{c}");
     assert_eq!(c.get(Counter::NoSocket), 0, "{c}");
     assert!(per_queue.iter().all(|&n| n > 0), "32 flows should use both queues: {per_queue:?}");
+}
+
+#[test]
+#[ignore = "needs root + BPF: run by cargo xtask ci"]
+fn by_default_every_receive_queue_is_bound() {
+    use leap::transport::config::{Endpoint, Options};
+    use leap::transport::xdp::open_endpoint;
+
+    let topo = Topology::ring(&xdp_common::unique("lxa"), 2).unwrap();
+    let (n0, n1) = (topo.nodes()[0].clone(), topo.nodes()[1].clone());
+    let (rx_if, tx_if) = ("lxam0", "lxam1");
+    two_queue_link(&n0, &n1, rx_if, tx_if, "10.80.0");
+    let queues = in_netns(n0.path(), move || {
+        let ep = Endpoint::new("10.80.0.1:9999".parse().unwrap(), "10.80.0.2:9999".parse().unwrap()).with_iface(rx_if);
+        let mut opts = Options::default();
+        opts.xdp_object = match object() {
+            leap::transport::xdp::ObjectSource::File(p) => Some(p),
+            _ => None,
+        };
+        let t = open_endpoint(Delivery::Xsk, &ep, &opts).unwrap();
+        t.queues().to_vec()
+    });
+    assert_eq!(queues, [0, 1], "the default binds every receive queue");
+}
+
+#[test]
+#[ignore = "needs root + BPF: run by cargo xtask ci"]
+fn chunks_on_a_queue_without_a_socket_warn_once() {
+    use leap_common::chunk::ChunkHeader;
+
+    let topo = Topology::ring(&xdp_common::unique("lxw"), 2).unwrap();
+    let (n0, n1) = (topo.nodes()[0].clone(), topo.nodes()[1].clone());
+    let (rx_if, tx_if) = ("lxwm0", "lxwm1");
+    two_queue_link(&n0, &n1, rx_if, tx_if, "10.81.0");
+    let (me, peer): (SocketAddr, SocketAddr) = ("10.81.0.1:9999".parse().unwrap(), "10.81.0.2:9999".parse().unwrap());
+    let ready = Arc::new(Barrier::new(2));
+    let sent = Arc::new(Barrier::new(2));
+    // 32 single-chunk flows from different ports: RSS puts some on queue 1.
+    let flows = |round: u16| {
+        for i in 0..32u16 {
+            let s = std::net::UdpSocket::bind(("10.81.0.2", 21000 + i)).unwrap();
+            let mut d = ChunkHeader::data(round * 32 + i, 0, 1).to_bytes().to_vec();
+            d.extend_from_slice(&[1; 32]);
+            s.send_to(&d, "10.81.0.1:9999").unwrap();
+        }
+    };
+    let receiver = {
+        let (ready, sent) = (ready.clone(), sent.clone());
+        std::thread::spawn(move || {
+            in_netns(n0.path(), move || {
+                let mut udp = UdpConfig::new(me, peer);
+                udp.reliability = Reliability::BestEffort;
+                udp.recv_timeout = Some(Duration::from_millis(100));
+                let mut cfg = XdpTransportConfig::new(rx_if, udp, Delivery::Xsk);
+                cfg.object = object();
+                cfg.mode = AttachMode::Drv;
+                cfg.queues = vec![0];
+                let mut t = XdpTransport::open(cfg).unwrap();
+                let mut buf = vec![0u8; 16392];
+                let mut warnings = Vec::new();
+                for _round in 0..2 {
+                    ready.wait();
+                    sent.wait();
+                    // The receive path looks at `no_socket` at most once a
+                    // second: receive (or time out) for 2.5 s.
+                    let until = std::time::Instant::now() + Duration::from_millis(2500);
+                    while std::time::Instant::now() < until {
+                        let _ = t.recv_prev(&mut buf);
+                    }
+                    warnings.push(t.no_socket_warnings());
+                }
+                (warnings, t.xdp_counters().unwrap())
+            })
+        })
+    };
+    in_netns(n1.path(), move || {
+        for round in 0..2 {
+            ready.wait();
+            flows(round);
+            sent.wait();
+        }
+    });
+    let (warnings, c) = receiver.join().unwrap();
+    assert!(c.get(Counter::NoSocket) > 0, "no chunk hashed to queue 1: {c}");
+    assert_eq!(warnings, [1, 1], "warned once, not again on more such chunks: {c}");
 }

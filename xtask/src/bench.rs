@@ -30,6 +30,13 @@ pub struct Args {
     /// Pin the host's ring nodes to these CPUs (leap bench --cpus).
     #[arg(long, value_name = "LIST")]
     cpus: Option<String>,
+    /// Host: also run udp and xdp with busy polling, in the same rounds
+    /// (leap bench --busy-poll[=US]).
+    #[arg(long, value_name = "US", num_args = 0..=1, default_missing_value = "50")]
+    busy_poll: Option<u64>,
+    /// Host: MTU of the veth pairs (leap bench --mtu).
+    #[arg(long, value_name = "BYTES")]
+    mtu: Option<u32>,
 }
 
 const BEGIN: &str = "LEAP_BENCH_JSON_BEGIN";
@@ -89,6 +96,12 @@ pub fn run_bench(args: Args) -> Result<()> {
     }
     if let Some(c) = &args.cpus {
         cmd.args(["--cpus", c]);
+    }
+    if let Some(us) = args.busy_poll {
+        cmd.arg(format!("--busy-poll={us}"));
+    }
+    if let Some(m) = args.mtu {
+        cmd.args(["--mtu", &m.to_string()]);
     }
     run(&mut cmd)?;
     parts.push(host.join("report.json"));

@@ -64,7 +64,13 @@ fn require_root(stage: &str) -> Result<bool> {
 
 /// Runs `leap ring` as the foundation issue's acceptance does and checks its JSON.
 fn ring_smoke(leap: &Path, transport: &str, placement: &str, frames: u64) -> Result<()> {
-    let out = util::output(Command::new(leap).args([
+    ring_smoke_with(leap, transport, placement, frames, &[]).map(drop)
+}
+
+/// [`ring_smoke`] with more arguments; returns what `leap ring` logged.
+fn ring_smoke_with(leap: &Path, transport: &str, placement: &str, frames: u64, extra: &[&str]) -> Result<String> {
+    let mut cmd = Command::new(leap);
+    cmd.args([
         "ring",
         "--transport",
         transport,
@@ -76,16 +82,37 @@ fn ring_smoke(leap: &Path, transport: &str, placement: &str, frames: u64) -> Res
         &frames.to_string(),
         placement,
         "--json",
-    ]))?;
+    ])
+    .args(extra);
+    let res = cmd.output().with_context(|| format!("cannot start {}", util::show(&cmd)))?;
+    let (out, log) = (String::from_utf8_lossy(&res.stdout), String::from_utf8_lossy(&res.stderr).into_owned());
+    if !res.status.success() {
+        bail!("{} failed: {}\n{log}", util::show(&cmd), res.status);
+    }
     let last = out.lines().last().unwrap_or_default();
     let field = |k: &str| -> Option<u64> {
         let at = last.find(&format!("\"{k}\":"))? + k.len() + 3;
         last[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
     };
     let (delivered, corrupt) = (field("frames_delivered"), field("frames_corrupt"));
-    eprintln!("ci: ring {transport} {placement}: delivered {delivered:?}, corrupt {corrupt:?}");
+    eprintln!("ci: ring {transport} {placement} {}: delivered {delivered:?}, corrupt {corrupt:?}", extra.join(" "));
     if delivered != Some(frames) || corrupt != Some(0) {
         bail!("leap ring --transport {transport} {placement}: expected {frames} intact frames, got: {last}");
+    }
+    Ok(log)
+}
+
+/// 3-node namespace rings of `udp` and `xdp` with busy polling, each node
+/// with exactly the packaged unit's capabilities (CAP_NET_ADMIN among
+/// them, so the kernel must take the busy-poll options): every frame
+/// intact, and no node fell back to spinning alone.
+fn busy_poll_rings(leap: &Path, obj: &Path) -> Result<()> {
+    let obj = obj.to_string_lossy();
+    for t in ["udp", "xdp"] {
+        let log = ring_smoke_with(leap, t, "--netns", 300, &["--busy-poll", "--unit-caps", "--xdp-object", &obj])?;
+        if let Some(l) = log.lines().find(|l| l.contains("busy polling is off")) {
+            bail!("leap ring --transport {t} --busy-poll --unit-caps: the kernel refused busy polling: {l}");
+        }
     }
     Ok(())
 }
@@ -204,7 +231,10 @@ pub fn run_ci(args: Args) -> Result<()> {
             }
             run(&mut ignored_test(&t))?;
         }
-        Ok(())
+        // Busy polling under the unit's capabilities (a few hundred frames).
+        let obj = crate::ebpf::build_ebpf(true)?;
+        run(cargo().args(["build", "--release", "--locked", "-p", "leap", "--bin", "leap"]))?;
+        busy_poll_rings(&root.join("target/release/leap"), &obj)
     })?;
     stage("ebpf", &mut || {
         if !require_root("ebpf")? {

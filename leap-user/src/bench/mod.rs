@@ -47,6 +47,42 @@ pub struct BenchConfig {
     /// Profile one extra latency run per transport with this `perf` and
     /// keep the raw reports in this directory.
     pub profile: Option<(PathBuf, PathBuf)>,
+    /// MTU of the namespaces' veth pairs (`None`: 1500).
+    pub mtu: Option<u32>,
+}
+
+/// A transport as the benchmark runs it: as configured, or with busy
+/// polling (`udp+bp`, when `options.busy_poll` is set) in the same rounds,
+/// so that the two compare within one run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// Backend.
+    pub kind: TransportKind,
+    /// Run with `options.busy_poll`; without it, busy polling is off.
+    pub busy_poll: bool,
+}
+
+impl Entry {
+    /// `kind` without busy polling.
+    pub fn plain(kind: TransportKind) -> Self {
+        Self { kind, busy_poll: false }
+    }
+
+    /// The entries measured for `kinds`: each as it is, and the datagram
+    /// backends again with busy polling when `busy_poll` is on.
+    pub fn all(kinds: &[TransportKind], busy_poll: bool) -> Vec<Self> {
+        let mut v: Vec<Self> = kinds.iter().map(|&k| Self::plain(k)).collect();
+        if busy_poll {
+            v.extend(kinds.iter().filter(|k| has_crc(**k)).map(|&kind| Self { kind, busy_poll: true }));
+        }
+        v
+    }
+}
+
+impl std::fmt::Display for Entry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}{}", self.kind, if self.busy_poll { "+bp" } else { "" })
+    }
 }
 
 /// One transport x size x mode, medians over the rounds.
@@ -99,6 +135,11 @@ pub struct BenchRow {
     /// all nodes and rounds summed (None: no bytes moved).
     #[serde(default)]
     pub copies_per_hop: Option<f64>,
+    /// Datagrams that carried frames' first copies per frame sent, all
+    /// nodes and rounds summed (None: a stream, such as TCP, or no frame
+    /// sent).
+    #[serde(default)]
+    pub datagrams_per_frame: Option<f64>,
     /// p50 / TCP's p50 at the same size, mode and site: the median of the
     /// per-round ratios when both have rounds.
     pub p50_vs_tcp: Option<f64>,
@@ -265,7 +306,8 @@ impl Rings for LocalRings<'_> {
     fn floor(&mut self, nodes: usize, rounds: usize) -> Result<FloorOutcome, String> {
         let topo = match self.cfg.placement {
             Placement::Netns => {
-                Some(Topology::ring(&format!("lf{}", std::process::id() % 100_000), nodes).map_err(|e| e.to_string())?)
+                let prefix = format!("lf{}", std::process::id() % 100_000);
+                Some(Topology::ring_with_mtu(&prefix, nodes, self.cfg.mtu).map_err(|e| e.to_string())?)
             }
             Placement::Loopback => None,
             Placement::Hosts => return Err("LocalRings cannot place rings on other hosts".into()),
@@ -316,13 +358,15 @@ fn frames_for(size: usize, quick: bool, throughput: bool) -> u64 {
 pub const RECV_TIMEOUT_MAX: Duration = Duration::from_millis(200);
 
 /// One benchmark ring: no control round, a stall bound instead of hanging.
-fn ring_config(cfg: &BenchConfig, kind: TransportKind, size: usize, frames: u64, inflight: usize) -> RingConfig {
-    let mut rc = RingConfig::new(kind, cfg.nodes, size, frames);
+fn ring_config(cfg: &BenchConfig, e: Entry, size: usize, frames: u64, inflight: usize) -> RingConfig {
+    let mut rc = RingConfig::new(e.kind, cfg.nodes, size, frames);
     rc.inflight = inflight;
     rc.placement = cfg.placement;
+    rc.mtu = cfg.mtu;
     rc.options = Options {
         frame_len: size,
         recv_timeout: cfg.options.recv_timeout.map(|t| t.min(RECV_TIMEOUT_MAX)),
+        busy_poll: cfg.options.busy_poll.filter(|_| e.busy_poll),
         ..cfg.options.clone()
     };
     rc.control = false;
@@ -367,10 +411,18 @@ pub fn copies_per_hop(runs: &[RingReport]) -> Option<f64> {
     (moved > 0).then(|| copied as f64 / moved as f64)
 }
 
+/// Datagrams per frame sent, summed over `runs` (None when no datagram was
+/// counted: a stream transport).
+pub fn datagrams_per_frame(runs: &[RingReport]) -> Option<f64> {
+    let datagrams: u64 = runs.iter().map(|r| r.stats.datagrams_sent).sum();
+    let frames: u64 = runs.iter().map(|r| r.stats.frames_sent).sum();
+    (datagrams > 0 && frames > 0).then(|| datagrams as f64 / frames as f64)
+}
+
 /// The row of `kind` at `size` and `mode` from its rounds, in round order.
 fn row(
     cfg: &BenchConfig,
-    kind: TransportKind,
+    kind: Entry,
     size: usize,
     mode: &str,
     inflight: usize,
@@ -405,6 +457,7 @@ fn row(
         retransmits: runs.iter().map(|r| r.retransmits).sum(),
         frames_resent: runs.iter().map(|r| r.frames_resent).sum(),
         copies_per_hop: copies_per_hop(runs),
+        datagrams_per_frame: datagrams_per_frame(runs),
         p50_vs_tcp: None,
         p50_vs_tcp_spread_pct: None,
         p50_vs_floor: None,
@@ -441,19 +494,21 @@ pub fn run_on(
         nodes: cfg.nodes,
         ..Default::default()
     };
-    let mut kinds = Vec::new();
+    let mut plain = Vec::new();
     for &k in &cfg.transports {
         match rings.unavailable(k) {
             Some(reason) => rep.skipped.push(Skipped { transport: k.to_string(), site: cfg.site.clone(), reason }),
-            None => kinds.push(k),
+            None => plain.push(k),
         }
     }
+    let kinds = Entry::all(&plain, cfg.options.busy_poll.is_some());
     let modes = [("latency", 1usize), ("throughput", THROUGHPUT_INFLIGHT)];
     let profiled = usize::from(cfg.profile.is_some());
-    let crc_kinds = kinds.iter().filter(|k| has_crc(**k)).count();
+    let crc_kinds = plain.iter().filter(|k| has_crc(**k)).count();
     let crc_pairs = if cfg.options.crc { crc_runs(cfg) } else { 0 };
     let rounds = cfg.repeat.max(1);
-    let total = kinds.len() * (cfg.sizes.len() * modes.len() * rounds + profiled) + crc_kinds * 2 * crc_pairs + 1;
+    let total =
+        kinds.len() * cfg.sizes.len() * modes.len() * rounds + plain.len() * profiled + crc_kinds * 2 * crc_pairs + 1;
     let mut done = 0;
     progress(done, total, "floor");
     match rings.floor(cfg.nodes, if cfg.quick { 2000 } else { 10_000 })? {
@@ -504,7 +559,7 @@ pub fn run_on(
             }
         }
     }
-    for &kind in &kinds {
+    for &kind in &plain {
         if let Some(&size) = cfg.sizes.first()
             && has_crc(kind)
             && crc_pairs > 0
@@ -521,7 +576,7 @@ pub fn run_on(
             progress(done, total, &format!("{kind} {size} B latency under perf"));
             // Long enough for a few thousand samples whatever the latency.
             let frames = ((256usize << 20) / size).clamp(200, 10_000) as u64;
-            match profile::record(perf, &ring_config(cfg, kind, size, frames, 1), &cfg.site, dir) {
+            match profile::record(perf, &ring_config(cfg, Entry::plain(kind), size, frames, 1), &cfg.site, dir) {
                 Ok(p) => rep.profiles.push(p),
                 Err(e) => rep.notes.push(format!("no profile of {kind} at {}: {e}", cfg.site)),
             }
@@ -559,7 +614,7 @@ fn crc_cost(
     for r in 0..pairs {
         for crc in [true, false] {
             step(&format!("{kind} {size} B latency, CRC {} #{}", if crc { "on" } else { "off" }, r + 1));
-            let mut rc = ring_config(cfg, kind, size, frames, 1);
+            let mut rc = ring_config(cfg, Entry::plain(kind), size, frames, 1);
             rc.options.crc = crc;
             let rep = rings.run(&rc)?;
             if rep.frames_corrupt > 0 {
@@ -663,6 +718,8 @@ mod tests {
     struct Scripted {
         p50: fn(TransportKind, usize) -> f64,
         runs: Vec<(TransportKind, usize, usize)>,
+        /// Whether each run busy-polled, in run order.
+        busy: Vec<bool>,
     }
 
     impl Rings for Scripted {
@@ -679,8 +736,18 @@ mod tests {
             let n =
                 self.runs.iter().filter(|r| r.0 == rc.transport && r.1 == rc.frame_size && r.2 == rc.inflight).count();
             self.runs.push((rc.transport, rc.frame_size, rc.inflight));
+            self.busy.push(rc.options.busy_poll.is_some());
             let moved = rc.frames * rc.frame_size as u64 * rc.nodes as u64;
-            let stats = Stats { bytes_received: moved, copied_bytes: 2 * moved, ..Stats::default() };
+            let sent = rc.frames * rc.nodes as u64;
+            // Datagram backends: 3 datagrams per 2 frames; TCP counts none.
+            let datagrams = if rc.transport == TransportKind::Tcp { 0 } else { sent * 3 / 2 };
+            let stats = Stats {
+                bytes_received: moved,
+                copied_bytes: 2 * moved,
+                frames_sent: sent,
+                datagrams_sent: datagrams,
+                ..Stats::default()
+            };
             Ok(report(rc, (self.p50)(rc.transport, n), stats))
         }
     }
@@ -696,6 +763,7 @@ mod tests {
             options: Options { crc: false, ..Options::default() },
             site: "host".into(),
             profile: None,
+            mtu: None,
         }
     }
 
@@ -724,7 +792,7 @@ mod tests {
 
     #[test]
     fn rounds_interleave_transports_in_rotating_order() {
-        let mut rings = Scripted { p50: |_, _| 1.0, runs: Vec::new() };
+        let mut rings = Scripted { p50: |_, _| 1.0, runs: Vec::new(), busy: Vec::new() };
         let cfg = config(3);
         run_on(&cfg, &mut rings, &|_, _, _| {}).unwrap();
         let latency: Vec<TransportKind> = rings.runs.iter().filter(|r| r.2 == 1).map(|r| r.0).collect();
@@ -743,6 +811,7 @@ mod tests {
                 if kind == TransportKind::Udp { 0.9 * level } else { level }
             },
             runs: Vec::new(),
+            busy: Vec::new(),
         };
         let rep = run_on(&config(4), &mut rings, &|_, _, _| {}).unwrap();
         let row = |t: &str| rep.rows.iter().find(|r| r.transport == t && r.mode == "latency").unwrap();
@@ -758,5 +827,38 @@ mod tests {
         assert!(md.contains("Copies per hop"), "{md}");
         assert!(md.contains("2.00 / 2.00"), "{md}");
         assert!(md.contains("= 0.90x TCP, spread 0% over the rounds (target <= 0.85: **not met**)"), "{md}");
+    }
+
+    #[test]
+    fn busy_poll_runs_the_datagram_transports_again_in_the_same_rounds() {
+        let mut rings = Scripted { p50: |_, _| 1.0, runs: Vec::new(), busy: Vec::new() };
+        let mut cfg = config(2);
+        cfg.options.busy_poll = Some(Duration::from_micros(50));
+        let rep = run_on(&cfg, &mut rings, &|_, _, _| {}).unwrap();
+        use TransportKind::{Tcp, Udp};
+        // Round 1: tcp, udp, udp+bp; round 2 rotated: udp, udp+bp, tcp.
+        let latency: Vec<(TransportKind, bool)> =
+            rings.runs.iter().zip(&rings.busy).filter(|(r, _)| r.2 == 1).map(|(r, &b)| (r.0, b)).collect();
+        assert_eq!(latency, [(Tcp, false), (Udp, false), (Udp, true), (Udp, false), (Udp, true), (Tcp, false)]);
+        let names: Vec<&str> = rep.rows.iter().filter(|r| r.mode == "latency").map(|r| r.transport.as_str()).collect();
+        assert_eq!(names, ["tcp", "udp", "udp+bp"]);
+        let bp = rep.rows.iter().find(|r| r.transport == "udp+bp").unwrap();
+        assert_eq!(bp.datagrams_per_frame, Some(1.5));
+        assert_eq!(bp.p50_vs_tcp, Some(1.0), "ratios to TCP from the same rounds");
+        assert_eq!(rep.rows[0].datagrams_per_frame, None, "TCP is a stream");
+    }
+
+    #[test]
+    fn without_busy_poll_no_bp_entries_and_nothing_busy_polls() {
+        assert_eq!(Entry::all(&[TransportKind::Tcp, TransportKind::Xdp], false).len(), 2);
+        let bp = Entry::all(&[TransportKind::Tcp, TransportKind::Xdp, TransportKind::Kmod], true);
+        let names: Vec<String> = bp.iter().map(ToString::to_string).collect();
+        assert_eq!(names, ["tcp", "xdp", "kmod", "xdp+bp"]);
+        let mut cfg = config(1);
+        cfg.options.busy_poll = Some(Duration::from_micros(50));
+        let rc = ring_config(&cfg, Entry::plain(TransportKind::Udp), 16_392, 10, 1);
+        assert_eq!(rc.options.busy_poll, None, "the plain entry runs without busy polling");
+        let rc = ring_config(&cfg, bp[3], 16_392, 10, 1);
+        assert_eq!(rc.options.busy_poll, Some(Duration::from_micros(50)));
     }
 }

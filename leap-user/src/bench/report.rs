@@ -17,6 +17,40 @@ fn series(r: &BenchReport) -> Vec<(String, String)> {
     v
 }
 
+/// The transports in report order (one colour each in the chart).
+fn transports(r: &BenchReport) -> Vec<String> {
+    let mut v: Vec<String> = Vec::new();
+    for row in &r.rows {
+        if !v.contains(&row.transport) {
+            v.push(row.transport.clone());
+        }
+    }
+    v
+}
+
+/// The sites in report order: each gets its own panels in the chart, as
+/// figures from different machines (an emulated VM, the host) are not
+/// comparable on one axis.
+fn sites(r: &BenchReport) -> Vec<String> {
+    let mut v: Vec<String> = Vec::new();
+    for site in r.rows.iter().map(|x| &x.site).chain(r.floors.iter().map(|f| &f.site)) {
+        if !v.contains(site) {
+            v.push(site.clone());
+        }
+    }
+    v
+}
+
+/// Datagrams per frame as the report shows it: `stream` for TCP, `-`
+/// where none were counted.
+fn datagrams(x: &BenchRow) -> String {
+    match x.datagrams_per_frame {
+        _ if x.transport == "tcp" => "stream".into(),
+        Some(v) => format!("{v:.2}"),
+        None => "-".into(),
+    }
+}
+
 fn sizes(r: &BenchReport) -> Vec<usize> {
     let mut v: Vec<usize> = r.rows.iter().map(|x| x.frame_size).collect();
     v.sort_unstable();
@@ -190,6 +224,16 @@ pub fn markdown(r: &BenchReport) -> String {
         &|x| {
             let thr = find(r, &x.transport, &x.site, x.frame_size, "throughput").and_then(|t| t.copies_per_hop);
             format!("{} / {}", copies(x.copies_per_hop), copies(thr))
+        },
+    );
+    table(
+        &mut s,
+        "Datagrams per frame: datagrams that carried frames' first copies per frame sent (all nodes; a chunk \
+         train counts once; tcp is a stream), latency / throughput",
+        "latency",
+        &|x| {
+            let thr = find(r, &x.transport, &x.site, x.frame_size, "throughput").map_or("-".into(), datagrams);
+            format!("{} / {thr}", datagrams(x))
         },
     );
     table(
@@ -392,15 +436,19 @@ fn targets(s: &mut String, r: &BenchReport, site: &str) {
     s.push('\n');
 }
 
-/// Two bar charts side by side: latency p50 (log scale) and throughput, per
-/// frame size, one colour per transport and site.
+/// Per site, two bar charts side by side: latency p50 (log scale) and
+/// throughput, per frame size, one colour per transport. Every site has
+/// its own panels and axes: an emulated VM's figures would otherwise
+/// squash the host's bars (or hide their own) on a shared scale.
 pub fn svg(r: &BenchReport) -> String {
     const COLORS: [&str; 8] = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#9c755f"];
-    let ser = series(r);
+    let ser = transports(r);
     let sz = sizes(r);
-    let (w, h, pad) = (1100.0f64, 520.0f64, 60.0f64);
+    let all_sites = sites(r);
+    let (w, pad, block_h) = (1100.0f64, 60.0f64, 440.0f64);
+    let h = 40.0 + block_h * all_sites.len().max(1) as f64 + 60.0;
     let panel_w = (w - 3.0 * pad) / 2.0;
-    let plot_h = h - 2.0 * pad - 60.0;
+    let plot_h = block_h - pad - 60.0;
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -415,111 +463,121 @@ pub fn svg(r: &BenchReport) -> String {
         placement_text(r, "veth between namespaces")
     );
     type Metric<'a> = &'a dyn Fn(&BenchRow) -> f64;
-    let panels: [(&str, &str, bool, Metric<'_>); 2] = [
-        ("Round-trip p50, one in flight (us, log scale; dashed: floor)", "latency", true, &|x| x.rtt_us.p50),
-        ("Throughput, 8 in flight (Gbit/s)", "throughput", false, &|x| x.gbit_per_s),
-    ];
-    for (pi, (title, mode, log, val)) in panels.into_iter().enumerate() {
-        let x0 = pad + pi as f64 * (panel_w + pad);
-        let y0 = pad + 20.0;
-        let vals: Vec<f64> = r.rows.iter().filter(|x| x.mode == mode).map(val).filter(|v| *v > 0.0).collect();
-        let mut vmax = vals.iter().copied().fold(0.0, f64::max).max(1e-9);
-        let mut vmin = vals.iter().copied().fold(f64::INFINITY, f64::min).min(vmax);
-        if log {
-            for f in &r.floors {
-                vmin = vmin.min(f.rtt_us.p50);
-                vmax = vmax.max(f.rtt_us.p50);
-            }
-            vmin = 10f64.powf(vmin.max(1e-3).log10().floor());
-            vmax = 10f64.powf(vmax.log10().ceil());
-        } else {
-            vmax *= 1.1;
-        }
-        let scale = |v: f64| -> f64 {
-            let frac =
-                if log { (v.max(vmin).log10() - vmin.log10()) / (vmax.log10() - vmin.log10()) } else { v / vmax };
-            plot_h * frac.clamp(0.0, 1.0)
-        };
+    for (bi, site) in all_sites.iter().enumerate() {
+        let top = 40.0 + bi as f64 * block_h;
         let _ = writeln!(
             s,
-            r#"<text x="{}" y="{}" text-anchor="middle" font-size="13">{title}</text>"#,
-            x0 + panel_w / 2.0,
-            y0 - 8.0
+            r#"<g class="site" data-site="{site}"><text x="{pad}" y="{}" font-size="14" font-weight="bold">{site}</text>"#,
+            top + 16.0
         );
-        let _ = writeln!(
-            s,
-            r##"<line x1="{x0}" y1="{}" x2="{}" y2="{}" stroke="#333"/>"##,
-            y0 + plot_h,
-            x0 + panel_w,
-            y0 + plot_h
-        );
-        let _ = writeln!(s, r##"<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{}" stroke="#333"/>"##, y0 + plot_h);
-        // Axis ticks.
-        let ticks: Vec<f64> = if log {
-            let (a, b) = (vmin.log10() as i32, vmax.log10() as i32);
-            (a..=b).map(|e| 10f64.powi(e)).collect()
-        } else {
-            (0..=4).map(|i| vmax * f64::from(i) / 4.0).collect()
-        };
-        for t in ticks {
-            let y = y0 + plot_h - scale(t);
-            let _ = writeln!(s, r##"<line x1="{}" y1="{y}" x2="{}" y2="{y}" stroke="#ddd"/>"##, x0, x0 + panel_w);
-            let _ = writeln!(s, r#"<text x="{}" y="{}" text-anchor="end">{}</text>"#, x0 - 4.0, y + 4.0, fmt_num(t));
-        }
-        if log {
-            for f in &r.floors {
-                let y = y0 + plot_h - scale(f.rtt_us.p50);
-                let _ = writeln!(
-                    s,
-                    r##"<line x1="{x0}" y1="{y}" x2="{}" y2="{y}" stroke="#555" stroke-dasharray="6,4"><title>floor ({}) {:.1} us</title></line>"##,
-                    x0 + panel_w,
-                    f.site,
-                    f.rtt_us.p50
-                );
+        let panels: [(&str, &str, bool, Metric<'_>); 2] = [
+            ("Round-trip p50, one in flight (us, log scale; dashed: floor)", "latency", true, &|x| x.rtt_us.p50),
+            ("Throughput, 8 in flight (Gbit/s)", "throughput", false, &|x| x.gbit_per_s),
+        ];
+        let floors: Vec<_> = r.floors.iter().filter(|f| &f.site == site).collect();
+        for (pi, (title, mode, log, val)) in panels.into_iter().enumerate() {
+            let x0 = pad + pi as f64 * (panel_w + pad);
+            let y0 = top + pad;
+            let vals: Vec<f64> =
+                r.rows.iter().filter(|x| x.mode == mode && &x.site == site).map(val).filter(|v| *v > 0.0).collect();
+            let mut vmax = vals.iter().copied().fold(0.0, f64::max).max(1e-9);
+            let mut vmin = vals.iter().copied().fold(f64::INFINITY, f64::min).min(vmax);
+            if log {
+                for f in &floors {
+                    vmin = vmin.min(f.rtt_us.p50);
+                    vmax = vmax.max(f.rtt_us.p50);
+                }
+                vmin = 10f64.powf(vmin.max(1e-3).log10().floor());
+                vmax = 10f64.powf(vmax.log10().ceil());
+            } else {
+                vmax *= 1.1;
             }
-        }
-        let group_w = panel_w / sz.len().max(1) as f64;
-        let bar_w = (group_w * 0.8 / ser.len().max(1) as f64).max(1.0);
-        for (gi, &z) in sz.iter().enumerate() {
-            let gx = x0 + gi as f64 * group_w + group_w * 0.1;
+            let scale = |v: f64| -> f64 {
+                let frac =
+                    if log { (v.max(vmin).log10() - vmin.log10()) / (vmax.log10() - vmin.log10()) } else { v / vmax };
+                plot_h * frac.clamp(0.0, 1.0)
+            };
             let _ = writeln!(
                 s,
-                r#"<text x="{}" y="{}" text-anchor="middle">{} B</text>"#,
-                gx + group_w * 0.4,
-                y0 + plot_h + 16.0,
-                z
+                r#"<text x="{}" y="{}" text-anchor="middle" font-size="13">{title}</text>"#,
+                x0 + panel_w / 2.0,
+                y0 - 8.0
             );
-            for (si, (t, site)) in ser.iter().enumerate() {
-                if let Some(row) = find(r, t, site, z, mode) {
-                    let v = val(row);
-                    let bh = scale(v);
+            let _ = writeln!(
+                s,
+                r##"<line x1="{x0}" y1="{}" x2="{}" y2="{}" stroke="#333"/>"##,
+                y0 + plot_h,
+                x0 + panel_w,
+                y0 + plot_h
+            );
+            let _ = writeln!(s, r##"<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{}" stroke="#333"/>"##, y0 + plot_h);
+            let ticks: Vec<f64> = if log {
+                let (a, b) = (vmin.log10() as i32, vmax.log10() as i32);
+                (a..=b).map(|e| 10f64.powi(e)).collect()
+            } else {
+                (0..=4).map(|i| vmax * f64::from(i) / 4.0).collect()
+            };
+            for t in ticks {
+                let y = y0 + plot_h - scale(t);
+                let _ = writeln!(s, r##"<line x1="{}" y1="{y}" x2="{}" y2="{y}" stroke="#ddd"/>"##, x0, x0 + panel_w);
+                let _ =
+                    writeln!(s, r#"<text x="{}" y="{}" text-anchor="end">{}</text>"#, x0 - 4.0, y + 4.0, fmt_num(t));
+            }
+            if log {
+                for f in &floors {
+                    let y = y0 + plot_h - scale(f.rtt_us.p50);
                     let _ = writeln!(
                         s,
-                        r#"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{}"><title>{t} ({site}) {z} B: {}</title></rect>"#,
-                        gx + si as f64 * bar_w,
-                        y0 + plot_h - bh,
-                        bar_w * 0.92,
-                        bh,
-                        COLORS[si % COLORS.len()],
-                        fmt_num(v)
+                        r##"<line x1="{x0}" y1="{y}" x2="{}" y2="{y}" stroke="#555" stroke-dasharray="6,4"><title>floor ({}) {:.1} us</title></line>"##,
+                        x0 + panel_w,
+                        f.site,
+                        f.rtt_us.p50
                     );
                 }
             }
+            let group_w = panel_w / sz.len().max(1) as f64;
+            let bar_w = (group_w * 0.8 / ser.len().max(1) as f64).max(1.0);
+            for (gi, &z) in sz.iter().enumerate() {
+                let gx = x0 + gi as f64 * group_w + group_w * 0.1;
+                let _ = writeln!(
+                    s,
+                    r#"<text x="{}" y="{}" text-anchor="middle">{} B</text>"#,
+                    gx + group_w * 0.4,
+                    y0 + plot_h + 16.0,
+                    z
+                );
+                for (si, t) in ser.iter().enumerate() {
+                    if let Some(row) = find(r, t, site, z, mode) {
+                        let v = val(row);
+                        let bh = scale(v);
+                        let _ = writeln!(
+                            s,
+                            r#"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{}"><title>{t} ({site}) {z} B: {}</title></rect>"#,
+                            gx + si as f64 * bar_w,
+                            y0 + plot_h - bh,
+                            bar_w * 0.92,
+                            bh,
+                            COLORS[si % COLORS.len()],
+                            fmt_num(v)
+                        );
+                    }
+                }
+            }
         }
+        s.push_str("</g>\n");
     }
     // Legend.
-    let ly = h - 40.0;
+    let ly = h - 30.0;
     let mut lx = pad;
-    for (si, (t, site)) in ser.iter().enumerate() {
+    for (si, t) in ser.iter().enumerate() {
         let _ = writeln!(
             s,
             r#"<rect x="{lx}" y="{}" width="12" height="12" fill="{}"/>"#,
             ly - 10.0,
             COLORS[si % COLORS.len()]
         );
-        let label = format!("{t} ({site})");
-        let _ = writeln!(s, r#"<text x="{}" y="{ly}">{label}</text>"#, lx + 16.0);
-        lx += 24.0 + 7.0 * label.len() as f64;
+        let _ = writeln!(s, r#"<text x="{}" y="{ly}">{t}</text>"#, lx + 16.0);
+        lx += 24.0 + 7.0 * t.len() as f64;
     }
     s.push_str("</svg>\n");
     s
@@ -532,5 +590,93 @@ fn fmt_num(v: f64) -> String {
         format!("{v:.1}")
     } else {
         format!("{v:.2}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::Floor;
+    use crate::ring::Percentiles;
+
+    fn row(transport: &str, site: &str, mode: &str, p50: f64, datagrams: Option<f64>) -> BenchRow {
+        BenchRow {
+            transport: transport.into(),
+            site: site.into(),
+            frame_size: 16_392,
+            mode: mode.into(),
+            inflight: if mode == "latency" { 1 } else { 8 },
+            repeats: 1,
+            frames: 100,
+            rtt_us: Percentiles { p50, p90: p50, p99: p50, max: p50, mean: p50 },
+            round_p50_us: vec![p50],
+            p50_spread_pct: 0.0,
+            round_trips_per_s: 1e6 / p50,
+            gbit_per_s: 1.0,
+            round_gbit_per_s: vec![1.0],
+            cpu_us_per_frame: 1.0,
+            frames_lost: 0,
+            frames_corrupt: 0,
+            retransmits: 0,
+            frames_resent: 0,
+            copies_per_hop: None,
+            datagrams_per_frame: datagrams,
+            p50_vs_tcp: None,
+            p50_vs_tcp_spread_pct: None,
+            p50_vs_floor: None,
+            gbit_vs_tcp: None,
+        }
+    }
+
+    fn report() -> BenchReport {
+        let mut r = BenchReport { nodes: 3, placement: "netns".into(), ..BenchReport::default() };
+        for (site, tcp, udp) in [("host", 50.0, 40.0), ("vm", 5000.0, 4000.0)] {
+            for mode in ["latency", "throughput"] {
+                r.rows.push(row("tcp", site, mode, tcp, None));
+                r.rows.push(row("udp", site, mode, udp, Some(if mode == "latency" { 12.0 } else { 4.5 })));
+                r.rows.push(row("udp+bp", site, mode, udp, Some(12.0)));
+            }
+            r.floors.push(Floor {
+                site: site.into(),
+                rtt_us: Percentiles { p50: tcp / 5.0, ..Default::default() },
+                hops: 3,
+            });
+        }
+        r.compute_ratios();
+        r
+    }
+
+    #[test]
+    fn datagrams_per_frame_shows_tcp_as_a_stream() {
+        let md = markdown(&report());
+        let table = md.split("## Datagrams per frame").nth(1).expect("a datagrams table");
+        let line = |t: &str, site: &str| {
+            table.lines().find(|l| l.starts_with(&format!("| {t} | {site} |"))).unwrap_or_else(|| panic!("{table}"))
+        };
+        assert!(line("tcp", "host").contains("stream / stream"), "{table}");
+        assert!(line("udp", "host").contains("12.00 / 4.50"), "{table}");
+        assert!(line("udp+bp", "vm").contains("12.00 / 12.00"), "{table}");
+    }
+
+    #[test]
+    fn host_and_vm_are_drawn_in_panels_of_their_own() {
+        let svg = svg(&report());
+        let groups: Vec<&str> = svg.split(r#"<g class="site" data-site=""#).skip(1).collect();
+        assert_eq!(groups.len(), 2, "{svg}");
+        assert!(groups[0].starts_with("host\"") && groups[1].starts_with("vm\""));
+        // The host's TCP bar (50 us) on its own log axis (10..100 us) fills
+        // most of the plot; on an axis shared with the VM (10..10 000 us)
+        // it would be under a quarter of it.
+        let height = |g: &str, what: &str| -> f64 {
+            let rect = g.split("<rect ").find(|r| r.contains(what)).unwrap_or_else(|| panic!("{what}: {g}"));
+            let h = rect.split("height=\"").nth(1).unwrap();
+            h[..h.find('"').unwrap()].parse().unwrap()
+        };
+        let plot_h = 440.0 - 60.0 - 60.0;
+        let host_tcp = height(groups[0], "tcp (host) 16392 B: 50.0");
+        assert!(host_tcp > 0.6 * plot_h, "host bar squashed: {host_tcp} of {plot_h}");
+        let vm_tcp = height(groups[1], "tcp (vm) 16392 B: 5000");
+        assert!(vm_tcp > 0.6 * plot_h, "vm bar squashed: {vm_tcp} of {plot_h}");
+        assert!(!groups[0].contains("(vm)") && !groups[1].contains("(host)"), "sites mixed in one panel");
     }
 }

@@ -81,6 +81,11 @@ pub struct BenchArgs {
     /// or `normal` (default: rr as root without --spin-us, else normal).
     #[arg(long, value_enum)]
     pub sched: Option<Sched>,
+    /// MTU of the benchmark's veth pairs (namespaces only; default 1500).
+    /// With --busy-poll, the datagram transports also run with busy
+    /// polling in the same rounds (`udp+bp`, `xdp+bp`).
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u32).range(1500..=65535))]
+    pub mtu: Option<u32>,
     /// Backend options.
     #[command(flatten)]
     pub transport_args: TransportArgs,
@@ -166,9 +171,16 @@ pub fn main(args: &BenchArgs) -> Result<()> {
     let transports = if args.transports.is_empty() { TransportKind::ALL.to_vec() } else { args.transports.clone() };
     let hosts = hosts(args)?;
     if hosts.is_some()
-        && (args.profile || !args.transport_args.cpus.is_empty() || args.loopback || args.sched.is_some())
+        && (args.profile
+            || !args.transport_args.cpus.is_empty()
+            || args.loopback
+            || args.sched.is_some()
+            || args.transport_args.busy_poll.is_some())
     {
-        bail!("--profile, --cpus, --loopback and --sched apply to rings on this host, not to --hosts");
+        bail!(
+            "--profile, --cpus, --loopback, --sched and --busy-poll apply to rings on this host, not to --hosts \
+             (the `leap serve` agents do not take them)"
+        );
     }
     let root = crate::sys::is_root();
     let placement = if hosts.is_some() {
@@ -178,7 +190,20 @@ pub fn main(args: &BenchArgs) -> Result<()> {
     } else {
         Placement::Loopback
     };
+    if args.mtu.is_some() && placement != Placement::Netns {
+        bail!("--mtu sets the MTU of the veth pairs between namespaces: run as root, without --loopback and --hosts");
+    }
     let mut notes = args.note.clone();
+    if let Some(m) = args.mtu {
+        notes.push(format!("{}: veth pairs at MTU {m} (--mtu)", args.site));
+    }
+    if let Some(us) = args.transport_args.busy_poll {
+        notes.push(format!(
+            "{}: `+bp` rows ran with busy polling (--busy-poll={us}: SO_BUSY_POLL {us} us, SO_PREFER_BUSY_POLL, \
+             a {us} us spin before sleeping) in the same rounds as the rows without it",
+            args.site
+        ));
+    }
     let mut rings = match hosts {
         Some((specs, token_file)) => {
             let token = crate::serve::protocol::read_token(&token_file)?;
@@ -204,6 +229,7 @@ pub fn main(args: &BenchArgs) -> Result<()> {
         options: args.transport_args.options(16_392),
         site: args.site.clone(),
         profile: None,
+        mtu: args.mtu,
     };
     let cpus = &args.transport_args.cpus;
     notes.extend(rings.is_none().then(|| {
@@ -278,10 +304,13 @@ pub fn main(args: &BenchArgs) -> Result<()> {
 ///
 /// `--sched rr` that cannot be had.
 fn schedule(args: &BenchArgs, root: bool) -> Result<String> {
-    let spins = args.transport_args.spin_us > 0;
+    let spins = args.transport_args.spin_us > 0 || args.transport_args.busy_poll.is_some();
     let want = args.sched.unwrap_or(if root && !spins { Sched::Rr } else { Sched::Normal });
     if want == Sched::Rr && spins {
-        bail!("--sched rr with --spin-us: a spinning real-time node would keep the others off a shared CPU");
+        bail!(
+            "--sched rr with --spin-us or --busy-poll: a spinning real-time node would keep the others off a shared \
+             CPU; leave out --sched rr"
+        );
     }
     let got = match sched::apply(want) {
         Ok(()) => want,

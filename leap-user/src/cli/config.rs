@@ -24,6 +24,7 @@
 //! # window = 64                   # frames in assembly (default: from ring.inflight)
 //! # keep_frames = 128             # frames kept for NACKs (default: twice the window)
 //! # window_memory_mib = 256       # limit on both, per link
+//! # busy_poll_us = 50             # busy-poll the receive sockets (needs CAP_NET_ADMIN; 0: off)
 //!
 //! [node]
 //! log = "info"
@@ -137,6 +138,9 @@ pub struct TransportSection {
     /// Datagram transports: memory the window and the frames kept may take
     /// per link, MiB (default 256).
     pub window_memory_mib: Option<usize>,
+    /// Busy-poll the receive sockets this many microseconds per wait and
+    /// spin as long before sleeping (`--busy-poll`; 0 or absent: off).
+    pub busy_poll_us: Option<u64>,
 }
 
 impl Default for TransportSection {
@@ -157,9 +161,13 @@ impl Default for TransportSection {
             window: None,
             keep_frames: None,
             window_memory_mib: None,
+            busy_poll_us: None,
         }
     }
 }
+
+/// The longest busy poll a node file may ask for, microseconds.
+pub const BUSY_POLL_MAX_US: u64 = 10_000;
 
 /// `[node]`.
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -322,15 +330,29 @@ pub fn validate(file: NodeFile) -> Result<NodePlan, ConfigError> {
         _ => {}
     }
     if let Some(q) = &t.queues {
+        let max = leap_common::xdp::MAX_QUEUES;
         let ok = q.as_str() == Some("all")
             || q.as_array().is_some_and(|a| {
                 !a.is_empty()
-                    && a.len() <= 8
-                    && a.iter().all(|v| v.as_integer().is_some_and(|n| (0..1024).contains(&n)))
+                    && a.len() <= max as usize
+                    && a.iter().all(|v| v.as_integer().is_some_and(|n| (0..i64::from(max)).contains(&n)))
             });
         if !ok {
-            return Err(err("transport.queues", "`all` or a list of up to 8 queue numbers, e.g. [0, 1]"));
+            return Err(err(
+                "transport.queues",
+                format!("`all` or a list of up to {max} queue numbers below {max}, e.g. [0, 1]"),
+            ));
         }
+    }
+    if let Some(us) = t.busy_poll_us
+        && us > BUSY_POLL_MAX_US
+    {
+        return Err(err(
+            "transport.busy_poll_us",
+            format!(
+                "{us} is beyond {BUSY_POLL_MAX_US} us: each wait would spin a CPU that long; 50 is typical, 0 turns it off"
+            ),
+        ));
     }
     if let Some(v) = t.vlans.iter().find(|&&v| v > 4095) {
         return Err(err("transport.vlans", format!("VLAN ID {v} out of range: 0 to 4095")));

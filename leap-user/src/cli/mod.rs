@@ -115,7 +115,9 @@ pub struct TransportArgs {
     /// XDP attach mode.
     #[arg(long, value_enum, default_value_t = AttachMode::Auto)]
     pub xdp_mode: AttachMode,
-    /// AF_XDP receive queues: `all` or a list such as `0,1`.
+    /// AF_XDP receive queues: `all` (every receive queue of the interface,
+    /// up to 64) or a list such as `0,1`; `0` alone binds one socket and
+    /// wants an ntuple rule steering LEAP traffic to queue 0 (README).
     #[arg(long, default_value = "all", value_parser = parse_queues)]
     pub xdp_queues: Queues,
     /// VLAN ID a tagged chunk may carry on the XDP path (repeat for
@@ -172,10 +174,11 @@ pub fn parse_queues(s: &str) -> Result<Queues, String> {
     if s == "all" {
         return Ok(Queues(None));
     }
+    let max = leap_common::xdp::MAX_QUEUES;
     let q: Result<Vec<u32>, _> = s.split(',').map(|x| x.trim().parse::<u32>()).collect();
     match q {
-        Ok(v) if !v.is_empty() && v.len() <= 8 => Ok(Queues(Some(v))),
-        _ => Err(format!("`{s}`: `all` or up to 8 queue numbers such as 0,1")),
+        Ok(v) if !v.is_empty() && v.len() <= max as usize && v.iter().all(|&n| n < max) => Ok(Queues(Some(v))),
+        _ => Err(format!("`{s}`: `all` or up to {max} queue numbers below {max}, such as 0,1 (0 alone: one queue)")),
     }
 }
 

@@ -171,6 +171,9 @@ fn resolve(args: &NodeArgs) -> Result<Resolved> {
         {
             opts.window_memory = mib.saturating_mul(1 << 20);
         }
+        if args.transport_args.busy_poll.is_none() {
+            opts.busy_poll = t.busy_poll_us.filter(|&us| us > 0).map(Duration::from_micros);
+        }
         if args.transport_args.xdp_queues.0.is_none()
             && let Some(list) = t.queues.as_ref().and_then(|q| q.as_array())
         {

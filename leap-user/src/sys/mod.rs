@@ -1,8 +1,9 @@
 //! Wrappers around the system calls leap needs that std and socket2 do not
 //! offer: nix's typed calls where it has them; raw `libc` with a `SAFETY`
-//! note where it does not (`capset`, batched UDP I/O with GSO/GRO, the
+//! note where it does not (`capset`, batched UDP I/O with GSO/GRO, busy-poll socket options, the
 //! shared mapping of the kernel module). Everything above is safe code.
 
+pub mod busy_poll;
 pub mod kmod;
 pub mod netns;
 pub mod udp;

@@ -4,7 +4,9 @@
 //! A receive awaits the transport's file descriptor through [`AsyncFd`] (for
 //! XDP an epoll set of its AF_XDP sockets or ring buffer and its UDP
 //! socket) and the loss-recovery timers through `tokio::time`: no thread
-//! blocks and nothing spins. Between receives the transport's driver thread
+//! blocks and nothing spins: `spin` and the spinning part of `busy_poll`
+//! are ignored here (the sockets still carry `SO_BUSY_POLL`, which a
+//! blocking read would use). Between receives the transport's driver thread
 //! answers NACKs, as with the blocking API. Sends do not wait: a frame goes
 //! to the kernel in one `sendmmsg`.
 //!

@@ -1013,9 +1013,16 @@ impl DatagramLink {
         }
     }
 
+    /// How long a blocking receive looks again at once before it sleeps:
+    /// the configured spin, or the busy-poll time when that is longer.
+    fn spin(&self) -> Duration {
+        self.cfg.spin.max(self.cfg.busy_poll.unwrap_or_default())
+    }
+
     /// Delivers a frame completed by the receive path, or runs the timers
-    /// and says how long to wait.
-    fn recv_poll(&mut self, call: &RecvCall, out: &mut [u8]) -> Result<RecvPoll> {
+    /// and says how long to wait; `spin`: look again at once for the first
+    /// [`Self::spin`] of the call.
+    fn recv_poll(&mut self, call: &RecvCall, out: &mut [u8], spin: bool) -> Result<RecvPoll> {
         if let Some(got) = self.done.take() {
             return self.delivered(got).map(RecvPoll::Ready);
         }
@@ -1024,7 +1031,8 @@ impl DatagramLink {
         if call.deadline.is_some_and(|d| now >= d) {
             return Err(self.deadline_passed(out));
         }
-        Ok(RecvPoll::Wait(if now.duration_since(call.start) < self.cfg.spin || std::mem::take(&mut self.drain_first) {
+        let spinning = spin && now.duration_since(call.start) < self.spin();
+        Ok(RecvPoll::Wait(if spinning || std::mem::take(&mut self.drain_first) {
             None
         } else {
             let until = earliest(earliest(timer, call.deadline), Some(now + WAKE_TICK)).unwrap_or(now);
@@ -1060,7 +1068,7 @@ pub fn recv<R: RxPath + ?Sized>(
         Err(rc) => rc,
     };
     loop {
-        let poll = lock(link).recv_poll(&rc, out)?;
+        let poll = lock(link).recv_poll(&rc, out, true)?;
         match poll {
             RecvPoll::Ready(got) => return Ok(got),
             RecvPoll::Wait(Some(w)) => rx.wait(w).map_err(|e| TransportError::io(call, e))?,
@@ -1120,7 +1128,9 @@ impl<R: RxPath> Shared<R> {
         res
     }
 
-    /// One step of a receive call that must not block.
+    /// One step of a receive call that must not block. It never spins
+    /// (neither `spin` nor busy polling's spin): an event loop waits for
+    /// readiness instead.
     ///
     /// # Errors
     ///
@@ -1128,7 +1138,7 @@ impl<R: RxPath> Shared<R> {
     pub fn try_recv(&self, rc: &RecvCall, out: &mut [u8], call: &'static str) -> Result<TryRecv> {
         let mut rx = self.rx();
         let mut link = lock(&self.link);
-        let wait = match link.recv_poll(rc, out)? {
+        let wait = match link.recv_poll(rc, out, false)? {
             RecvPoll::Ready(got) => return Ok(TryRecv::Frame(got)),
             RecvPoll::Wait(w) => w,
         };

@@ -94,6 +94,35 @@ pub fn bind_socket(addr: SocketAddr) -> Result<Socket, UdpError> {
     Ok(s)
 }
 
+/// Turns busy polling on for a receive socket (`what` names it in the log):
+/// `SO_BUSY_POLL` for `busy` (see [`crate::sys::busy_poll::enable`]). Without
+/// `CAP_NET_ADMIN` the kernel refuses; that is logged once per process, with
+/// the fix, and the node keeps spinning for `busy` before it sleeps.
+/// Returns whether the socket busy-polls.
+pub(crate) fn enable_busy_poll(fd: std::os::fd::BorrowedFd<'_>, busy: Option<Duration>, what: &str) -> bool {
+    use crate::sys::busy_poll;
+    static REFUSED: std::sync::Once = std::sync::Once::new();
+    let Some(busy) = busy else { return false };
+    let us = u32::try_from(busy.as_micros()).unwrap_or(u32::MAX);
+    match busy_poll::enable(fd, us, busy_poll::DEFAULT_BUDGET) {
+        Ok(()) => true,
+        Err(e) => {
+            REFUSED.call_once(|| {
+                let fix = if e.is_permission() {
+                    "grant CAP_NET_ADMIN (the packaged unit does)"
+                } else {
+                    "a kernel with busy polling (CONFIG_NET_RX_BUSY_POLL, 5.11 or later)"
+                };
+                log::warn!(
+                    "{what}: busy polling is off ({e}); the node only spins {us} us before sleeping: {fix}, \
+                     or leave out --busy-poll"
+                );
+            });
+            false
+        }
+    }
+}
+
 /// The UDP transport: one socket bound to the node's address, sending to the
 /// next node and receiving from the previous one.
 #[derive(Debug)]
@@ -175,6 +204,7 @@ impl UdpTransport {
         }
         settle_windows(&mut cfg)?;
         let socket = bind_socket(cfg.listen)?;
+        enable_busy_poll(socket.as_fd(), cfg.busy_poll, &format!("udp {}", cfg.listen));
         let gro = cfg.gro && enable_gro(socket.as_fd());
         // With GRO one slot may hold a 64 KiB super-datagram (of single
         // chunks or of trains); without, one train. One byte more shows a

@@ -75,6 +75,24 @@ impl XdpCounters {
     }
 }
 
+/// Reads single counters of a loaded program (see
+/// [`XdpProgram::counter_reader`](super::XdpProgram::counter_reader)).
+pub struct CounterReader(pub(super) PerCpuArray<MapData, u64>);
+
+impl CounterReader {
+    /// One counter summed over CPUs (`None`: the map could not be read).
+    pub fn get(&self, c: Counter) -> Option<u64> {
+        let per_cpu = self.0.get(&(c as u32), 0).ok()?;
+        Some(per_cpu.iter().copied().fold(0u64, u64::wrapping_add))
+    }
+}
+
+impl fmt::Debug for CounterReader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CounterReader").finish_non_exhaustive()
+    }
+}
+
 impl Serialize for XdpCounters {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut m = s.serialize_map(Some(COUNTERS as usize))?;

@@ -39,12 +39,12 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use leap_common::chunk::{CHUNK_DATAGRAM_MAX, ChunkKind};
-use leap_common::xdp::{self as map, PeerRule, RingRecord, cfg};
+use leap_common::xdp::{self as map, Counter, PeerRule, RingRecord, cfg};
 
-pub use self::counters::XdpCounters;
+pub use self::counters::{CounterReader, XdpCounters};
 pub use self::error::XdpError;
 pub use self::object::ObjectSource;
 pub use self::packet::{Reject, RxFilter};
@@ -185,12 +185,13 @@ pub fn open_endpoint(
     cfg.mode = opts.xdp_mode;
     cfg.object = ObjectSource::from_option(opts.xdp_object.clone());
     cfg.pin = opts.xdp_pin;
-    (cfg.xsk, cfg.ring_bytes) = buffers_for(opts.frame_len, opts.inflight);
     cfg.vlans = opts.xdp_vlans.clone();
     cfg.queues = match &opts.xdp_queues {
         Some(q) => q.clone(),
-        None => (0..rx_queue_count(iface).min(8)).collect(),
+        None => (0..rx_queue_count(iface).min(map::MAX_QUEUES)).collect(),
     };
+    (cfg.xsk, cfg.ring_bytes) = buffers_for(opts.frame_len, opts.inflight);
+    cfg.xsk = per_queue(cfg.xsk, cfg.queues.len());
     log::info!("{iface}: AF_XDP sockets on receive queue(s) {:?}", cfg.queues);
     XdpTransport::open(cfg)
 }
@@ -216,9 +217,35 @@ pub fn buffers_for(frame_len: usize, inflight: usize) -> (XskConfig, Option<u32>
     (xsk, Some(bytes))
 }
 
-/// Receive queues of an interface (`/sys/class/net/IF/queues/rx-*`), at
-/// least 1.
+/// UMEM frames each AF_XDP socket keeps at least when several share the
+/// work: 1024 frames of 2 KiB (2 MiB, 512 ring entries).
+const QUEUE_FRAMES_MIN: u32 = 1024;
+
+/// Splits one socket's AF_XDP sizes ([`buffers_for`]) over `queues`
+/// sockets: each gets its share of the frames, at least
+/// [`QUEUE_FRAMES_MIN`], with rings of half its frames. One LEAP link is
+/// one UDP flow, which RSS puts on one queue, so the sockets of the other
+/// queues mostly idle: a full UMEM each (8 MiB by default) would lock
+/// 512 MiB on a 64-queue NIC, the split locks at most 128 MiB there
+/// (8 MiB up to 4 queues).
+pub fn per_queue(xsk: XskConfig, queues: usize) -> XskConfig {
+    let n = u32::try_from(queues.max(1)).unwrap_or(u32::MAX);
+    if n == 1 {
+        return xsk;
+    }
+    let frames = (xsk.frames / n).max(QUEUE_FRAMES_MIN).next_power_of_two().min(xsk.frames);
+    XskConfig { frames, ring_size: xsk.ring_size.min(frames / 2).max(1), ..xsk }
+}
+
+/// Receive queues of an interface in the calling thread's network
+/// namespace (`ETHTOOL_GCHANNELS`; else `/sys/class/net/IF/queues/rx-*`,
+/// which shows sysfs's namespace), at least 1.
 pub fn rx_queue_count(iface: &str) -> u32 {
+    if let Ok(n) = sys::if_rx_queues(iface)
+        && n > 0
+    {
+        return n;
+    }
     std::fs::read_dir(std::path::Path::new("/sys/class/net").join(iface).join("queues"))
         .map(|d| d.filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().starts_with("rx-")).count() as u32)
         .unwrap_or(1)
@@ -321,6 +348,8 @@ pub struct XdpTransport {
     zero_copy: bool,
     /// Chunks taken from the UDP socket.
     via_kernel: Arc<AtomicU64>,
+    /// Warnings about chunks on queues without a socket (at most 1).
+    no_socket_warnings: Arc<AtomicU64>,
 }
 
 /// The XDP transport's receive path: the AF_XDP sockets or the ring buffer,
@@ -337,7 +366,52 @@ pub struct XdpRx {
     kernel_age: u32,
     /// Whether the last wait saw the UDP socket readable.
     udp_ready: bool,
+    /// Busy polling asked for: drive the AF_XDP queues while spinning.
+    busy_poll: bool,
     via_kernel: Arc<AtomicU64>,
+    /// Watches for chunks on queues without a socket (AF_XDP only).
+    watch: Option<QueueWatch>,
+}
+
+/// How often the receive path looks at the program's `no_socket` counter.
+const NO_SOCKET_CHECK: Duration = Duration::from_secs(1);
+
+/// Warns once when LEAP chunks arrive on a receive queue without an
+/// AF_XDP socket: the program passes them to the kernel, and they reach
+/// the node through its UDP socket, the slow way. Looks at most every
+/// [`NO_SOCKET_CHECK`], from the receive path (whichever thread drains).
+struct QueueWatch {
+    counters: CounterReader,
+    next: Instant,
+    seen: u64,
+    warnings: Arc<AtomicU64>,
+    iface: String,
+    queues: Vec<u32>,
+    port: u16,
+    v6: bool,
+}
+
+impl QueueWatch {
+    fn check(&mut self, now: Instant) {
+        if now < self.next {
+            return;
+        }
+        self.next = now + NO_SOCKET_CHECK;
+        let Some(n) = self.counters.get(Counter::NoSocket) else { return };
+        if n > self.seen && self.warnings.load(Ordering::Relaxed) == 0 {
+            self.warnings.store(1, Ordering::Relaxed);
+            let (iface, port, q) = (&self.iface, self.port, self.queues[0]);
+            let flow = if self.v6 { "udp6" } else { "udp4" };
+            log::warn!(
+                "{iface}: {} LEAP chunks arrived on receive queues without an AF_XDP socket (bound: {:?}) and \
+                 took the kernel's slower path; bind every queue (--xdp-queues all, the default) or steer LEAP \
+                 traffic to a bound queue: ethtool -N {iface} flow-type {flow} dst-port {port} action {q}",
+                n - self.seen,
+                self.queues
+            );
+        }
+        self.seen = n;
+    }
 }
 
 impl std::fmt::Debug for XdpRx {
@@ -379,12 +453,18 @@ impl RxPath for XdpRx {
     }
 
     fn drain(&mut self, link: &mut DatagramLink, mut out: Option<&mut [u8]>) -> io::Result<()> {
-        let Self { rx, socket, filter, port, kernel_rx, kernel_age, udp_ready, via_kernel } = self;
+        let Self { rx, socket, filter, port, kernel_rx, kernel_age, udp_ready, busy_poll, via_kernel, watch } = self;
         let port = *port;
         let mut foreign = 0u64;
         match rx {
             Rx::Xsk(socks) => {
                 for s in socks.iter_mut() {
+                    // Spinning with busy polling: an empty ring gets one
+                    // NAPI round before it is looked at (bounded by the
+                    // spin, see `DatagramLink::recv_poll`).
+                    if *busy_poll && !s.has_rx() {
+                        s.busy_poll();
+                    }
                     s.recv(BATCH, |frame| match filter.admit_frame(frame) {
                         Ok(d) if d.dst_port() == port => link.datagram(Some(d.src), d.payload, out.as_deref_mut()),
                         Ok(_) => foreign += 1,
@@ -404,6 +484,9 @@ impl RxPath for XdpRx {
         // changed behind our back.
         if foreign > 0 {
             link.count_foreign(foreign);
+        }
+        if let Some(w) = watch {
+            w.check(Instant::now());
         }
         *kernel_age += 1;
         if std::mem::take(udp_ready) || *kernel_age >= KERNEL_EVERY {
@@ -442,13 +525,23 @@ impl XdpTransport {
         if udp.max_frame_len == 0 || udp.max_frame_len > leap_common::chunk::FRAME_LEN_MAX {
             return Err(XdpError::Config(format!("max frame length {} out of range", udp.max_frame_len)).into());
         }
-        if cfg.queues.is_empty() || cfg.queues.len() > 8 {
-            return Err(XdpError::Config("between 1 and 8 receive queues".into()).into());
+        if cfg.queues.is_empty()
+            || cfg.queues.len() > map::MAX_QUEUES as usize
+            || cfg.queues.iter().any(|&q| q >= map::MAX_QUEUES)
+        {
+            return Err(XdpError::Config(format!(
+                "receive queues {:?}: between 1 and {max} queues, each below {max}",
+                cfg.queues,
+                max = map::MAX_QUEUES
+            ))
+            .into());
         }
         let mut udp_cfg = cfg.udp.clone();
         super::udp::settle_windows(&mut udp_cfg).map_err(|e| XdpError::Config(e.to_string()))?;
         let filter = host_filter(&cfg)?;
         let socket = bind_socket(udp.listen)?;
+        let busy_poll = udp.busy_poll.is_some()
+            && super::udp::enable_busy_poll(socket.as_fd(), udp.busy_poll, &format!("{} {}", cfg.iface, udp.listen));
         let port = udp.listen.port();
         let ring_bytes = if cfg.delivery == Delivery::RingBuf { cfg.ring_bytes } else { None };
         let mut program = XdpProgram::load_sized(&cfg.object, ring_bytes)?;
@@ -469,6 +562,7 @@ impl XdpTransport {
                 let mut socks = Vec::with_capacity(cfg.queues.len());
                 for &q in &cfg.queues {
                     let s = XskSocket::open(&cfg.iface, q, &cfg.xsk)?;
+                    super::udp::enable_busy_poll(s.fd(), udp.busy_poll, &format!("{} queue {q}", cfg.iface));
                     program.register_xsk(q, s.fd())?;
                     socks.push(s);
                 }
@@ -510,6 +604,26 @@ impl XdpTransport {
             link.gso()
         );
         let via_kernel = Arc::new(AtomicU64::new(0));
+        let no_socket_warnings = Arc::new(AtomicU64::new(0));
+        let watch = match cfg.delivery {
+            Delivery::Xsk => match program.counter_reader() {
+                Ok(counters) => Some(QueueWatch {
+                    seen: counters.get(Counter::NoSocket).unwrap_or(0),
+                    counters,
+                    next: Instant::now() + NO_SOCKET_CHECK,
+                    warnings: Arc::clone(&no_socket_warnings),
+                    iface: cfg.iface.clone(),
+                    queues: cfg.queues.clone(),
+                    port,
+                    v6: udp.listen.is_ipv6(),
+                }),
+                Err(e) => {
+                    log::debug!("{}: no watch on queues without a socket ({e})", cfg.iface);
+                    None
+                }
+            },
+            Delivery::RingBuf => None,
+        };
         let path = XdpRx {
             rx,
             socket: link.shared_socket(),
@@ -518,11 +632,13 @@ impl XdpTransport {
             kernel_rx: RxBatch::new(16, CHUNK_DATAGRAM_MAX + 1),
             kernel_age: 0,
             udp_ready: false,
+            busy_poll,
             via_kernel: Arc::clone(&via_kernel),
+            watch,
         };
         let core = DatagramCore::new(link, path, cfg.delivery.transport_name(), "poll")
             .map_err(|e| TransportError::io("spawn driver", e))?;
-        Ok(Self { _pins: pins, core, program, filter, mode, zero_copy, via_kernel, cfg })
+        Ok(Self { _pins: pins, core, program, filter, mode, zero_copy, via_kernel, no_socket_warnings, cfg })
     }
 
     /// How the program is attached.
@@ -560,6 +676,18 @@ impl XdpTransport {
     /// next node).
     pub fn chunks_via_kernel(&self) -> u64 {
         self.via_kernel.load(Ordering::Relaxed)
+    }
+
+    /// The receive queues with an AF_XDP socket (empty in ring-buffer mode).
+    pub fn queues(&self) -> &[u32] {
+        if self.cfg.delivery == Delivery::Xsk { &self.cfg.queues } else { &[] }
+    }
+
+    /// Times the receive path warned that LEAP chunks arrive on a queue
+    /// without an AF_XDP socket (the program's `no_socket` grew): 0 or 1,
+    /// the warning is given once.
+    pub fn no_socket_warnings(&self) -> u64 {
+        self.no_socket_warnings.load(Ordering::Relaxed)
     }
 
     /// The same transport driven by the current tokio runtime.
@@ -673,6 +801,22 @@ mod buffer_tests {
         for (x, r) in [(small, ring_small), (big, ring_big), (huge, ring_huge), (many, ring_many)] {
             assert!(x.ring_size.is_power_of_two() && x.frames >= x.ring_size);
             assert!(r.unwrap().is_power_of_two());
+        }
+    }
+
+    #[test]
+    fn sockets_per_queue_share_one_sockets_frames_down_to_a_floor() {
+        let one = buffers_for(16_392, 1).0;
+        assert_eq!(per_queue(one.clone(), 1).frames, one.frames, "one queue keeps everything");
+        let two = per_queue(one.clone(), 2);
+        assert_eq!((two.frames, two.ring_size), (2048, 1024));
+        let many = per_queue(one.clone(), 64);
+        assert_eq!((many.frames, many.ring_size), (QUEUE_FRAMES_MIN, QUEUE_FRAMES_MIN / 2));
+        let umem = |x: &XskConfig, n: u64| u64::from(x.frames) * u64::from(x.frame_size) * n;
+        assert_eq!(umem(&two, 2), umem(&one, 1), "two queues lock what one did");
+        assert_eq!(umem(&many, 64), 128 << 20, "64 queues lock 128 MiB, not 512");
+        for x in [two, many] {
+            assert!(x.ring_size.is_power_of_two() && x.frames.is_power_of_two() && x.frames >= x.ring_size);
         }
     }
 }

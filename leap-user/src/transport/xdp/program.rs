@@ -18,7 +18,7 @@ use leap_common::xdp::{
 };
 
 pub use super::super::config::AttachMode;
-use super::counters::XdpCounters;
+use super::counters::{CounterReader, XdpCounters};
 use super::object::ObjectSource;
 use super::{XdpError, sys};
 
@@ -358,6 +358,23 @@ impl XdpProgram {
         let map = self.ebpf.map(MAP_COUNTERS).ok_or(XdpError::Missing(MAP_COUNTERS))?;
         let arr: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(map).map_err(XdpError::map(MAP_COUNTERS))?;
         XdpCounters::read(&arr)
+    }
+
+    /// A second handle on the counters, for a reader on another thread
+    /// (the transport's receive path checks `no_socket` with it).
+    ///
+    /// # Errors
+    ///
+    /// [`XdpError::Missing`], [`XdpError::Syscall`] (`dup`), [`XdpError::Map`].
+    pub fn counter_reader(&self) -> Result<CounterReader, XdpError> {
+        let Some(Map::PerCpuArray(data)) = self.ebpf.map(MAP_COUNTERS) else {
+            return Err(XdpError::Missing(MAP_COUNTERS));
+        };
+        let fd = std::os::fd::AsFd::as_fd(data.fd())
+            .try_clone_to_owned()
+            .map_err(|source| XdpError::Syscall { call: "dup", source })?;
+        let data = MapData::from_fd(fd).map_err(XdpError::map(MAP_COUNTERS))?;
+        Ok(CounterReader(PerCpuArray::try_from(Map::PerCpuArray(data)).map_err(XdpError::map(MAP_COUNTERS))?))
     }
 
     /// Makes the attachment outlive the process: pins the link and the maps

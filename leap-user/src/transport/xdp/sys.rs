@@ -282,6 +282,47 @@ pub fn if_driver(name: &str) -> io::Result<String> {
     Ok(String::from_utf8_lossy(&info.driver[..end]).into_owned())
 }
 
+/// `struct ethtool_channels` of `linux/ethtool.h`.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Zeroable)]
+struct EthtoolChannels {
+    cmd: u32,
+    max_rx: u32,
+    max_tx: u32,
+    max_other: u32,
+    max_combined: u32,
+    rx_count: u32,
+    tx_count: u32,
+    other_count: u32,
+    combined_count: u32,
+}
+const _: () = assert!(size_of::<EthtoolChannels>() == 36);
+
+/// `ETHTOOL_GCHANNELS`.
+const ETHTOOL_GCHANNELS: u32 = 0x0000_003c;
+
+/// Receive queues of the interface `name` in the current network namespace
+/// (`ETHTOOL_GCHANNELS`: receive-only plus combined channels). Unlike
+/// `/sys/class/net`, which shows the namespace sysfs was mounted in, this
+/// asks the calling thread's namespace.
+///
+/// # Errors
+///
+/// The `socket` or `ioctl` error (`EOPNOTSUPP` for a driver without
+/// channel support).
+pub fn if_rx_queues(name: &str) -> io::Result<u32> {
+    let sock = ioctl_socket()?;
+    let mut req = ifreq(name)?;
+    let mut ch: EthtoolChannels = bytemuck::Zeroable::zeroed();
+    ch.cmd = ETHTOOL_GCHANNELS;
+    req.ifr_ifru.ifru_data = (&raw mut ch).cast();
+    // SAFETY: the socket is open; `req` names the interface and points to
+    // `ch`, the writable `ethtool_channels` that ETHTOOL_GCHANNELS fills,
+    // alive for the call.
+    unsafe { ioctl::ethtool(sock.as_raw_fd(), &mut req) }?;
+    Ok(ch.rx_count + ch.combined_count)
+}
+
 /// Every address configured on an interface of the current network
 /// namespace (`getifaddrs`): the destinations the kernel accepts for a
 /// socket bound to the wildcard address.

@@ -5,7 +5,7 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::time::Duration;
 
 use xdpilone::{DeviceQueue, IfInfo, RingRx, Socket, SocketConfig, Umem, UmemConfig, User};
@@ -306,6 +306,16 @@ impl XskSocket {
         if self.fq.needs_wakeup() {
             self.fq.wake();
         }
+    }
+
+    /// Drives the kernel's side once without blocking: a
+    /// `recv(MSG_DONTWAIT)` on the socket runs one NAPI busy-poll round on
+    /// its queue when busy polling is on (`SO_BUSY_POLL`; the kernel's
+    /// AF_XDP documentation and its `xdpsock` sample do the same), and
+    /// wakes the driver otherwise. Errors (`EAGAIN`, `EOPNOTSUPP` on old
+    /// kernels) are ignored: the next wait reports a broken socket.
+    pub fn busy_poll(&mut self) {
+        let _ = nix::sys::socket::recv(self.fd().as_raw_fd(), &mut [], nix::sys::socket::MsgFlags::MSG_DONTWAIT);
     }
 
     /// Waits until the RX ring is readable or `timeout` passes; returns
