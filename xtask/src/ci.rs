@@ -67,8 +67,15 @@ fn ring_smoke(leap: &Path, transport: &str, placement: &str, frames: u64) -> Res
     ring_smoke_with(leap, transport, placement, frames, &[]).map(drop)
 }
 
-/// [`ring_smoke`] with more arguments; returns what `leap ring` logged.
-fn ring_smoke_with(leap: &Path, transport: &str, placement: &str, frames: u64, extra: &[&str]) -> Result<String> {
+/// [`ring_smoke`] with more arguments; returns the JSON report line and
+/// what `leap ring` logged.
+fn ring_smoke_with(
+    leap: &Path,
+    transport: &str,
+    placement: &str,
+    frames: u64,
+    extra: &[&str],
+) -> Result<(String, String)> {
     let mut cmd = Command::new(leap);
     cmd.args([
         "ring",
@@ -99,7 +106,43 @@ fn ring_smoke_with(leap: &Path, transport: &str, placement: &str, frames: u64, e
     if delivered != Some(frames) || corrupt != Some(0) {
         bail!("leap ring --transport {transport} {placement}: expected {frames} intact frames, got: {last}");
     }
-    Ok(log)
+    Ok((last.to_string(), log))
+}
+
+/// A number field of a one-line JSON object.
+fn json_number(line: &str, key: &str) -> Option<f64> {
+    let at = line.find(&format!("\"{key}\":"))? + key.len() + 3;
+    line[at..].split(|c: char| !(c.is_ascii_digit() || c == '.')).next()?.parse().ok()
+}
+
+/// 3-node namespace rings of `xdp` and `xdp-ringbuf` on veths at MTU 9000
+/// (the frags program, multi-buffer packets, chunk trains), without and
+/// with busy polling, each node with exactly the packaged unit's
+/// capabilities: every frame intact, the multi-buffer program attached,
+/// 16 392-byte frames in two datagrams per hop, busy polling accepted.
+fn jumbo_rings(leap: &Path, obj: &Path) -> Result<()> {
+    let obj = obj.to_string_lossy();
+    for t in ["xdp", "xdp-ringbuf"] {
+        for busy in [false, true] {
+            let mut extra = vec!["--mtu", "9000", "--unit-caps", "--xdp-object", &obj];
+            if busy {
+                extra.push("--busy-poll");
+            }
+            let what = format!("leap ring --transport {t} {}", extra.join(" "));
+            let (json, log) = ring_smoke_with(leap, t, "--netns", 300, &extra)?;
+            if let Some(l) = log.lines().find(|l| l.contains("busy polling is off")) {
+                bail!("{what}: the kernel refused busy polling: {l}");
+            }
+            if let Some(l) = log.lines().find(|l| l.contains(JUMBO_PLAIN_PROGRAM)) {
+                bail!("{what}: the program without multi-buffer support was attached: {l}");
+            }
+            match json_number(&json, "datagrams_per_frame") {
+                Some(d) if d <= 2.0 + 1e-9 => eprintln!("ci: {what}: {d:.2} datagrams per frame"),
+                other => bail!("{what}: expected 2 datagrams per frame (trains of 6 chunks), got {other:?}: {json}"),
+            }
+        }
+    }
+    Ok(())
 }
 
 /// 3-node namespace rings of `udp` and `xdp` with busy polling, each node
@@ -109,13 +152,17 @@ fn ring_smoke_with(leap: &Path, transport: &str, placement: &str, frames: u64, e
 fn busy_poll_rings(leap: &Path, obj: &Path) -> Result<()> {
     let obj = obj.to_string_lossy();
     for t in ["udp", "xdp"] {
-        let log = ring_smoke_with(leap, t, "--netns", 300, &["--busy-poll", "--unit-caps", "--xdp-object", &obj])?;
+        let (_, log) = ring_smoke_with(leap, t, "--netns", 300, &["--busy-poll", "--unit-caps", "--xdp-object", &obj])?;
         if let Some(l) = log.lines().find(|l| l.contains("busy polling is off")) {
             bail!("leap ring --transport {t} --busy-poll --unit-caps: the kernel refused busy polling: {l}");
         }
     }
     Ok(())
 }
+
+/// What `leap` logs when it attaches the XDP program without multi-buffer
+/// support (which cannot attach at MTU 9000 on veth).
+const JUMBO_PLAIN_PROGRAM: &str = "without multi-buffer";
 
 /// Crates only the `leap` binary may depend on (its `cli` feature).
 const BINARY_ONLY: &[&str] = &["clap", "indicatif", "env_logger", "toml", "anyhow"];
@@ -244,7 +291,8 @@ pub fn run_ci(args: Args) -> Result<()> {
         for t in privileged_tests(&root)?.into_iter().filter(|t| t.starts_with("xdp_")) {
             run(ignored_test(&t).env("LEAP_XDP_OBJECT", &obj))?;
         }
-        Ok(())
+        run(cargo().args(["build", "--release", "--locked", "-p", "leap", "--bin", "leap"]))?;
+        jumbo_rings(&root.join("target/release/leap"), &obj)
     })?;
     stage("vm", &mut || {
         if !require_root("vm")? {
@@ -266,6 +314,14 @@ pub fn run_ci(args: Args) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_numbers_are_read_by_key() {
+        let line = r#"{"frames_delivered":300,"datagrams_per_frame":2.00,"gbit_per_s":1.5}"#;
+        assert_eq!(json_number(line, "datagrams_per_frame"), Some(2.0));
+        assert_eq!(json_number(line, "frames_delivered"), Some(300.0));
+        assert_eq!(json_number(line, "missing"), None);
+    }
 
     #[test]
     fn binary_only_crates_are_found_by_exact_name() {

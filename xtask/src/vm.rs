@@ -216,12 +216,21 @@ if [ -x /bin/leap ]; then
 	ring 300 "leap ring: kmod spinning before sleep (busy_wait_limit=2000), 3 nodes in namespaces" --transport kmod --netns --nodes 3 --frame-size 16392
 	echo 0 >/sys/module/leap_kmod/parameters/busy_wait_limit
 	if dmesg | grep -q 'UDP_GRO refused'; then ko "the module's socket refused UDP_GRO"; else ok "GSO datagrams taken whole (UDP_GRO accepted)"; fi
+	ring 300 "leap ring: udp at MTU 9000 (chunk trains), 3 nodes in namespaces" --transport udp --netns --nodes 3 --frame-size 16392 --mtu 9000
 	if [ -e /etc/leap/xdp ]; then
 		ring 300 "leap ring: xdp, 3 nodes in namespaces ($(uname -r) verifier)" --transport xdp --netns --nodes 3 --frame-size 16392
 		# As the packaged service runs them: each node keeps only the unit's
 		# capabilities (root only sets up the namespaces).
 		ring 300 "leap ring: xdp with only the packaged unit's capabilities ($(uname -r))" --transport xdp --netns --nodes 3 --frame-size 16392 --unit-caps
 		ring 300 "leap ring: xdp-ringbuf with only the packaged unit's capabilities ($(uname -r))" --transport xdp-ringbuf --netns --nodes 3 --frame-size 16392 --unit-caps
+		# Jumbo frames: the multi-buffer (frags) program on veths at MTU 9000,
+		# chunk trains between the nodes; then the same with busy polling.
+		for t in xdp xdp-ringbuf; do
+			ring 300 "leap ring: $t at MTU 9000 (multi-buffer program, trains), unit's capabilities ($(uname -r))" --transport $t --netns --nodes 3 --frame-size 16392 --mtu 9000 --unit-caps
+			if grep -q "without multi-buffer" /tmp/ring.err; then ko "$t at MTU 9000: the program without multi-buffer support was attached"; fi
+			ring 300 "leap ring: $t at MTU 9000 with busy polling, unit's capabilities ($(uname -r))" --transport $t --netns --nodes 3 --frame-size 16392 --mtu 9000 --busy-poll --unit-caps
+			if grep -q "busy polling is off" /tmp/ring.err; then ko "$t --busy-poll: the kernel refused busy polling"; fi
+		done
 	else
 		echo "LEAP_VM_STEP skipped: xdp ring (leap built without the XDP object)"
 	fi
