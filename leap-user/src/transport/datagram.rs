@@ -432,6 +432,43 @@ impl DatagramLink {
         self.take(src, datagram, out);
     }
 
+    /// Takes one datagram that may be a chunk train
+    /// ([`leap_common::chunk::train`]): every piece goes to
+    /// [`Self::datagram`] on its own. A datagram longer than any train is
+    /// counted as oversize. Returns the pieces meant as chunks.
+    pub fn train(&mut self, src: Option<SocketAddr>, datagram: &[u8], mut out: Option<&mut [u8]>) -> u64 {
+        let Ok(pieces) = leap_common::chunk::train(datagram) else {
+            self.count_oversize();
+            return 0;
+        };
+        let mut taken = 0;
+        for piece in pieces {
+            if self.take(src, piece, out.as_deref_mut()) {
+                taken += 1;
+            }
+        }
+        taken
+    }
+
+    /// [`Self::take_batch`] without GRO, splitting every datagram as a
+    /// chunk train ([`Self::train`]): the XDP backends' UDP socket, which
+    /// gets whatever their program passes. Returns the chunks taken.
+    pub fn take_trains(&mut self, rx: &crate::sys::udp::RxBatch, mut out: Option<&mut [u8]>) -> u64 {
+        if let Some(d) = rx.kernel_drops() {
+            self.stats.kernel_drops = u64::from(d);
+        }
+        let mut taken = 0;
+        for i in 0..rx.len() {
+            let (bytes, meta, src) = rx.get(i);
+            if meta.truncated {
+                self.count_oversize();
+                continue;
+            }
+            taken += self.train(src, bytes, out.as_deref_mut());
+        }
+        taken
+    }
+
     /// Takes one datagram; returns whether it was meant as a chunk (not a
     /// hello), whatever became of it.
     fn take(&mut self, src: Option<SocketAddr>, datagram: &[u8], out: Option<&mut [u8]>) -> bool {

@@ -8,6 +8,8 @@ use std::io;
 use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
+use leap_common::chunk::TRAIN_DATAGRAM_MAX;
+use leap_common::xdp::wire::{ETH_HLEN, IPV4_HLEN_MAX, UDP_HLEN, VLAN_HLEN};
 use xdpilone::{DeviceQueue, IfInfo, RingRx, Socket, SocketConfig, Umem, UmemConfig, User};
 
 use super::XdpError;
@@ -31,6 +33,21 @@ impl Default for XskConfig {
     fn default() -> Self {
         Self { frames: 4096, frame_size: 2048, ring_size: 2048, zero_copy: ZeroCopy::Auto }
     }
+}
+
+/// `XDP_USE_SG` of `<linux/if_xdp.h>`: multi-buffer packets (kernel ≥ 6.6).
+const XDP_USE_SG: u16 = 1 << 4;
+/// `XDP_PKT_CONTD` in a descriptor's `options`: the packet continues in the
+/// next descriptor.
+const XDP_PKT_CONTD: u32 = 1 << 0;
+/// Bytes of the largest packet worth gathering: a train of the most chunks
+/// behind the longest headers leap parses.
+pub const GATHER_MAX: usize = ETH_HLEN + VLAN_HLEN + IPV4_HLEN_MAX + UDP_HLEN + TRAIN_DATAGRAM_MAX;
+/// Bytes of a UDP payload that fit one frame of `frame_size` bytes behind
+/// Ethernet, one VLAN tag, IPv6 and UDP headers (what a socket without
+/// multi-buffer can take).
+pub const fn payload_per_frame(frame_size: u32) -> usize {
+    (frame_size as usize).saturating_sub(ETH_HLEN + VLAN_HLEN + leap_common::xdp::wire::IPV6_HLEN + UDP_HLEN)
 }
 
 /// Zero-copy policy.
@@ -68,6 +85,19 @@ pub struct XskSocket {
     frames: u32,
     /// Frame addresses to give back to the fill ring.
     recycle: Vec<u64>,
+    /// Bound with `XDP_USE_SG`: packets may span several descriptors.
+    sg: bool,
+    /// The pieces of a multi-buffer packet so far (copied: their frames go
+    /// back to the kernel at once).
+    gather: Vec<u8>,
+    /// Descriptors of the packet being gathered.
+    pieces: u32,
+    /// The packet being gathered is too long: its remaining pieces are
+    /// skipped.
+    discarding: bool,
+    /// Multi-buffer packets dropped (longer than [`GATHER_MAX`] or more
+    /// pieces than such a packet needs) since [`Self::take_dropped_packets`].
+    dropped_packets: u64,
 }
 
 impl std::fmt::Debug for XskSocket {
@@ -76,6 +106,7 @@ impl std::fmt::Debug for XskSocket {
             .field("iface", &self.iface)
             .field("queue", &self.queue)
             .field("zero_copy", &self.zero_copy)
+            .field("sg", &self.sg)
             .field("huge_pages", &self.area.is_huge())
             .finish_non_exhaustive()
     }
@@ -109,7 +140,7 @@ impl XskSocket {
         };
         let mut last = None;
         for &zc in tries {
-            match Self::open_once(iface, queue, cfg, zc) {
+            match Self::open_sg(iface, queue, cfg, zc) {
                 Ok(s) => {
                     if zc {
                         log::info!("{iface} queue {queue}: AF_XDP in zero-copy mode");
@@ -131,7 +162,27 @@ impl XskSocket {
         Err(last.expect("at least one attempt"))
     }
 
-    fn open_once(iface: &str, queue: u32, cfg: &XskConfig, zero_copy: bool) -> Result<Self, XdpError> {
+    /// Opens with `XDP_USE_SG` and, where the kernel refuses it (`EINVAL`
+    /// before 6.6; `EOPNOTSUPP` from a zero-copy driver without it),
+    /// without, saying so once.
+    fn open_sg(iface: &str, queue: u32, cfg: &XskConfig, zero_copy: bool) -> Result<Self, XdpError> {
+        match Self::open_once(iface, queue, cfg, zero_copy, true) {
+            Err(XdpError::Xsk { call: "bind", source, .. })
+                if matches!(source.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP)) =>
+            {
+                let s = Self::open_once(iface, queue, cfg, zero_copy, false)?;
+                log::info!(
+                    "{iface} queue {queue}: AF_XDP without multi-buffer (XDP_USE_SG: {source}): chunk trains \
+                     only up to {} bytes of UDP payload",
+                    payload_per_frame(cfg.frame_size)
+                );
+                Ok(s)
+            }
+            other => other,
+        }
+    }
+
+    fn open_once(iface: &str, queue: u32, cfg: &XskConfig, zero_copy: bool, sg: bool) -> Result<Self, XdpError> {
         let err = |call: &'static str| {
             let iface = iface.to_string();
             move |source: io::Error| XdpError::Xsk { call, iface, queue, source }
@@ -161,7 +212,7 @@ impl XskSocket {
         let sock_cfg = SocketConfig {
             rx_size: std::num::NonZeroU32::new(cfg.ring_size),
             tx_size: None,
-            bind_flags: mode | SocketConfig::XDP_BIND_NEED_WAKEUP,
+            bind_flags: mode | SocketConfig::XDP_BIND_NEED_WAKEUP | if sg { XDP_USE_SG } else { 0 },
         };
         let user = umem.rx_tx(&sock, &sock_cfg).map_err(|e| err("rx ring")(errno(e)))?;
         // Map the rx ring before binding: kernels before 6.x (6.1 among
@@ -220,6 +271,11 @@ impl XskSocket {
             frame_size: cfg.frame_size,
             frames: cfg.frames,
             recycle,
+            sg,
+            gather: Vec::new(),
+            pieces: 0,
+            discarding: false,
+            dropped_packets: 0,
         })
     }
 
@@ -240,32 +296,72 @@ impl XskSocket {
         self.zero_copy
     }
 
-    /// Calls `f` with every received frame (at most `max`), then gives the
-    /// frames back to the kernel. Returns how many there were.
+    /// Calls `f` with every received packet (at most `max` descriptors; the
+    /// pieces of a multi-buffer packet gathered into one), then gives the
+    /// frames back to the kernel. Returns how many descriptors there were.
     pub fn recv(&mut self, max: u32, mut f: impl FnMut(&[u8])) -> u32 {
         let mut n = 0;
+        let max_pieces = GATHER_MAX.div_ceil(self.frame_size as usize) as u32;
         {
             let mut rx = self.rx.receive(max);
             while let Some(desc) = rx.read() {
                 n += 1;
                 // SAFETY: the descriptor came off the RX ring, so its frame
                 // is ours until it goes back on the fill ring, which happens
-                // (through `recycle`) only after `f` has returned.
-                match unsafe { self.area.get(desc.addr, desc.len) } {
-                    Some(bytes) => {
-                        f(bytes);
-                        // The address includes the in-frame offset: give
-                        // back the frame-aligned address.
-                        self.recycle.push(desc.addr - desc.addr % u64::from(self.frame_size));
-                    }
+                // (through `recycle`) only after `f` has returned or its
+                // bytes were copied into `gather`.
+                let Some(bytes) = (unsafe { self.area.get(desc.addr, desc.len) }) else {
                     // Never ours: nothing to give back.
-                    None => log::warn!("{} queue {}: AF_XDP descriptor out of the UMEM", self.iface, self.queue),
+                    log::warn!("{} queue {}: AF_XDP descriptor out of the UMEM", self.iface, self.queue);
+                    continue;
+                };
+                let more = desc.options & XDP_PKT_CONTD != 0;
+                if !more && self.pieces == 0 {
+                    // The usual case: one descriptor, one packet, no copy.
+                    f(bytes);
+                } else {
+                    self.pieces += 1;
+                    if !self.discarding && self.gather.len() + bytes.len() <= GATHER_MAX && self.pieces <= max_pieces {
+                        self.gather.extend_from_slice(bytes);
+                    } else if !self.discarding {
+                        self.discarding = true;
+                        self.dropped_packets += 1;
+                    }
+                    if !more {
+                        if !self.discarding {
+                            f(&self.gather);
+                        }
+                        self.gather.clear();
+                        self.pieces = 0;
+                        self.discarding = false;
+                    }
                 }
+                // The address includes the in-frame offset: give back the
+                // frame-aligned address.
+                self.recycle.push(desc.addr - desc.addr % u64::from(self.frame_size));
             }
             rx.release();
         }
         self.refill();
         n
+    }
+
+    /// Whether the socket is bound with `XDP_USE_SG` (takes packets larger
+    /// than one frame).
+    pub fn multi_buffer(&self) -> bool {
+        self.sg
+    }
+
+    /// Bytes of the largest UDP payload this socket takes whole.
+    pub fn max_payload(&self) -> usize {
+        if self.sg { TRAIN_DATAGRAM_MAX } else { payload_per_frame(self.frame_size).min(TRAIN_DATAGRAM_MAX) }
+    }
+
+    /// Multi-buffer packets dropped since the last call: longer than any
+    /// train, or more pieces than such a packet needs (a packet that never
+    /// ends is cut off there).
+    pub fn take_dropped_packets(&mut self) -> u64 {
+        std::mem::take(&mut self.dropped_packets)
     }
 
     /// Puts recycled frames back on the fill ring (as many as fit).
