@@ -43,11 +43,20 @@ const XDP_PKT_CONTD: u32 = 1 << 0;
 /// Bytes of the largest packet worth gathering: a train of the most chunks
 /// behind the longest headers leap parses.
 pub const GATHER_MAX: usize = ETH_HLEN + VLAN_HLEN + IPV4_HLEN_MAX + UDP_HLEN + TRAIN_DATAGRAM_MAX;
+/// `XDP_PACKET_HEADROOM`: what the kernel keeps free at the start of every
+/// UMEM frame in copy mode.
+const XDP_PACKET_HEADROOM: usize = 256;
+
+/// Packet bytes the kernel puts in one frame of `frame_size` bytes.
+const fn bytes_per_frame(frame_size: u32) -> usize {
+    (frame_size as usize).saturating_sub(XDP_PACKET_HEADROOM)
+}
+
 /// Bytes of a UDP payload that fit one frame of `frame_size` bytes behind
-/// Ethernet, one VLAN tag, IPv6 and UDP headers (what a socket without
-/// multi-buffer can take).
+/// the kernel's headroom and Ethernet, one VLAN tag, IPv6 and UDP headers
+/// (what a socket without multi-buffer can take).
 pub const fn payload_per_frame(frame_size: u32) -> usize {
-    (frame_size as usize).saturating_sub(ETH_HLEN + VLAN_HLEN + leap_common::xdp::wire::IPV6_HLEN + UDP_HLEN)
+    bytes_per_frame(frame_size).saturating_sub(ETH_HLEN + VLAN_HLEN + leap_common::xdp::wire::IPV6_HLEN + UDP_HLEN)
 }
 
 /// Zero-copy policy.
@@ -301,7 +310,7 @@ impl XskSocket {
     /// frames back to the kernel. Returns how many descriptors there were.
     pub fn recv(&mut self, max: u32, mut f: impl FnMut(&[u8])) -> u32 {
         let mut n = 0;
-        let max_pieces = GATHER_MAX.div_ceil(self.frame_size as usize) as u32;
+        let max_pieces = GATHER_MAX.div_ceil(bytes_per_frame(self.frame_size).max(1)) as u32;
         {
             let mut rx = self.rx.receive(max);
             while let Some(desc) = rx.read() {
