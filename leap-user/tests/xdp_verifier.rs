@@ -13,8 +13,8 @@ use xdp_common::{in_netns, object, xdp_attachment};
 fn program_passes_the_verifier() {
     // Both entry points, each on its own.
     for kind in [ProgramKind::Frags, ProgramKind::Linear] {
-        let prog = XdpProgram::load_kind(&object(), None, kind)
-            .unwrap_or_else(|e| panic!("the verifier accepts {kind}: {e}"));
+        let prog =
+            XdpProgram::load_kind(&object(), None, kind).unwrap_or_else(|e| panic!("the verifier accepts {kind}: {e}"));
         assert_eq!(prog.kind(), kind);
         assert!(prog.attached().is_none());
         let c = prog.counters().unwrap();
