@@ -59,6 +59,60 @@ pub const fn payload_per_frame(frame_size: u32) -> usize {
     bytes_per_frame(frame_size).saturating_sub(ETH_HLEN + VLAN_HLEN + leap_common::xdp::wire::IPV6_HLEN + UDP_HLEN)
 }
 
+/// Puts the descriptors of a multi-buffer packet back together: copies
+/// every piece (so that its frame can go back to the kernel at once) up to
+/// the largest packet worth taking, and drops, counted, a packet that is
+/// longer or has more pieces than such a packet needs (one that never ends
+/// is cut off there; its remaining pieces are skipped).
+#[derive(Debug)]
+struct Gather {
+    bytes: Vec<u8>,
+    /// Descriptors of the packet so far.
+    pieces: u32,
+    /// Most descriptors a packet of [`GATHER_MAX`] bytes takes.
+    max_pieces: u32,
+    /// The current packet is being skipped.
+    discarding: bool,
+    /// Packets dropped.
+    dropped: u64,
+}
+
+impl Gather {
+    fn new(frame_size: u32) -> Self {
+        let max_pieces = GATHER_MAX.div_ceil(bytes_per_frame(frame_size).max(1)) as u32;
+        Self { bytes: Vec::new(), pieces: 0, max_pieces, discarding: false, dropped: 0 }
+    }
+
+    /// Whether no packet is half gathered.
+    fn is_idle(&self) -> bool {
+        self.pieces == 0
+    }
+
+    /// Takes one piece; `more`: the packet continues (`XDP_PKT_CONTD`).
+    /// Returns the whole packet after its last piece, unless it was
+    /// dropped.
+    fn piece(&mut self, bytes: &[u8], more: bool) -> Option<&[u8]> {
+        if self.pieces == 0 {
+            self.bytes.clear();
+            self.discarding = false;
+        }
+        self.pieces += 1;
+        if !self.discarding {
+            if self.bytes.len() + bytes.len() <= GATHER_MAX && self.pieces <= self.max_pieces {
+                self.bytes.extend_from_slice(bytes);
+            } else {
+                self.discarding = true;
+                self.dropped += 1;
+            }
+        }
+        if more {
+            return None;
+        }
+        self.pieces = 0;
+        (!self.discarding).then_some(&self.bytes[..])
+    }
+}
+
 /// Zero-copy policy.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ZeroCopy {
@@ -96,17 +150,8 @@ pub struct XskSocket {
     recycle: Vec<u64>,
     /// Bound with `XDP_USE_SG`: packets may span several descriptors.
     sg: bool,
-    /// The pieces of a multi-buffer packet so far (copied: their frames go
-    /// back to the kernel at once).
-    gather: Vec<u8>,
-    /// Descriptors of the packet being gathered.
-    pieces: u32,
-    /// The packet being gathered is too long: its remaining pieces are
-    /// skipped.
-    discarding: bool,
-    /// Multi-buffer packets dropped (longer than [`GATHER_MAX`] or more
-    /// pieces than such a packet needs) since [`Self::take_dropped_packets`].
-    dropped_packets: u64,
+    /// Multi-buffer packets being put back together.
+    gather: Gather,
 }
 
 impl std::fmt::Debug for XskSocket {
@@ -281,10 +326,7 @@ impl XskSocket {
             frames: cfg.frames,
             recycle,
             sg,
-            gather: Vec::new(),
-            pieces: 0,
-            discarding: false,
-            dropped_packets: 0,
+            gather: Gather::new(cfg.frame_size),
         })
     }
 
@@ -310,7 +352,6 @@ impl XskSocket {
     /// frames back to the kernel. Returns how many descriptors there were.
     pub fn recv(&mut self, max: u32, mut f: impl FnMut(&[u8])) -> u32 {
         let mut n = 0;
-        let max_pieces = GATHER_MAX.div_ceil(bytes_per_frame(self.frame_size).max(1)) as u32;
         {
             let mut rx = self.rx.receive(max);
             while let Some(desc) = rx.read() {
@@ -325,25 +366,11 @@ impl XskSocket {
                     continue;
                 };
                 let more = desc.options & XDP_PKT_CONTD != 0;
-                if !more && self.pieces == 0 {
+                if !more && self.gather.is_idle() {
                     // The usual case: one descriptor, one packet, no copy.
                     f(bytes);
-                } else {
-                    self.pieces += 1;
-                    if !self.discarding && self.gather.len() + bytes.len() <= GATHER_MAX && self.pieces <= max_pieces {
-                        self.gather.extend_from_slice(bytes);
-                    } else if !self.discarding {
-                        self.discarding = true;
-                        self.dropped_packets += 1;
-                    }
-                    if !more {
-                        if !self.discarding {
-                            f(&self.gather);
-                        }
-                        self.gather.clear();
-                        self.pieces = 0;
-                        self.discarding = false;
-                    }
+                } else if let Some(packet) = self.gather.piece(bytes, more) {
+                    f(packet);
                 }
                 // The address includes the in-frame offset: give back the
                 // frame-aligned address.
@@ -370,7 +397,7 @@ impl XskSocket {
     /// train, or more pieces than such a packet needs (a packet that never
     /// ends is cut off there).
     pub fn take_dropped_packets(&mut self) -> u64 {
-        std::mem::take(&mut self.dropped_packets)
+        std::mem::take(&mut self.gather.dropped)
     }
 
     /// Puts recycled frames back on the fill ring (as many as fit).
@@ -432,5 +459,48 @@ impl XskSocket {
     pub fn kernel_drops(&self) -> Option<(u64, u64, u64)> {
         let s = self.user.statistics_v2().ok()?;
         Some((s.rx_dropped, s.rx_ring_full, s.rx_fill_ring_empty_descs))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_of_a_multi_buffer_packet_are_gathered() {
+        let mut g = Gather::new(2048);
+        assert!(g.is_idle());
+        assert_eq!(g.piece(&[1; 1792], true), None);
+        assert!(!g.is_idle());
+        assert_eq!(g.piece(&[2; 1792], true), None);
+        let p = g.piece(&[3; 100], false).unwrap().to_vec();
+        assert_eq!(p.len(), 1792 * 2 + 100);
+        assert_eq!((p[0], p[1792], p[3584]), (1, 2, 3));
+        assert!(g.is_idle());
+        assert_eq!(g.dropped, 0);
+        // A packet of one piece.
+        assert_eq!(g.piece(&[4; 10], false), Some(&[4u8; 10][..]));
+    }
+
+    #[test]
+    fn too_long_and_endless_packets_are_dropped_and_counted() {
+        let mut g = Gather::new(2048);
+        // Longer than any train: dropped, and its pieces skipped to its end.
+        for _ in 0..4 {
+            assert_eq!(g.piece(&[0; 1792], true), None);
+        }
+        assert_eq!(g.piece(&[0; 1792], true), None);
+        assert_eq!(g.piece(&[0; 1792], false), None);
+        assert_eq!(g.dropped, 1);
+        // More pieces than a train needs, however small: cut off, counted once.
+        for _ in 0..1000 {
+            assert_eq!(g.piece(&[0; 1], true), None);
+        }
+        assert_eq!(g.dropped, 2);
+        assert!(g.bytes.len() <= GATHER_MAX);
+        // Its end is skipped too; the next packet is taken again.
+        assert_eq!(g.piece(&[0; 1], false), None);
+        assert_eq!(g.piece(&[9; 3], false), Some(&[9u8; 3][..]));
+        assert_eq!(g.dropped, 2);
     }
 }
