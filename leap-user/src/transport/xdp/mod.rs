@@ -526,7 +526,8 @@ impl XdpTransport {
         if program.kind() == ProgramKind::Linear {
             rx_train_bytes = rx_train_bytes.min(LINEAR_PAYLOAD_MAX);
         }
-        udp_cfg.rx_train_bytes = train_bytes(rx_train_bytes);
+        // Never more than configured.
+        udp_cfg.rx_train_bytes = train_bytes(rx_train_bytes.min(udp_cfg.rx_train_bytes));
         program.configure(&map::XdpConfig {
             delivery: cfg.delivery.config_value(),
             flags,

@@ -97,8 +97,15 @@ struct TrainSlot {
     pieces: u8,
 }
 
-/// Puts the records of chunk trains back together, per receive queue
-/// (see [`RingRecord::train`]); at most one train per queue is pending.
+impl TrainSlot {
+    fn key(&self) -> (u32, [u8; 16], u16) {
+        (self.queue, self.first.src_addr, self.first.src_port)
+    }
+}
+
+/// Puts the records of chunk trains back together, per receive queue and
+/// sender (see [`RingRecord::train`]); at most one train per queue and
+/// sender is pending, and at most `MAX_QUEUES` trains in all.
 #[derive(Debug, Default)]
 pub struct TrainGather {
     slots: Vec<TrainSlot>,
@@ -118,20 +125,24 @@ impl TrainGather {
         if !(2..=TRAIN_CHUNKS_MAX as u8).contains(&pieces) || index >= pieces {
             return Piece::Broken;
         }
-        let pos = match self.slots.iter().position(|s| s.queue == rec.rx_queue) {
+        // One slot per receive queue and sender: in generic mode two CPUs
+        // may run the program for one queue at once, but one sender's
+        // datagrams on one queue come in order.
+        let key = (rec.rx_queue, rec.src_addr, rec.src_port);
+        let found = self.slots.iter().position(|s| s.key() == key);
+        // Else an idle slot of another sender, else a new one.
+        let pos = match found.or_else(|| self.slots.iter().position(|s| s.next == 0)) {
             Some(p) => p,
             None if self.slots.len() < MAX_QUEUES as usize => {
-                self.slots.push(TrainSlot {
-                    queue: rec.rx_queue,
-                    first: RingRecord::default(),
-                    bytes: Vec::new(),
-                    next: 0,
-                    pieces: 0,
-                });
+                self.slots.push(TrainSlot { queue: rec.rx_queue, first: *rec, bytes: Vec::new(), next: 0, pieces: 0 });
                 self.slots.len() - 1
             }
             None => return Piece::Broken,
         };
+        if found.is_none() {
+            self.slots[pos].queue = rec.rx_queue;
+            self.slots[pos].first = *rec;
+        }
         let slot = &mut self.slots[pos];
         if index == 0 {
             if slot.next != 0 {
@@ -213,6 +224,13 @@ mod tests {
         assert!(matches!(g.push(&piece(0, 2, 2, CHUNK_DATAGRAM_MAX, 0)), Piece::Broken));
         // A short piece that is not the last.
         assert!(matches!(g.push(&piece(0, 0, 2, 100, 0)), Piece::Broken));
+        // Another sender on the same queue, interleaved.
+        let mut other = piece(0, 0, 2, CHUNK_DATAGRAM_MAX, 5);
+        other.src_port = 4000;
+        assert!(matches!(g.push(&other), Piece::Pending));
+        other = piece(0, 1, 2, 12, 6);
+        other.src_port = 4000;
+        assert!(matches!(g.push(&other), Piece::Complete(_, b) if b.len() == CHUNK_DATAGRAM_MAX + 12));
         // A train cut short (the ring ran full): the next one starts over.
         assert!(matches!(g.push(&piece(0, 0, 3, CHUNK_DATAGRAM_MAX, 0)), Piece::Pending));
         assert!(matches!(g.push(&piece(0, 0, 2, CHUNK_DATAGRAM_MAX, 0)), Piece::Pending));
