@@ -365,3 +365,44 @@ fn af_xdp_ring_of_three_runs_at_mtu_9000_with_the_frags_program() {
 fn ring_buffer_ring_of_three_runs_at_mtu_9000_with_the_frags_program() {
     three_node_ring(Delivery::RingBuf);
 }
+
+#[test]
+#[ignore = "needs root + BPF: run by cargo xtask ci"]
+fn an_oversize_leap_datagram_reaches_the_udp_socket_and_is_counted_there() {
+    let topo = Topology::ring_with_mtu(&xdp_common::unique("lxo"), 2, Some(MTU)).unwrap();
+    let (n0, n1) = (topo.nodes()[0].clone(), topo.nodes()[1].clone());
+    let ready = Arc::new(Barrier::new(2));
+    let receiver = {
+        let (n0, n1, ready) = (n0.clone(), n1.clone(), ready.clone());
+        std::thread::spawn(move || {
+            in_netns(n1.path(), move || {
+                let mut t = transport(&n1, &n0, &n0, Delivery::Xsk);
+                ready.wait();
+                // The frame after the oversize datagram arrives; by then the
+                // UDP socket has been read.
+                let mut buf = vec![0u8; 70_000];
+                let got = t.recv_prev(&mut buf).expect("the frame after the oversize datagram");
+                assert!(buf[..got.len] == pattern(1, 16_392)[..]);
+                (t.xdp_counters().unwrap(), t.stats())
+            })
+        })
+    };
+    in_netns(n0.path(), move || {
+        let sock = UdpSocket::bind(SocketAddr::from((n0.addr, PORT))).unwrap();
+        let to = SocketAddr::from((n1.addr, PORT));
+        ready.wait();
+        // Seven chunks' worth: a train one chunk longer than allowed.
+        let mut big = chunks_of(0, &pattern(0, 7 * CHUNK_PAYLOAD_MAX)).concat();
+        assert!(big.len() > TRAIN_DATAGRAM_MAX);
+        big.truncate(TRAIN_DATAGRAM_MAX + 100);
+        sock.send_to(&big, to).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        for train in chunks_of(1, &pattern(1, 16_392)).chunks(TRAIN_CHUNKS_MAX) {
+            sock.send_to(&train.concat(), to).unwrap();
+        }
+    });
+    let (c, stats) = receiver.join().expect("receiver");
+    assert_eq!(c.get(Counter::PassedOversize), 1, "{c}");
+    assert_eq!(c.get(Counter::ToXsk), 2, "{c}");
+    assert_eq!(stats.drops.oversize, 1, "the node's UDP socket got it and counted it: {:?}", stats.drops);
+}
