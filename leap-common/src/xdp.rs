@@ -25,8 +25,13 @@ use core::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use crate::chunk::{CHUNK_DATAGRAM_MAX, ChunkHeader, ChunkKind};
 
-/// Name of the XDP program in the object (its function name).
+/// Name of the XDP program in the object (its function name): linear
+/// packets only, loads on any kernel with XDP.
 pub const PROGRAM_NAME: &str = "leap_xdp";
+/// Name of the multi-buffer variant (section `xdp.frags`, kernels ≥ 5.18):
+/// the same body and maps, and it also takes packets spread over several
+/// buffers (chunk trains at a jumbo MTU).
+pub const PROGRAM_NAME_FRAGS: &str = "leap_xdp_frags";
 /// `Array<XdpConfig>` with one entry.
 pub const MAP_CONFIG: &str = "LEAP_CONFIG";
 /// `HashMap<u16, PortRule>`: destination ports (host order) to pick up.
@@ -262,11 +267,14 @@ pub enum Counter {
     NotLeap = 1,
     /// Redirected to the AF_XDP socket of its receive queue.
     ToXsk = 2,
-    /// Copied into the ring buffer (and dropped).
+    /// Copied into the ring buffer (one record per chunk of a train) and
+    /// dropped.
     ToRingBuf = 3,
-    /// The ring buffer had no room: dropped.
+    /// The ring buffer had no room (for the first chunk of a train or a
+    /// later one): passed to the kernel's UDP socket instead.
     RingBufFull = 4,
-    /// LEAP magic but an insane header or inconsistent lengths.
+    /// LEAP magic but an insane header (of any chunk of a train) or
+    /// inconsistent lengths.
     Malformed = 5,
     /// The peer filter is on and the source may not send this kind.
     WrongSource = 6,
@@ -285,10 +293,15 @@ pub enum Counter {
     ForeignDst = 11,
     /// The IPv4 header checksum is wrong.
     BadIpChecksum = 12,
+    /// LEAP magic but a UDP payload longer than any train
+    /// ([`crate::chunk::TRAIN_DATAGRAM_MAX`]), e.g. a GSO/GRO
+    /// super-datagram seen whole by generic XDP: passed to the kernel's
+    /// UDP socket.
+    PassedOversize = 13,
 }
 
 /// Number of [`Counter`]s (entries of `LEAP_COUNTERS`).
-pub const COUNTERS: u32 = 13;
+pub const COUNTERS: u32 = 14;
 
 impl Counter {
     /// Every counter, in index order.
@@ -306,6 +319,7 @@ impl Counter {
         Self::MappedSource,
         Self::ForeignDst,
         Self::BadIpChecksum,
+        Self::PassedOversize,
     ];
 
     /// The name used in `leap xdp stats` and the `--json` output.
@@ -324,8 +338,15 @@ impl Counter {
             Self::MappedSource => "mapped_source",
             Self::ForeignDst => "foreign_dst",
             Self::BadIpChecksum => "bad_ip_checksum",
+            Self::PassedOversize => "passed_oversize",
         }
     }
+}
+
+/// [`RingRecord::train`] of piece `index` of a train of `pieces` chunks.
+#[inline(always)]
+pub const fn train_tag(index: u8, pieces: u8) -> u16 {
+    u16::from_be_bytes([pieces, index])
 }
 
 /// Address family of a [`RingRecord`].
@@ -357,8 +378,13 @@ pub struct RingRecord {
     /// The UDP checksum field as it was on the wire (network byte order
     /// read as big-endian, i.e. the 16-bit value).
     pub udp_check: u16,
-    /// Zero.
-    pub _reserved: u16,
+    /// 0 for a datagram of one chunk; for a chunk of a train,
+    /// [`train_tag`]`(index, pieces)`. The UDP checksum covers the whole
+    /// train, so user space checks it once it holds every piece: the
+    /// program submits a train's records back to back, and one receive
+    /// queue is served by one CPU at a time, so the pieces of a train
+    /// follow each other among the records of their `rx_queue`.
+    pub train: u16,
     /// The UDP payload; bytes past `len` are unspecified.
     pub data: [u8; CHUNK_DATAGRAM_MAX],
 }
@@ -384,6 +410,13 @@ impl RingRecord {
     pub fn datagram(&self) -> Option<&[u8]> {
         self.data.get(..usize::from(self.len))
     }
+
+    /// `(index, pieces)` when the record holds one chunk of a train of
+    /// `pieces` (2..) chunks, `None` for a datagram of one chunk.
+    pub const fn train_piece(&self) -> Option<(u8, u8)> {
+        let [pieces, index] = self.train.to_be_bytes();
+        if self.train == 0 { None } else { Some((index, pieces)) }
+    }
 }
 
 impl Default for RingRecord {
@@ -397,7 +430,7 @@ impl Default for RingRecord {
             dst_addr: [0; 16],
             rx_queue: 0,
             udp_check: 0,
-            _reserved: 0,
+            train: 0,
             data: [0; CHUNK_DATAGRAM_MAX],
         }
     }
@@ -537,5 +570,15 @@ mod tests {
         assert_eq!(r.datagram().map(<[u8]>::len), Some(20));
         r.len = CHUNK_DATAGRAM_MAX as u16 + 1;
         assert_eq!(r.datagram(), None);
+    }
+
+    #[test]
+    fn train_tags_round_trip() {
+        let mut r = RingRecord::default();
+        assert_eq!(r.train_piece(), None, "a lone chunk");
+        r.train = train_tag(5, 6);
+        assert_eq!(r.train_piece(), Some((5, 6)));
+        r.train = train_tag(0, 2);
+        assert_eq!(r.train_piece(), Some((0, 2)));
     }
 }

@@ -3,7 +3,9 @@
 //! receive queue or a BPF ring buffer.
 //!
 //! Ethernet (one VLAN tag) → IPv4 (no fragments) or IPv6 (no extension
-//! headers) → UDP to a port in `LEAP_PORTS` → LEAP header. A chunk goes to
+//! headers) → UDP to a port in `LEAP_PORTS` → LEAP header(s). A datagram
+//! is one chunk or a *train* of up to `TRAIN_CHUNKS_MAX` chunks back to back
+//! (`leap_common::chunk::train`), every one of which is checked. A chunk goes to
 //! user space only when the kernel would have accepted it too (a unicast
 //! destination MAC of this interface, an allowed VLAN, a local destination
 //! address with `cfg::LOCAL_ONLY`; no v4-mapped IPv6 source; a correct IPv4
@@ -12,6 +14,14 @@
 //! `cfg::DROP_REJECTED`, dropped. The UDP checksum is verified in user
 //! space, which gets the checksum field and both addresses. Every decision
 //! is counted in `LEAP_COUNTERS` (see `leap_common::xdp::Counter`).
+//!
+//! Two entry points share the maps and one body: `leap_xdp` for linear
+//! packets (any kernel with XDP), and `leap_xdp_frags` (section
+//! `xdp.frags`, kernels ≥ 5.18), which also takes multi-buffer packets (a
+//! train at a 9000-byte MTU) and reads past the linear part with
+//! `bpf_xdp_load_bytes`. A LEAP datagram longer than any train (a GSO/GRO
+//! super-datagram that generic XDP sees whole) is passed to the kernel's
+//! UDP socket, as is a datagram the ring buffer has no room for.
 //!
 //! Built by `cargo xtask build-ebpf` for `bpfel-unknown-none`; the maps and
 //! their types are defined in `leap_common::xdp`.
@@ -22,15 +32,19 @@ use core::mem::size_of;
 use core::ptr::addr_of_mut;
 
 use aya_ebpf::bindings::{BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, xdp_action};
-use aya_ebpf::helpers::generated::bpf_xdp_load_bytes;
+use aya_ebpf::helpers::generated::{bpf_xdp_get_buff_len, bpf_xdp_load_bytes};
 use aya_ebpf::macros::{map, xdp};
 use aya_ebpf::maps::{Array, HashMap, PerCpuArray, RingBuf, XskMap};
 use aya_ebpf::programs::XdpContext;
 use aya_log_ebpf::debug;
-use leap_common::chunk::{CHUNK_DATAGRAM_MAX, CHUNK_HEADER_LEN, CHUNK_PAYLOAD_MAX, ChunkKind, LEAP_MAGIC, flags};
+use leap_common::chunk::{
+    CHUNK_DATAGRAM_MAX, CHUNK_HEADER_LEN, CHUNK_PAYLOAD_MAX, ChunkKind, LEAP_MAGIC, TRAIN_CHUNKS_MAX,
+    TRAIN_DATAGRAM_MAX, flags,
+};
 use leap_common::xdp::{
     COUNTERS, Counter, FAMILY_V4, FAMILY_V6, LocalAddr, MAX_LOCAL_ADDRS, MAX_PEERS, MAX_PORTS, MAX_QUEUES, MAX_VLANS,
-    PeerKey, PeerRule, PortRule, RING_BYTES, RingRecord, XdpConfig, cfg, delivery, is_v4_mapped, kind_bit, v4_mapped,
+    PeerKey, PeerRule, PortRule, RING_BYTES, RingRecord, XdpConfig, cfg, delivery, is_v4_mapped, kind_bit, train_tag,
+    v4_mapped,
 };
 
 #[map]
@@ -102,6 +116,7 @@ struct UdpHdr {
     check: [u8; 2],
 }
 
+#[derive(Clone, Copy)]
 #[repr(C)]
 struct LeapHdr {
     magic: [u8; 4],
@@ -178,11 +193,66 @@ struct L3 {
 
 #[xdp]
 pub fn leap_xdp(ctx: XdpContext) -> u32 {
-    try_leap_xdp(&ctx)
+    try_leap_xdp::<false>(&ctx)
+}
+
+#[xdp(frags)]
+pub fn leap_xdp_frags(ctx: XdpContext) -> u32 {
+    try_leap_xdp::<true>(&ctx)
+}
+
+/// Bytes of the packet from `l4` on: the linear part only for the plain
+/// program (it never sees more), every fragment for the frags program.
+#[inline(always)]
+fn bytes_from<const FRAGS: bool>(ctx: &XdpContext, l4: usize) -> usize {
+    if FRAGS {
+        // SAFETY: the helper only reads the context it is given.
+        let total = unsafe { bpf_xdp_get_buff_len(ctx.ctx) } as usize;
+        total.wrapping_sub(l4)
+    } else {
+        ctx.data_end() - ctx.data() - l4
+    }
+}
+
+/// The LEAP header at `off`: read straight from the linear part by the
+/// plain program, copied out with `bpf_xdp_load_bytes` (which follows the
+/// fragments) by the frags program.
+#[inline(always)]
+fn chunk_header<const FRAGS: bool>(ctx: &XdpContext, off: usize) -> Option<LeapHdr> {
+    if FRAGS {
+        let mut hdr = LeapHdr { magic: [0; 4], seq: [0; 2], chunk_id: [0; 2], total_chunks: [0; 2], reserved: [0; 2] };
+        // SAFETY: `hdr` is 12 writable bytes on the stack; the helper
+        // bounds-checks the packet offset and length.
+        let r = unsafe { bpf_xdp_load_bytes(ctx.ctx, off as u32, addr_of_mut!(hdr).cast(), CHUNK_HEADER_LEN as u32) };
+        if r != 0 {
+            return None;
+        }
+        Some(hdr)
+    } else {
+        let p = ptr_at::<LeapHdr>(ctx, off)?;
+        // SAFETY: `ptr_at` checked the whole header against `data_end`.
+        Some(unsafe { core::ptr::read(p) })
+    }
+}
+
+/// The chunks of a train of `datagram` bytes (12..=`TRAIN_DATAGRAM_MAX`)
+/// and the length of the last one, which must hold a header: every chunk
+/// but the last is full.
+#[inline(always)]
+fn train_shape(datagram: usize) -> Option<(usize, usize)> {
+    let chunks = datagram.div_ceil(CHUNK_DATAGRAM_MAX);
+    if chunks == 0 || chunks > TRAIN_CHUNKS_MAX {
+        return None;
+    }
+    let last = datagram - (chunks - 1) * CHUNK_DATAGRAM_MAX;
+    if last < CHUNK_HEADER_LEN {
+        return None;
+    }
+    Some((chunks, last))
 }
 
 #[inline(always)]
-fn try_leap_xdp(ctx: &XdpContext) -> u32 {
+fn try_leap_xdp<const FRAGS: bool>(ctx: &XdpContext) -> u32 {
     let Some(config) = LEAP_CONFIG.get(0) else {
         return decide(Counter::Passed, xdp_action::XDP_PASS);
     };
@@ -196,17 +266,12 @@ fn try_leap_xdp(ctx: &XdpContext) -> u32 {
     let rejected = if config.flags & cfg::DROP_REJECTED != 0 { xdp_action::XDP_DROP } else { xdp_action::XDP_PASS };
 
     let leap_off = l3.l4 + UDP_HDR_LEN;
-    let Some(leap) = ptr_at::<LeapHdr>(ctx, leap_off) else {
+    let Some(hdr) = chunk_header::<FRAGS>(ctx, leap_off) else {
         return decide(Counter::NotLeap, xdp_action::XDP_PASS);
     };
-    // SAFETY: `ptr_at` checked the whole header against `data_end`.
-    let hdr = unsafe { &*leap };
     if u32::from_be_bytes(hdr.magic) != LEAP_MAGIC {
         return decide(Counter::NotLeap, xdp_action::XDP_PASS);
     }
-    let chunk_id = be16(hdr.chunk_id);
-    let total_chunks = be16(hdr.total_chunks);
-    let reserved = be16(hdr.reserved);
 
     // What the kernel's receive path would drop before any socket sees it.
     if let Some(counter) = l3.verdict {
@@ -216,43 +281,68 @@ fn try_leap_xdp(ctx: &XdpContext) -> u32 {
         return decide(counter, rejected);
     }
 
-    // The UDP length must be the IP payload, fit in the packet (which may
-    // carry Ethernet padding after it) and leave 0..=1400 bytes of data.
     let udp_len = usize::from(l3.udp_len);
-    let in_packet = ctx.data_end() - ctx.data() - l3.l4;
-    let datagram = udp_len.wrapping_sub(UDP_HDR_LEN);
-    if udp_len != l3.ip_payload
-        || udp_len > in_packet
-        || datagram < CHUNK_HEADER_LEN
-        || datagram > CHUNK_DATAGRAM_MAX
-        || chunk_id >= total_chunks
-    {
-        if config.flags & cfg::LOG != 0 {
-            debug!(ctx, "leap: malformed chunk {}/{} udp_len {} from port {}", chunk_id, total_chunks, udp_len, sport);
-        }
-        return decide(Counter::Malformed, rejected);
+    // Longer than any train: a GSO/GRO super-datagram that generic XDP sees
+    // before segmentation, or a sender this program does not know. The
+    // node's UDP socket takes it (and splits it, or counts it).
+    if udp_len > UDP_HDR_LEN + TRAIN_DATAGRAM_MAX {
+        return decide(Counter::PassedOversize, xdp_action::XDP_PASS);
     }
 
-    if config.flags & cfg::PEER_FILTER != 0 {
+    // The UDP length must be the IP payload, fit in the packet (which may
+    // carry Ethernet padding after it) and leave a train of 1..=6 chunks.
+    let in_packet = bytes_from::<FRAGS>(ctx, l3.l4);
+    let datagram = udp_len.wrapping_sub(UDP_HDR_LEN);
+    let shape = if udp_len != l3.ip_payload || udp_len > in_packet { None } else { train_shape(datagram) };
+    let Some((chunks, last)) = shape else {
+        if config.flags & cfg::LOG != 0 {
+            debug!(ctx, "leap: malformed datagram udp_len {} from port {}", udp_len, sport);
+        }
+        return decide(Counter::Malformed, rejected);
+    };
+
+    let rule = if config.flags & cfg::PEER_FILTER != 0 {
         let key = PeerKey { addr: l3.src, src_port: sport, dst_port: dport };
         // SAFETY: plain lookup of a Pod value, copied out at once.
-        let rule = unsafe { LEAP_PEERS.get(&key) }.copied().unwrap_or_default();
-        if !rule.allows(reserved) {
+        Some(unsafe { LEAP_PEERS.get(&key) }.copied().unwrap_or_default())
+    } else {
+        None
+    };
+    // Every chunk of the train on its own: one bad header makes the whole
+    // datagram malformed, one kind the source may not send makes it wrong.
+    let mut i = 0;
+    while i < TRAIN_CHUNKS_MAX {
+        if i >= chunks {
+            break;
+        }
+        let h = if i == 0 { Some(hdr) } else { chunk_header::<FRAGS>(ctx, leap_off + i * CHUNK_DATAGRAM_MAX) };
+        let Some(h) = h else {
+            return decide(Counter::Malformed, rejected);
+        };
+        let (chunk_id, total_chunks, reserved) = (be16(h.chunk_id), be16(h.total_chunks), be16(h.reserved));
+        if u32::from_be_bytes(h.magic) != LEAP_MAGIC || chunk_id >= total_chunks {
+            if config.flags & cfg::LOG != 0 {
+                debug!(
+                    ctx,
+                    "leap: malformed chunk {}/{} udp_len {} from port {}", chunk_id, total_chunks, udp_len, sport
+                );
+            }
+            return decide(Counter::Malformed, rejected);
+        }
+        if let Some(rule) = rule
+            && !rule.allows(reserved)
+        {
             if config.flags & cfg::LOG != 0 {
                 debug!(ctx, "leap: chunk kind {} from unexpected source port {}", reserved & 0xF, sport);
             }
             return decide(Counter::WrongSource, rejected);
         }
+        i += 1;
     }
 
     match config.delivery {
         delivery::XSK => to_xsk(ctx),
-        delivery::RING_BUF => {
-            // The reader sleeps until a record wakes it: the end of a frame,
-            // and anything recovering a loss (retransmissions, NACKs), must.
-            let urgent = chunk_id + 1 == total_chunks || is_urgent(reserved);
-            to_ring(ctx, config.wakeup_every, &l3, leap_off, datagram, urgent)
-        }
+        delivery::RING_BUF => to_ring(ctx, config.wakeup_every, &l3, leap_off, chunks, last),
         _ => decide(Counter::Passed, xdp_action::XDP_PASS),
     }
 }
@@ -472,11 +562,48 @@ fn to_xsk(ctx: &XdpContext) -> u32 {
     }
 }
 
-/// Copies the UDP payload into a ring-buffer record and drops the packet.
+/// Copies every chunk of the train into a ring-buffer record of its own and
+/// drops the packet. When the ring buffer has no room (even half-way
+/// through a train: reassembly ignores the duplicates of chunks already
+/// submitted), the packet is passed to the kernel's UDP socket instead.
 #[inline(always)]
-fn to_ring(ctx: &XdpContext, wakeup_every: u32, l3: &L3, leap_off: usize, datagram: usize, urgent: bool) -> u32 {
+fn to_ring(ctx: &XdpContext, wakeup_every: u32, l3: &L3, leap_off: usize, chunks: usize, last: usize) -> u32 {
+    let every = u64::from(wakeup_every);
+    let nth = LEAP_COUNTERS.get(Counter::ToRingBuf as u32).copied().unwrap_or_default();
+    let periodic = every <= 1 || (nth + 1) % every == 0;
+    let mut i = 0;
+    while i < TRAIN_CHUNKS_MAX {
+        if i >= chunks {
+            break;
+        }
+        let len = if i + 1 == chunks { last } else { CHUNK_DATAGRAM_MAX };
+        // Which piece of how many: user space checks the UDP checksum of a
+        // train once it has every piece.
+        let train = if chunks > 1 { train_tag(i as u8, chunks as u8) } else { 0 };
+        match ring_record(ctx, l3, leap_off + i * CHUNK_DATAGRAM_MAX, len, train, periodic) {
+            RingOutcome::Submitted => {}
+            RingOutcome::Full => return decide(Counter::RingBufFull, xdp_action::XDP_PASS),
+            RingOutcome::Failed => return decide(Counter::Malformed, xdp_action::XDP_DROP),
+        }
+        i += 1;
+    }
+    decide(Counter::ToRingBuf, xdp_action::XDP_DROP)
+}
+
+/// What became of one chunk offered to the ring buffer.
+enum RingOutcome {
+    Submitted,
+    /// No room.
+    Full,
+    /// The packet could not be copied (cannot happen after the checks).
+    Failed,
+}
+
+/// Copies the chunk of `datagram` bytes at `off` into a ring-buffer record.
+#[inline(always)]
+fn ring_record(ctx: &XdpContext, l3: &L3, off: usize, datagram: usize, train: u16, periodic: bool) -> RingOutcome {
     let Some(mut entry) = LEAP_RING.reserve::<RingRecord>(0) else {
-        return decide(Counter::RingBufFull, xdp_action::XDP_DROP);
+        return RingOutcome::Full;
     };
     let rec = entry.as_mut_ptr();
     // Clamped right before the call, in a form the verifier can follow
@@ -488,7 +615,7 @@ fn to_ring(ctx: &XdpContext, wakeup_every: u32, l3: &L3, leap_off: usize, datagr
     let len = unsafe { core::ptr::read_volatile(&len) };
     if len == 0 {
         entry.discard(0);
-        return decide(Counter::Malformed, xdp_action::XDP_DROP);
+        return RingOutcome::Failed;
     }
     // `(len - 1) & mask + 1` has a minimum of 1 the verifier can see: the
     // 6.1 verifier does not learn it from the `len == 0` test above and
@@ -500,10 +627,10 @@ fn to_ring(ctx: &XdpContext, wakeup_every: u32, l3: &L3, leap_off: usize, datagr
     // SAFETY: `rec` points to a reserved, writable ring-buffer record of
     // `size_of::<RingRecord>()` bytes; `data` has room for 1412 bytes and
     // `len` is at most 1412; the helper bounds-checks the packet offset.
-    let copied = unsafe { bpf_xdp_load_bytes(ctx.ctx, leap_off as u32, addr_of_mut!((*rec).data).cast(), len) };
+    let copied = unsafe { bpf_xdp_load_bytes(ctx.ctx, off as u32, addr_of_mut!((*rec).data).cast(), len) };
     if copied != 0 {
         entry.discard(0);
-        return decide(Counter::Malformed, xdp_action::XDP_DROP);
+        return RingOutcome::Failed;
     }
     // The destination address, straight from the packet into the record.
     // SAFETY: `dst_addr` is 16 writable bytes of the reserved record; the
@@ -519,8 +646,18 @@ fn to_ring(ctx: &XdpContext, wakeup_every: u32, l3: &L3, leap_off: usize, datagr
     };
     if copied != 0 {
         entry.discard(0);
-        return decide(Counter::Malformed, xdp_action::XDP_DROP);
+        return RingOutcome::Failed;
     }
+    // The chunk's own header, as copied: the reader sleeps until a record
+    // wakes it, and the end of a frame and anything recovering a loss
+    // (retransmissions, NACKs) must.
+    // SAFETY: the first 12 bytes of `data` were written by the copy above
+    // (`len` is at least 12: the caller checked every chunk's length).
+    let (chunk_id, total_chunks, reserved) = unsafe {
+        let d = addr_of_mut!((*rec).data).cast::<[u8; CHUNK_HEADER_LEN]>().read();
+        (be16([d[6], d[7]]), be16([d[8], d[9]]), be16([d[10], d[11]]))
+    };
+    let urgent = chunk_id.wrapping_add(1) == total_chunks || is_urgent(reserved);
     // SAFETY: as above; plain stores of integer fields into the record.
     unsafe {
         addr_of_mut!((*rec).len).write(len as u16);
@@ -530,13 +667,11 @@ fn to_ring(ctx: &XdpContext, wakeup_every: u32, l3: &L3, leap_off: usize, datagr
         addr_of_mut!((*rec).src_addr).write(l3.src);
         addr_of_mut!((*rec).rx_queue).write(ctx.rx_queue_index());
         addr_of_mut!((*rec).udp_check).write(l3.udp_check);
-        addr_of_mut!((*rec)._reserved).write(0);
+        addr_of_mut!((*rec).train).write(train);
     }
-    let every = u64::from(wakeup_every);
-    let nth = LEAP_COUNTERS.get(Counter::ToRingBuf as u32).copied().unwrap_or_default();
-    let wake = urgent || every <= 1 || (nth + 1) % every == 0;
+    let wake = urgent || periodic;
     entry.submit(u64::from(if wake { BPF_RB_FORCE_WAKEUP } else { BPF_RB_NO_WAKEUP }));
-    decide(Counter::ToRingBuf, xdp_action::XDP_DROP)
+    RingOutcome::Submitted
 }
 
 #[cfg(not(test))]
@@ -549,5 +684,7 @@ fn panic(_info: &core::panic::PanicInfo<'_>) -> ! {
 #[unsafe(no_mangle)]
 static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
 
-// `CHUNK_PAYLOAD_MAX` bounds `datagram` through `CHUNK_DATAGRAM_MAX`.
+// `CHUNK_PAYLOAD_MAX` bounds a chunk through `CHUNK_DATAGRAM_MAX`; a train
+// is whole chunks.
 const _: () = assert!(CHUNK_DATAGRAM_MAX == CHUNK_HEADER_LEN + CHUNK_PAYLOAD_MAX);
+const _: () = assert!(TRAIN_DATAGRAM_MAX == TRAIN_CHUNKS_MAX * CHUNK_DATAGRAM_MAX);

@@ -12,7 +12,7 @@ use std::time::Duration;
 use leap::cli::xdp::{AttachArgs, XdpArgs, XdpCmd, main as xdp_main};
 use leap::netns::Topology;
 use leap::transport::xdp::program::pin_dir;
-use leap::transport::xdp::{AttachMode, AttachedMode, ObjectSource, PinnedProgram, XdpError};
+use leap::transport::xdp::{AttachMode, AttachedMode, ObjectSource, PinnedProgram, ProgramKind, XdpError};
 use leap_common::chunk::ChunkHeader;
 use leap_common::xdp::Counter;
 use xdp_common::{in_netns, object, xdp_attachment};
@@ -57,6 +57,7 @@ fn attach_persists_until_detach_and_leaves_nothing_behind() {
     assert_eq!(xdp_attachment(&rx.netns, &iface), Some("xdp"));
     let pinned = PinnedProgram::open(&iface).unwrap();
     assert_eq!(pinned.mode(), AttachedMode::Drv);
+    assert_eq!(pinned.kind().unwrap(), Some(ProgramKind::Frags), "the multi-buffer program is attached");
     assert_eq!(pinned.ports().unwrap(), vec![9999]);
     // Only chunks for this host, as the kernel would take them.
     let config = pinned.config().unwrap();

@@ -101,3 +101,49 @@ fn xdp_rings_run_with_exactly_the_units_capabilities() {
         }
     }
 }
+
+#[test]
+#[ignore = "needs root, BPF and the XDP object: run by cargo xtask ci (stage ebpf)"]
+fn the_multi_buffer_program_attaches_natively_at_mtu_9000_with_the_units_capabilities() {
+    // veth refuses a native XDP program without multi-buffer support once
+    // the peer's MTU exceeds about 3.5 KB: a ring in native mode at MTU 9000
+    // runs only if the kernel took `leap_xdp_frags` under these
+    // capabilities.
+    let ObjectSource::File(object) = xdp_common::object() else { panic!("tests load the object from a file") };
+    let obj = object.to_string_lossy().into_owned();
+    let topo = Topology::ring_with_mtu(&xdp_common::unique("lpf"), 2, Some(9000)).unwrap();
+    let n = topo.nodes();
+    let addr = |i: usize| format!("{}:9999", n[i % 2].addr);
+    let args = |i: usize, role: &str| -> Vec<String> {
+        let mut a: Vec<String> =
+            ["node", "--transport", "xdp", "--xdp-mode", "drv", "--xdp-object", &obj, "--iface", &n[i].rx_iface]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+        a.extend(["--listen".into(), addr(i), "--next".into(), addr(i + 1), "--prev".into(), addr(i + 1)]);
+        a.extend(["--role".into(), role.into()]);
+        a
+    };
+    let mut reaper = Reaper(Vec::new());
+    let a = args(1, "worker");
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    let mut worker = leap_with(&n[1].netns, UNIT_CAPS, &a).stdout(Stdio::null()).spawn().unwrap();
+    reaper.0.push(worker.id());
+    std::thread::sleep(Duration::from_millis(800));
+    let mut a = args(0, "head");
+    a.extend(["--frames", "100", "--json"].map(String::from));
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    let mut head = leap_with(&n[0].netns, UNIT_CAPS, &a).stdout(Stdio::piped()).spawn().unwrap();
+    reaper.0.push(head.id());
+    let status = wait_bounded(&mut head, Duration::from_secs(60));
+    let out = std::io::read_to_string(head.stdout.take().unwrap()).unwrap();
+    assert!(status.success(), "head: {out}");
+    let r: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert_eq!(r["transport"], "xdp", "the node fell back: {r}");
+    assert_eq!((r["frames_delivered"].as_u64(), r["frames_corrupt"].as_u64()), (Some(100), Some(0)), "{r}");
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(worker.id() as i32), nix::sys::signal::Signal::SIGTERM);
+    assert!(wait_bounded(&mut worker, Duration::from_secs(10)).success(), "worker");
+    for nd in n {
+        assert_eq!(xdp_common::xdp_attachment(&nd.netns, &nd.rx_iface), None, "XDP left on {}", nd.rx_iface);
+    }
+}

@@ -9,7 +9,7 @@ mod xdp_common;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use leap::transport::xdp::{RingReader, XdpCounters, XdpProgram};
-use leap_common::chunk::{ChunkHeader, ChunkKind, LEAP_MAGIC};
+use leap_common::chunk::{CHUNK_DATAGRAM_MAX, ChunkHeader, ChunkKind, LEAP_MAGIC, TRAIN_DATAGRAM_MAX};
 use leap_common::xdp::{Counter, LocalAddr, PeerKey, PeerRule, XdpConfig, cfg, delivery, is_v4_mapped};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -90,7 +90,7 @@ fn spec() -> impl Strategy<Value = Spec> {
     let delta = prop_oneof![6 => Just(0i16), 1 => -30i16..30];
     let small = prop_oneof![0u16..4, any::<u16>()];
     let reserved = prop_oneof![Just(0u16), Just(0x8000), Just(0x8001), Just(0x8002), any::<u16>()];
-    let data_len = prop_oneof![0usize..20, 1390usize..1410, 0usize..1500];
+    let data_len = prop_oneof![0usize..20, 1390usize..1410, 0usize..1500, 1400usize..8600];
     (
         (
             prop_oneof![4 => Just(0u8), 1 => Just(1), 1 => Just(2)],
@@ -177,6 +177,15 @@ fn build(s: &Spec) -> Vec<u8> {
     udp_payload.extend_from_slice(&s.total.to_be_bytes());
     udp_payload.extend_from_slice(&s.reserved.to_be_bytes());
     udp_payload.extend((0..s.data_len).map(|i| (i * 7) as u8));
+    // Past one chunk: a train, every piece starting with the first's header
+    // (a bad magic stays in the first only).
+    let first: [u8; 12] = udp_payload[..12].try_into().unwrap();
+    let mut at = CHUNK_DATAGRAM_MAX;
+    while at + 12 <= udp_payload.len() {
+        udp_payload[at..at + 12].copy_from_slice(&first);
+        udp_payload[at..at + 4].copy_from_slice(&LEAP_MAGIC.to_be_bytes());
+        at += CHUNK_DATAGRAM_MAX;
+    }
     let udp_len = udp_payload.len() + 8;
     let mut udp = Vec::new();
     udp.extend_from_slice(&s.sport.to_be_bytes());
@@ -244,7 +253,7 @@ fn be16(b: &[u8], at: usize) -> Option<u16> {
 /// payload.
 type Record = (SocketAddr, IpAddr, u16, Vec<u8>);
 
-fn model(p: &[u8], c: &XdpConfig, peers: &[(PeerKey, PeerRule)]) -> (Counter, u32, Option<Record>) {
+fn model(p: &[u8], c: &XdpConfig, peers: &[(PeerKey, PeerRule)]) -> (Counter, u32, Option<Vec<Record>>) {
     let pass = (Counter::Passed, XDP_PASS, None);
     let Some(mut proto) = be16(p, 12) else { return pass };
     let mut off = 14;
@@ -311,23 +320,44 @@ fn model(p: &[u8], c: &XdpConfig, peers: &[(PeerKey, PeerRule)]) -> (Counter, u3
     if src.is_ipv4() && ones_complement_sum(&p[l3..l4]) != 0xFFFF {
         return (Counter::BadIpChecksum, rejected, None);
     }
+    // Longer than any train: passed to the kernel's socket.
+    if udp_len > 8 + TRAIN_DATAGRAM_MAX {
+        return (Counter::PassedOversize, XDP_PASS, None);
+    }
     let in_packet = p.len() - l4;
-    if udp_len != ip_payload || udp_len > in_packet || !(20..=8 + 1412).contains(&udp_len) || chunk_id >= total {
+    if udp_len != ip_payload || udp_len > in_packet || udp_len < 20 {
+        return (Counter::Malformed, rejected, None);
+    }
+    // A train: every piece but the last full, the last with a header.
+    let datagram = &p[l4 + 8..l4 + udp_len];
+    let pieces: Vec<&[u8]> = datagram.chunks(CHUNK_DATAGRAM_MAX).collect();
+    if pieces.last().unwrap().len() < 12 {
         return (Counter::Malformed, rejected, None);
     }
     let src = SocketAddr::new(src, sport);
-    if c.flags & cfg::PEER_FILTER != 0 {
-        let header = ChunkHeader { seq: 0, chunk_id, total_chunks: total, reserved };
-        let bit = 1u32 << header.kind() as u32;
-        let key = PeerKey::new(src, dport);
-        if !peers.iter().any(|(k, r)| *k == key && r.kinds & bit != 0) {
-            return (Counter::WrongSource, rejected, None);
+    for (i, piece) in pieces.iter().enumerate() {
+        let (chunk_id, total, reserved) = if i == 0 {
+            (chunk_id, total, reserved)
+        } else {
+            (be16(piece, 6).unwrap(), be16(piece, 8).unwrap(), be16(piece, 10).unwrap())
+        };
+        if u32::from_be_bytes(piece[..4].try_into().unwrap()) != LEAP_MAGIC || chunk_id >= total {
+            return (Counter::Malformed, rejected, None);
+        }
+        if c.flags & cfg::PEER_FILTER != 0 {
+            let header = ChunkHeader { seq: 0, chunk_id, total_chunks: total, reserved };
+            let bit = 1u32 << header.kind() as u32;
+            let key = PeerKey::new(src, dport);
+            if !peers.iter().any(|(k, r)| *k == key && r.kinds & bit != 0) {
+                return (Counter::WrongSource, rejected, None);
+            }
         }
     }
     match c.delivery {
         // No AF_XDP socket is bound in a test run.
         delivery::XSK => (Counter::NoSocket, XDP_PASS, None),
-        _ => (Counter::ToRingBuf, XDP_DROP, Some((src, dst, dport, p[l4 + 8..l4 + udp_len].to_vec()))),
+        // One record per chunk.
+        _ => (Counter::ToRingBuf, XDP_DROP, Some(pieces.iter().map(|d| (src, dst, dport, d.to_vec())).collect())),
     }
 }
 
@@ -378,13 +408,15 @@ fn kernel_program_decides_like_the_reference_model() {
                 records.push((r.source(), r.destination(), r.dst_port, r.udp_check, r.datagram().map(<[u8]>::to_vec)))
             });
             match want_record {
-                Some((src, dst, dport, bytes)) => {
-                    prop_assert_eq!(records.len(), 1);
-                    prop_assert_eq!(records[0].0, src);
-                    prop_assert_eq!(records[0].1, dst);
-                    prop_assert_eq!(records[0].2, dport);
-                    prop_assert_eq!(records[0].3, UDP_CHECK);
-                    prop_assert_eq!(records[0].4.as_deref(), Some(&bytes[..]));
+                Some(want) => {
+                    prop_assert_eq!(records.len(), want.len());
+                    for (got, (src, dst, dport, bytes)) in records.iter().zip(want) {
+                        prop_assert_eq!(got.0, src);
+                        prop_assert_eq!(got.1, dst);
+                        prop_assert_eq!(got.2, dport);
+                        prop_assert_eq!(got.3, UDP_CHECK);
+                        prop_assert_eq!(got.4.as_deref(), Some(&bytes[..]));
+                    }
                 }
                 None => prop_assert!(records.is_empty(), "unexpected ring-buffer record"),
             }
@@ -409,6 +441,7 @@ fn kernel_program_decides_like_the_reference_model() {
         "mapped_source",
         "foreign_dst",
         "bad_ip_checksum",
+        "passed_oversize",
     ] {
         assert!(seen.get(c).copied().unwrap_or(0) >= 10, "decision {c} too rare: {seen:?}");
     }

@@ -5,16 +5,23 @@
 mod xdp_common;
 
 use leap::netns::Topology;
-use leap::transport::xdp::{AttachMode, AttachedMode, XdpError, XdpProgram};
+use leap::transport::xdp::{AttachMode, AttachedMode, ProgramKind, XdpError, XdpProgram};
 use xdp_common::{in_netns, object, xdp_attachment};
 
 #[test]
 #[ignore = "needs root + BPF: run by cargo xtask ci"]
 fn program_passes_the_verifier() {
-    let prog = XdpProgram::load(&object()).expect("the verifier accepts leap_xdp");
-    assert!(prog.attached().is_none());
-    let c = prog.counters().unwrap();
-    assert_eq!(c.total(), 0, "a fresh program has counted nothing");
+    // Both entry points, each on its own.
+    for kind in [ProgramKind::Frags, ProgramKind::Linear] {
+        let prog =
+            XdpProgram::load_kind(&object(), None, kind).unwrap_or_else(|e| panic!("the verifier accepts {kind}: {e}"));
+        assert_eq!(prog.kind(), kind);
+        assert!(prog.attached().is_none());
+        let c = prog.counters().unwrap();
+        assert_eq!(c.total(), 0, "a fresh program has counted nothing");
+    }
+    // By default, the multi-buffer one (this kernel has it).
+    assert_eq!(XdpProgram::load(&object()).unwrap().kind(), ProgramKind::Frags);
 }
 
 #[test]

@@ -162,7 +162,7 @@ fn busy_poll_rings(leap: &Path, obj: &Path) -> Result<()> {
 
 /// What `leap` logs when it attaches the XDP program without multi-buffer
 /// support (which cannot attach at MTU 9000 on veth).
-const JUMBO_PLAIN_PROGRAM: &str = "without multi-buffer";
+const JUMBO_PLAIN_PROGRAM: &str = "refuses the multi-buffer XDP program";
 
 /// Crates only the `leap` binary may depend on (its `cli` feature).
 const BINARY_ONLY: &[&str] = &["clap", "indicatif", "env_logger", "toml", "anyhow"];

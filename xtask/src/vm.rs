@@ -227,7 +227,7 @@ if [ -x /bin/leap ]; then
 		# chunk trains between the nodes; then the same with busy polling.
 		for t in xdp xdp-ringbuf; do
 			ring 300 "leap ring: $t at MTU 9000 (multi-buffer program, trains), unit's capabilities ($(uname -r))" --transport $t --netns --nodes 3 --frame-size 16392 --mtu 9000 --unit-caps
-			if grep -q "without multi-buffer" /tmp/ring.err; then ko "$t at MTU 9000: the program without multi-buffer support was attached"; fi
+			if grep -q "refuses the multi-buffer XDP program" /tmp/ring.err; then ko "$t at MTU 9000: the program without multi-buffer support was attached"; fi
 			ring 300 "leap ring: $t at MTU 9000 with busy polling, unit's capabilities ($(uname -r))" --transport $t --netns --nodes 3 --frame-size 16392 --mtu 9000 --busy-poll --unit-caps
 			if grep -q "busy polling is off" /tmp/ring.err; then ko "$t --busy-poll: the kernel refused busy polling"; fi
 		done

@@ -120,8 +120,9 @@ fn attach(a: &AttachArgs) -> Result<()> {
     let mac = host.mac.unwrap_or_default();
     prog.configure(&XdpConfig { delivery: delivery::XSK, flags, mac, ..XdpConfig::default() })?;
     let mode = prog.attach(&a.iface, a.mode)?;
+    let kind = prog.kind();
     let dir = prog.pin().with_context(|| format!("pinning the program on {}", a.iface))?;
-    println!("attached leap's XDP program to {} in {mode} mode; pinned at {}", a.iface, dir.display());
+    println!("attached leap's XDP program ({kind}) to {} in {mode} mode; pinned at {}", a.iface, dir.display());
     Ok(())
 }
 
@@ -152,9 +153,12 @@ fn status(iface: Option<&str>, json: bool) -> Result<()> {
             delivery::RING_BUF => "ringbuf",
             _ => "pass",
         };
+        // Which entry point: the multi-buffer one unless the kernel refused it.
+        let program = p.kind()?.map(|k| k.name());
         rows.push(serde_json::json!({
             "iface": p.iface(),
             "mode": p.mode().name(),
+            "program": program,
             "link_id": link_id,
             "prog_id": prog_id,
             "ports": p.ports()?,
@@ -175,9 +179,10 @@ fn status(iface: Option<&str>, json: bool) -> Result<()> {
     }
     for r in rows {
         println!(
-            "{}: {} mode, ports {}, delivery {}, prog id {}, link id {}, pinned at {} by {}",
+            "{}: {} mode, program {}, ports {}, delivery {}, prog id {}, link id {}, pinned at {} by {}",
             r["iface"].as_str().unwrap_or_default(),
             r["mode"].as_str().unwrap_or_default(),
+            r["program"].as_str().unwrap_or("unknown"),
             r["ports"],
             r["delivery"].as_str().unwrap_or_default(),
             r["prog_id"],

@@ -481,6 +481,39 @@ impl DatagramLink {
         self.take(src, datagram, out);
     }
 
+    /// Takes one datagram that may be a chunk train
+    /// ([`leap_common::chunk::train`]; [`Self::take`] splits it) and returns
+    /// the chunks it was meant to carry: 0 for a hello or a datagram longer
+    /// than any train (counted as oversize).
+    pub fn train(&mut self, src: Option<SocketAddr>, datagram: &[u8], out: Option<&mut [u8]>) -> u64 {
+        if !self.take(src, datagram, out) {
+            return 0;
+        }
+        if datagram.len() <= CHUNK_DATAGRAM_MAX || self.cfg.original_compat {
+            return 1;
+        }
+        leap_common::chunk::train(datagram).map_or(0, |t| t.count() as u64)
+    }
+
+    /// [`Self::take_batch`] without GRO, splitting every datagram as a
+    /// chunk train ([`Self::train`]): the XDP backends' UDP socket, which
+    /// gets whatever their program passes. Returns the chunks taken.
+    pub fn take_trains(&mut self, rx: &crate::sys::udp::RxBatch, mut out: Option<&mut [u8]>) -> u64 {
+        if let Some(d) = rx.kernel_drops() {
+            self.stats.kernel_drops = u64::from(d);
+        }
+        let mut taken = 0;
+        for i in 0..rx.len() {
+            let (bytes, meta, src) = rx.get(i);
+            if meta.truncated {
+                self.count_oversize();
+                continue;
+            }
+            taken += self.train(src, bytes, out.as_deref_mut());
+        }
+        taken
+    }
+
     /// Takes one datagram, a single chunk or a train of them (each taken
     /// on its own); returns whether it was meant as chunks (not a hello),
     /// whatever became of it. A datagram longer than any train is dropped

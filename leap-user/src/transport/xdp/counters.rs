@@ -106,7 +106,7 @@ impl Serialize for XdpCounters {
 impl fmt::Display for XdpCounters {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for c in Counter::ALL {
-            writeln!(f, "{:<14}{:>14}", c.name(), self.get(c))?;
+            writeln!(f, "{:<16}{:>14}", c.name(), self.get(c))?;
         }
         Ok(())
     }

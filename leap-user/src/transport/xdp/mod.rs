@@ -41,15 +41,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use leap_common::chunk::{CHUNK_DATAGRAM_MAX, ChunkKind};
+use leap_common::chunk::{CHUNK_DATAGRAM_MAX, ChunkKind, TRAIN_DATAGRAM_MAX};
 use leap_common::xdp::{self as map, Counter, PeerRule, RingRecord, cfg};
 
 pub use self::counters::{CounterReader, XdpCounters};
 pub use self::error::XdpError;
 pub use self::object::ObjectSource;
 pub use self::packet::{Reject, RxFilter};
-pub use self::program::{AttachMode, AttachedMode, PinnedProgram, XdpProgram};
-pub use self::ringbuf::RingReader;
+pub use self::program::{AttachMode, AttachedMode, PinnedProgram, ProgramKind, XdpProgram};
+pub use self::ringbuf::{Piece, RingReader, TrainGather};
 pub use self::xsk::{XskConfig, XskSocket, ZeroCopy};
 use super::config::UdpConfig;
 use super::datagram::{DatagramLink, RxPath};
@@ -326,6 +326,15 @@ enum Rx {
     Ring(RingReader),
 }
 
+/// UDP payload bytes the linear program takes in one buffer in native mode:
+/// a page, less XDP's headroom, the `skb_shared_info` tail and the headers.
+const LINEAR_PAYLOAD_MAX: usize = 4096 - 256 - 320 - 66;
+
+/// Whole chunks of a train of at most `bytes` (at least one).
+fn train_bytes(bytes: usize) -> usize {
+    leap_common::chunk::train_chunks_for(bytes) * CHUNK_DATAGRAM_MAX
+}
+
 /// Chunks taken from the receive path per batch.
 const BATCH: u32 = 64;
 /// Without sleeping, look at the UDP socket every this many pumps.
@@ -350,6 +359,8 @@ pub struct XdpTransport {
     via_kernel: Arc<AtomicU64>,
     /// Warnings about chunks on queues without a socket (at most 1).
     no_socket_warnings: Arc<AtomicU64>,
+    /// See [`Self::rx_train_bytes`].
+    rx_train_bytes: usize,
 }
 
 /// The XDP transport's receive path: the AF_XDP sockets or the ring buffer,
@@ -371,6 +382,8 @@ pub struct XdpRx {
     via_kernel: Arc<AtomicU64>,
     /// Watches for chunks on queues without a socket (AF_XDP only).
     watch: Option<QueueWatch>,
+    /// Ring-buffer mode: the records of chunk trains, put back together.
+    trains: TrainGather,
 }
 
 /// How often the receive path looks at the program's `no_socket` counter.
@@ -453,7 +466,8 @@ impl RxPath for XdpRx {
     }
 
     fn drain(&mut self, link: &mut DatagramLink, mut out: Option<&mut [u8]>) -> io::Result<()> {
-        let Self { rx, socket, filter, port, kernel_rx, kernel_age, udp_ready, busy_poll, via_kernel, watch } = self;
+        let Self { rx, socket, filter, port, kernel_rx, kernel_age, udp_ready, busy_poll, via_kernel, watch, trains } =
+            self;
         let port = *port;
         let mut foreign = 0u64;
         match rx {
@@ -466,17 +480,39 @@ impl RxPath for XdpRx {
                         s.busy_poll();
                     }
                     s.recv(BATCH, |frame| match filter.admit_frame(frame) {
-                        Ok(d) if d.dst_port() == port => link.datagram(Some(d.src), d.payload, out.as_deref_mut()),
+                        // The UDP checksum covered the whole datagram; now
+                        // its chunks, one by one.
+                        Ok(d) if d.dst_port() == port => {
+                            link.train(Some(d.src), d.payload, out.as_deref_mut());
+                        }
                         Ok(_) => foreign += 1,
                         Err(r) => r.count(link.drops_mut()),
                     });
+                    // Multi-buffer packets too long for any train, or that
+                    // never ended.
+                    for _ in 0..s.take_dropped_packets() {
+                        link.count_oversize();
+                    }
                 }
             }
             Rx::Ring(ring) => {
-                ring.recv(BATCH as usize, |rec: &RingRecord| match filter.admit_record(rec) {
-                    Ok((src, d)) if rec.dst_port == port => link.datagram(Some(src), d, out.as_deref_mut()),
-                    Ok(_) => foreign += 1,
-                    Err(r) => r.count(link.drops_mut()),
+                ring.recv(BATCH as usize, |rec: &RingRecord| match trains.push(rec) {
+                    Piece::Whole => match filter.admit_record(rec) {
+                        Ok((src, d)) if rec.dst_port == port => link.datagram(Some(src), d, out.as_deref_mut()),
+                        Ok(_) => foreign += 1,
+                        Err(r) => r.count(link.drops_mut()),
+                    },
+                    Piece::Pending => {}
+                    // The UDP checksum covers the whole train: check it,
+                    // then take the chunks one by one.
+                    Piece::Complete(first, d) => match filter.admit_payload(first, d) {
+                        Ok(src) if first.dst_port == port => {
+                            link.train(Some(src), d, out.as_deref_mut());
+                        }
+                        Ok(_) => foreign += 1,
+                        Err(r) => r.count(link.drops_mut()),
+                    },
+                    Piece::Broken => Reject::NotUdp.count(link.drops_mut()),
                 });
             }
         }
@@ -492,8 +528,10 @@ impl RxPath for XdpRx {
         if std::mem::take(udp_ready) || *kernel_age >= KERNEL_EVERY {
             *kernel_age = 0;
             kernel_rx.recv(socket.as_fd(), false)?;
-            // The socket has no UDP_GRO: one chunk per datagram.
-            via_kernel.fetch_add(link.take_batch(kernel_rx, false, out), Ordering::Relaxed);
+            // The socket has no UDP_GRO, but a datagram may be a chunk train
+            // (one the ring buffer had no room for, or from a node sending
+            // trains to a queue without an AF_XDP socket).
+            via_kernel.fetch_add(link.take_trains(kernel_rx, out), Ordering::Relaxed);
         }
         Ok(())
     }
@@ -571,6 +609,20 @@ impl XdpTransport {
             Delivery::RingBuf => Rx::Ring(RingReader::new(program.take_ring_buf()?)),
         };
         let zero_copy = matches!(&rx, Rx::Xsk(s) if s.iter().all(XskSocket::zero_copy));
+        // The largest train this receive path takes whole, announced in
+        // hellos: a ring-buffer record per chunk takes any train; an AF_XDP
+        // socket without multi-buffer only what fits one UMEM frame; the
+        // linear program (a kernel without multi-buffer XDP) only what fits
+        // one page-sized buffer in native mode.
+        let mut rx_train_bytes = match &rx {
+            Rx::Ring(_) => TRAIN_DATAGRAM_MAX,
+            Rx::Xsk(socks) => socks.iter().map(XskSocket::max_payload).min().unwrap_or(CHUNK_DATAGRAM_MAX),
+        };
+        if program.kind() == ProgramKind::Linear {
+            rx_train_bytes = rx_train_bytes.min(LINEAR_PAYLOAD_MAX);
+        }
+        // Never more than configured.
+        udp_cfg.rx_train_bytes = train_bytes(rx_train_bytes.min(udp_cfg.rx_train_bytes));
         program.configure(&map::XdpConfig {
             delivery: cfg.delivery.config_value(),
             flags,
@@ -596,9 +648,11 @@ impl XdpTransport {
         // mode, so segment in software unless attached natively.
         let link = DatagramLink::new(socket, udp_cfg, mode == AttachedMode::Drv);
         log::debug!(
-            "{} on {}: {} mode, {}, GSO {}",
+            "{} on {}: {} ({}) in {} mode, {}, GSO {}",
             cfg.delivery.transport_name(),
             cfg.iface,
+            program.kind(),
+            if program.kind() == ProgramKind::Frags { "multi-buffer" } else { "linear" },
             mode,
             if zero_copy { "zero-copy" } else { "copy" },
             link.gso()
@@ -629,21 +683,45 @@ impl XdpTransport {
             socket: link.shared_socket(),
             filter: filter.clone(),
             port,
-            kernel_rx: RxBatch::new(16, CHUNK_DATAGRAM_MAX + 1),
+            kernel_rx: RxBatch::new(16, TRAIN_DATAGRAM_MAX + 1),
             kernel_age: 0,
             udp_ready: false,
             busy_poll,
             via_kernel: Arc::clone(&via_kernel),
             watch,
+            trains: TrainGather::default(),
         };
         let core = DatagramCore::new(link, path, cfg.delivery.transport_name(), "poll")
             .map_err(|e| TransportError::io("spawn driver", e))?;
-        Ok(Self { _pins: pins, core, program, filter, mode, zero_copy, via_kernel, no_socket_warnings, cfg })
+        Ok(Self {
+            _pins: pins,
+            core,
+            program,
+            filter,
+            mode,
+            zero_copy,
+            via_kernel,
+            no_socket_warnings,
+            rx_train_bytes,
+            cfg,
+        })
     }
 
     /// How the program is attached.
     pub fn attached_mode(&self) -> AttachedMode {
         self.mode
+    }
+
+    /// Which program is attached: [`ProgramKind::Frags`] unless the kernel
+    /// refused multi-buffer XDP.
+    pub fn program_kind(&self) -> ProgramKind {
+        self.program.kind()
+    }
+
+    /// The largest chunk train (UDP payload bytes) this node's receive
+    /// path takes, as announced in its hellos.
+    pub fn rx_train_bytes(&self) -> usize {
+        self.rx_train_bytes
     }
 
     /// Whether every AF_XDP socket runs zero-copy.

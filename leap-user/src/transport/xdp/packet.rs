@@ -302,6 +302,18 @@ impl RxFilter {
     /// The [`Reject`] reason.
     pub fn admit_record<'a>(&self, rec: &'a RingRecord) -> Result<(SocketAddr, &'a [u8]), Reject> {
         let payload = rec.datagram().ok_or(Reject::NotUdp)?;
+        self.admit_payload(rec, payload).map(|src| (src, payload))
+    }
+
+    /// [`Self::admit_record`] for a UDP payload gathered from several
+    /// records (a chunk train, see [`RingRecord::train`]): `rec` is any of
+    /// them (they share addresses, ports and the checksum field), and the
+    /// checksum is checked over the whole `payload`. Returns the sender.
+    ///
+    /// # Errors
+    ///
+    /// The [`Reject`] reason.
+    pub fn admit_payload(&self, rec: &RingRecord, payload: &[u8]) -> Result<SocketAddr, Reject> {
         match rec.family {
             FAMILY_V6 if is_v4_mapped(&rec.src_addr) => return Err(Reject::MappedSource),
             FAMILY_V6 => {}
@@ -318,7 +330,7 @@ impl RxFilter {
         match udp_checksum(src.ip(), dst, &udp, payload) {
             None => Err(Reject::BadUdpChecksum),
             Some(UdpChecksum::Partial) if !self.partial_checksums => Err(Reject::BadUdpChecksum),
-            Some(_) => Ok((src, payload)),
+            Some(_) => Ok(src),
         }
     }
 

@@ -14,7 +14,7 @@ use aya::programs::{ProgramError, TestRun, TestRunOptions, Xdp, XdpMode};
 use aya::{Ebpf, EbpfLoader};
 use leap_common::xdp::{
     LocalAddr, MAP_CONFIG, MAP_COUNTERS, MAP_LOCAL_ADDRS, MAP_PEERS, MAP_PORTS, MAP_RING, MAP_VLANS, MAP_XSKS,
-    PROGRAM_NAME, PeerKey, PeerRule, PortRule, XdpConfig,
+    PROGRAM_NAME, PROGRAM_NAME_FRAGS, PeerKey, PeerRule, PortRule, XdpConfig,
 };
 
 pub use super::super::config::AttachMode;
@@ -70,6 +70,40 @@ impl AttachedMode {
     }
 }
 
+/// Which of the object's two entry points is loaded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProgramKind {
+    /// `leap_xdp_frags`: also takes multi-buffer packets (chunk trains at a
+    /// jumbo MTU; a native program on veth needs it for an MTU above about
+    /// 3.5 KB). Kernels ≥ 5.18.
+    Frags,
+    /// `leap_xdp`: linear packets only.
+    Linear,
+}
+
+impl ProgramKind {
+    /// The program's name in the object (and, as the kernel keeps it, in
+    /// `bpftool prog`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Frags => PROGRAM_NAME_FRAGS,
+            Self::Linear => PROGRAM_NAME,
+        }
+    }
+
+    /// The kind whose object name is `name`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Self::Frags, Self::Linear].into_iter().find(|k| k.name() == name)
+    }
+}
+
+impl fmt::Display for ProgramKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 #[derive(Debug)]
 struct Attachment {
     iface: String,
@@ -81,13 +115,17 @@ struct Attachment {
 /// it detaches the program, unless [`Self::pin`] made it persistent.
 pub struct XdpProgram {
     ebpf: Ebpf,
+    kind: ProgramKind,
     attachment: Option<Attachment>,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
 }
 
 impl fmt::Debug for XdpProgram {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("XdpProgram").field("attachment", &self.attachment).finish_non_exhaustive()
+        f.debug_struct("XdpProgram")
+            .field("kind", &self.kind)
+            .field("attachment", &self.attachment)
+            .finish_non_exhaustive()
     }
 }
 
@@ -108,10 +146,34 @@ impl XdpProgram {
     /// [`Self::load`], with the ring buffer resized to `ring_bytes` (a power
     /// of two, at least a page).
     ///
+    /// The multi-buffer program ([`ProgramKind::Frags`]) is loaded when the
+    /// kernel takes it, else the linear one, saying so once in the log;
+    /// [`Self::kind`] tells which.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::load`]; when neither loads, the linear program's error.
+    pub fn load_sized(object: &ObjectSource, ring_bytes: Option<u32>) -> Result<Self, XdpError> {
+        match Self::load_kind(object, ring_bytes, ProgramKind::Frags) {
+            Ok(p) => Ok(p),
+            Err(XdpError::Program(e)) => {
+                let p = Self::load_kind(object, ring_bytes, ProgramKind::Linear)?;
+                log::warn!(
+                    "the kernel refuses the multi-buffer XDP program ({e}); loaded the linear one: no chunk trains \
+                     beyond one buffer, and native XDP on veth only up to an MTU of about 3.5 KB"
+                );
+                Ok(p)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Loads exactly the entry point `kind` (see [`Self::load_sized`]).
+    ///
     /// # Errors
     ///
     /// As [`Self::load`].
-    pub fn load_sized(object: &ObjectSource, ring_bytes: Option<u32>) -> Result<Self, XdpError> {
+    pub fn load_kind(object: &ObjectSource, ring_bytes: Option<u32>, kind: ProgramKind) -> Result<Self, XdpError> {
         let bytes = object.bytes()?;
         let mut loader = EbpfLoader::new();
         if let Some(size) = ring_bytes {
@@ -123,8 +185,13 @@ impl XdpProgram {
                 return Err(XdpError::Missing(name));
             }
         }
-        program_mut(&mut ebpf)?.load().map_err(XdpError::Program)?;
-        Ok(Self { ebpf, attachment: None, logger: None })
+        program_mut(&mut ebpf, kind)?.load().map_err(XdpError::Program)?;
+        Ok(Self { ebpf, kind, attachment: None, logger: None })
+    }
+
+    /// Which entry point is loaded (and attached, once attached).
+    pub fn kind(&self) -> ProgramKind {
+        self.kind
     }
 
     /// Attaches to `iface`. [`AttachMode::Auto`] tries native mode first and
@@ -141,7 +208,7 @@ impl XdpProgram {
         if sys::if_index(iface).is_none() {
             return Err(XdpError::NoInterface(iface.to_string()));
         }
-        let prog = program_mut(&mut self.ebpf)?;
+        let prog = program_mut(&mut self.ebpf, self.kind)?;
         let tries: &[(AttachedMode, XdpMode)] = match mode {
             AttachMode::Auto => &[(AttachedMode::Drv, XdpMode::Driver), (AttachedMode::Skb, XdpMode::Skb)],
             AttachMode::Drv => &[(AttachedMode::Drv, XdpMode::Driver)],
@@ -188,7 +255,7 @@ impl XdpProgram {
     /// [`XdpError::Program`] when the kernel refuses.
     pub fn detach(&mut self) -> Result<(), XdpError> {
         if let Some(a) = self.attachment.take() {
-            program_mut(&mut self.ebpf)?.detach(a.link).map_err(XdpError::Program)?;
+            program_mut(&mut self.ebpf, self.kind)?.detach(a.link).map_err(XdpError::Program)?;
         }
         Ok(())
     }
@@ -340,7 +407,8 @@ impl XdpProgram {
     /// [`XdpError::Program`] (aya's `bpf(BPF_PROG_TEST_RUN)`; `EINVAL` for a
     /// packet shorter than Ethernet).
     pub fn test_run(&self, packet: &[u8]) -> Result<u32, XdpError> {
-        let prog = self.ebpf.program(PROGRAM_NAME).ok_or(XdpError::Missing(PROGRAM_NAME))?;
+        let name = self.kind.name();
+        let prog = self.ebpf.program(name).ok_or(XdpError::Missing(name))?;
         let xdp: &Xdp = prog.try_into().map_err(XdpError::Program)?;
         // Room for what the program may write back (it never grows a packet
         // by more than the headroom XDP gives it).
@@ -408,7 +476,7 @@ impl XdpProgram {
                 let map = self.ebpf.map(name).ok_or(XdpError::Missing(name))?;
                 map.pin(&path).map_err(|e| XdpError::Pin { path: path.clone(), source: std::io::Error::other(e) })?;
             }
-            let link = program_mut(&mut self.ebpf)?.take_link(a.link).map_err(XdpError::Program)?;
+            let link = program_mut(&mut self.ebpf, self.kind)?.take_link(a.link).map_err(XdpError::Program)?;
             let fd_link =
                 FdLink::try_from(link).map_err(|e| XdpError::Config(format!("XDP link cannot be pinned: {e}")))?;
             let path = dir.join(a.mode.link_file());
@@ -465,7 +533,7 @@ impl XdpProgram {
             }
         }
         let path = dir.join(mode.prog_file());
-        program_mut(&mut self.ebpf)?
+        program_mut(&mut self.ebpf, self.kind)?
             .pin(&path)
             .map_err(|e| XdpError::Pin { path, source: std::io::Error::other(e) })?;
         Ok(guard)
@@ -487,9 +555,10 @@ impl Drop for MapPins {
     }
 }
 
-fn program_mut(ebpf: &mut Ebpf) -> Result<&mut Xdp, XdpError> {
-    let prog = ebpf.program_mut(PROGRAM_NAME).ok_or(XdpError::Missing(PROGRAM_NAME))?;
-    prog.try_into().map_err(|_| XdpError::Missing(PROGRAM_NAME))
+fn program_mut(ebpf: &mut Ebpf, kind: ProgramKind) -> Result<&mut Xdp, XdpError> {
+    let name = kind.name();
+    let prog = ebpf.program_mut(name).ok_or(XdpError::Missing(name))?;
+    prog.try_into().map_err(|_| XdpError::Missing(name))
 }
 
 /// Whether attaching failed because another XDP program is attached.
@@ -617,6 +686,21 @@ impl PinnedProgram {
         let info = aya::programs::ProgramInfo::from_pin(self.dir.join(self.mode.prog_file()))
             .map_err(|e| XdpError::Config(format!("program info: {e}")))?;
         Ok((None, info.id()))
+    }
+
+    /// Which entry point is attached, from the kernel's name of the
+    /// program (`None` when the kernel does not describe it, or for a
+    /// program of another object).
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::ids`].
+    pub fn kind(&self) -> Result<Option<ProgramKind>, XdpError> {
+        let (_, id) = self.ids()?;
+        Ok(aya::programs::loaded_programs()
+            .filter_map(Result::ok)
+            .find(|p| p.id() == id)
+            .and_then(|p| p.name_as_str().and_then(ProgramKind::from_name)))
     }
 
     fn map(&self, name: &'static str) -> Result<Map, XdpError> {

@@ -8,6 +8,8 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::time::Duration;
 
+use leap_common::chunk::TRAIN_DATAGRAM_MAX;
+use leap_common::xdp::wire::{ETH_HLEN, IPV4_HLEN_MAX, UDP_HLEN, VLAN_HLEN};
 use xdpilone::{DeviceQueue, IfInfo, RingRx, Socket, SocketConfig, Umem, UmemConfig, User};
 
 use super::XdpError;
@@ -30,6 +32,84 @@ pub struct XskConfig {
 impl Default for XskConfig {
     fn default() -> Self {
         Self { frames: 4096, frame_size: 2048, ring_size: 2048, zero_copy: ZeroCopy::Auto }
+    }
+}
+
+/// `XDP_USE_SG` of `<linux/if_xdp.h>`: multi-buffer packets (kernel ≥ 6.6).
+const XDP_USE_SG: u16 = 1 << 4;
+/// `XDP_PKT_CONTD` in a descriptor's `options`: the packet continues in the
+/// next descriptor.
+const XDP_PKT_CONTD: u32 = 1 << 0;
+/// Bytes of the largest packet worth gathering: a train of the most chunks
+/// behind the longest headers leap parses.
+pub const GATHER_MAX: usize = ETH_HLEN + VLAN_HLEN + IPV4_HLEN_MAX + UDP_HLEN + TRAIN_DATAGRAM_MAX;
+/// `XDP_PACKET_HEADROOM`: what the kernel keeps free at the start of every
+/// UMEM frame in copy mode.
+const XDP_PACKET_HEADROOM: usize = 256;
+
+/// Packet bytes the kernel puts in one frame of `frame_size` bytes.
+const fn bytes_per_frame(frame_size: u32) -> usize {
+    (frame_size as usize).saturating_sub(XDP_PACKET_HEADROOM)
+}
+
+/// Bytes of a UDP payload that fit one frame of `frame_size` bytes behind
+/// the kernel's headroom and Ethernet, one VLAN tag, IPv6 and UDP headers
+/// (what a socket without multi-buffer can take).
+pub const fn payload_per_frame(frame_size: u32) -> usize {
+    bytes_per_frame(frame_size).saturating_sub(ETH_HLEN + VLAN_HLEN + leap_common::xdp::wire::IPV6_HLEN + UDP_HLEN)
+}
+
+/// Puts the descriptors of a multi-buffer packet back together: copies
+/// every piece (so that its frame can go back to the kernel at once) up to
+/// the largest packet worth taking, and drops, counted, a packet that is
+/// longer or has more pieces than such a packet needs (one that never ends
+/// is cut off there; its remaining pieces are skipped).
+#[derive(Debug)]
+struct Gather {
+    bytes: Vec<u8>,
+    /// Descriptors of the packet so far.
+    pieces: u32,
+    /// Most descriptors a packet of [`GATHER_MAX`] bytes takes.
+    max_pieces: u32,
+    /// The current packet is being skipped.
+    discarding: bool,
+    /// Packets dropped.
+    dropped: u64,
+}
+
+impl Gather {
+    fn new(frame_size: u32) -> Self {
+        let max_pieces = GATHER_MAX.div_ceil(bytes_per_frame(frame_size).max(1)) as u32;
+        Self { bytes: Vec::new(), pieces: 0, max_pieces, discarding: false, dropped: 0 }
+    }
+
+    /// Whether no packet is half gathered.
+    fn is_idle(&self) -> bool {
+        self.pieces == 0
+    }
+
+    /// Takes one piece; `more`: the packet continues (`XDP_PKT_CONTD`).
+    /// Returns the whole packet after its last piece, unless it was
+    /// dropped.
+    fn piece(&mut self, bytes: &[u8], more: bool) -> Option<&[u8]> {
+        if self.pieces == 0 {
+            self.bytes.clear();
+            self.discarding = false;
+        }
+        self.pieces += 1;
+        if !self.discarding {
+            if self.bytes.len() + bytes.len() <= GATHER_MAX && self.pieces <= self.max_pieces {
+                self.bytes.extend_from_slice(bytes);
+            } else {
+                self.discarding = true;
+                self.dropped += 1;
+            }
+        }
+        if more {
+            return None;
+        }
+        self.pieces = 0;
+        (!self.discarding).then_some(&self.bytes[..])
     }
 }
 
@@ -68,6 +148,10 @@ pub struct XskSocket {
     frames: u32,
     /// Frame addresses to give back to the fill ring.
     recycle: Vec<u64>,
+    /// Bound with `XDP_USE_SG`: packets may span several descriptors.
+    sg: bool,
+    /// Multi-buffer packets being put back together.
+    gather: Gather,
 }
 
 impl std::fmt::Debug for XskSocket {
@@ -76,6 +160,7 @@ impl std::fmt::Debug for XskSocket {
             .field("iface", &self.iface)
             .field("queue", &self.queue)
             .field("zero_copy", &self.zero_copy)
+            .field("sg", &self.sg)
             .field("huge_pages", &self.area.is_huge())
             .finish_non_exhaustive()
     }
@@ -109,7 +194,7 @@ impl XskSocket {
         };
         let mut last = None;
         for &zc in tries {
-            match Self::open_once(iface, queue, cfg, zc) {
+            match Self::open_sg(iface, queue, cfg, zc) {
                 Ok(s) => {
                     if zc {
                         log::info!("{iface} queue {queue}: AF_XDP in zero-copy mode");
@@ -131,7 +216,27 @@ impl XskSocket {
         Err(last.expect("at least one attempt"))
     }
 
-    fn open_once(iface: &str, queue: u32, cfg: &XskConfig, zero_copy: bool) -> Result<Self, XdpError> {
+    /// Opens with `XDP_USE_SG` and, where the kernel refuses it (`EINVAL`
+    /// before 6.6; `EOPNOTSUPP` from a zero-copy driver without it),
+    /// without, saying so once.
+    fn open_sg(iface: &str, queue: u32, cfg: &XskConfig, zero_copy: bool) -> Result<Self, XdpError> {
+        match Self::open_once(iface, queue, cfg, zero_copy, true) {
+            Err(XdpError::Xsk { call: "bind", source, .. })
+                if matches!(source.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP)) =>
+            {
+                let s = Self::open_once(iface, queue, cfg, zero_copy, false)?;
+                log::info!(
+                    "{iface} queue {queue}: AF_XDP without multi-buffer (XDP_USE_SG: {source}): chunk trains \
+                     only up to {} bytes of UDP payload",
+                    payload_per_frame(cfg.frame_size)
+                );
+                Ok(s)
+            }
+            other => other,
+        }
+    }
+
+    fn open_once(iface: &str, queue: u32, cfg: &XskConfig, zero_copy: bool, sg: bool) -> Result<Self, XdpError> {
         let err = |call: &'static str| {
             let iface = iface.to_string();
             move |source: io::Error| XdpError::Xsk { call, iface, queue, source }
@@ -161,7 +266,7 @@ impl XskSocket {
         let sock_cfg = SocketConfig {
             rx_size: std::num::NonZeroU32::new(cfg.ring_size),
             tx_size: None,
-            bind_flags: mode | SocketConfig::XDP_BIND_NEED_WAKEUP,
+            bind_flags: mode | SocketConfig::XDP_BIND_NEED_WAKEUP | if sg { XDP_USE_SG } else { 0 },
         };
         let user = umem.rx_tx(&sock, &sock_cfg).map_err(|e| err("rx ring")(errno(e)))?;
         // Map the rx ring before binding: kernels before 6.x (6.1 among
@@ -220,6 +325,8 @@ impl XskSocket {
             frame_size: cfg.frame_size,
             frames: cfg.frames,
             recycle,
+            sg,
+            gather: Gather::new(cfg.frame_size),
         })
     }
 
@@ -240,8 +347,9 @@ impl XskSocket {
         self.zero_copy
     }
 
-    /// Calls `f` with every received frame (at most `max`), then gives the
-    /// frames back to the kernel. Returns how many there were.
+    /// Calls `f` with every received packet (at most `max` descriptors; the
+    /// pieces of a multi-buffer packet gathered into one), then gives the
+    /// frames back to the kernel. Returns how many descriptors there were.
     pub fn recv(&mut self, max: u32, mut f: impl FnMut(&[u8])) -> u32 {
         let mut n = 0;
         {
@@ -250,22 +358,46 @@ impl XskSocket {
                 n += 1;
                 // SAFETY: the descriptor came off the RX ring, so its frame
                 // is ours until it goes back on the fill ring, which happens
-                // (through `recycle`) only after `f` has returned.
-                match unsafe { self.area.get(desc.addr, desc.len) } {
-                    Some(bytes) => {
-                        f(bytes);
-                        // The address includes the in-frame offset: give
-                        // back the frame-aligned address.
-                        self.recycle.push(desc.addr - desc.addr % u64::from(self.frame_size));
-                    }
+                // (through `recycle`) only after `f` has returned or its
+                // bytes were copied into `gather`.
+                let Some(bytes) = (unsafe { self.area.get(desc.addr, desc.len) }) else {
                     // Never ours: nothing to give back.
-                    None => log::warn!("{} queue {}: AF_XDP descriptor out of the UMEM", self.iface, self.queue),
+                    log::warn!("{} queue {}: AF_XDP descriptor out of the UMEM", self.iface, self.queue);
+                    continue;
+                };
+                let more = desc.options & XDP_PKT_CONTD != 0;
+                if !more && self.gather.is_idle() {
+                    // The usual case: one descriptor, one packet, no copy.
+                    f(bytes);
+                } else if let Some(packet) = self.gather.piece(bytes, more) {
+                    f(packet);
                 }
+                // The address includes the in-frame offset: give back the
+                // frame-aligned address.
+                self.recycle.push(desc.addr - desc.addr % u64::from(self.frame_size));
             }
             rx.release();
         }
         self.refill();
         n
+    }
+
+    /// Whether the socket is bound with `XDP_USE_SG` (takes packets larger
+    /// than one frame).
+    pub fn multi_buffer(&self) -> bool {
+        self.sg
+    }
+
+    /// Bytes of the largest UDP payload this socket takes whole.
+    pub fn max_payload(&self) -> usize {
+        if self.sg { TRAIN_DATAGRAM_MAX } else { payload_per_frame(self.frame_size).min(TRAIN_DATAGRAM_MAX) }
+    }
+
+    /// Multi-buffer packets dropped since the last call: longer than any
+    /// train, or more pieces than such a packet needs (a packet that never
+    /// ends is cut off there).
+    pub fn take_dropped_packets(&mut self) -> u64 {
+        std::mem::take(&mut self.gather.dropped)
     }
 
     /// Puts recycled frames back on the fill ring (as many as fit).
@@ -337,5 +469,48 @@ impl XskSocket {
     pub fn kernel_drops(&self) -> Option<(u64, u64, u64)> {
         let s = self.user.statistics_v2().ok()?;
         Some((s.rx_dropped, s.rx_ring_full, s.rx_fill_ring_empty_descs))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_of_a_multi_buffer_packet_are_gathered() {
+        let mut g = Gather::new(2048);
+        assert!(g.is_idle());
+        assert_eq!(g.piece(&[1; 1792], true), None);
+        assert!(!g.is_idle());
+        assert_eq!(g.piece(&[2; 1792], true), None);
+        let p = g.piece(&[3; 100], false).unwrap().to_vec();
+        assert_eq!(p.len(), 1792 * 2 + 100);
+        assert_eq!((p[0], p[1792], p[3584]), (1, 2, 3));
+        assert!(g.is_idle());
+        assert_eq!(g.dropped, 0);
+        // A packet of one piece.
+        assert_eq!(g.piece(&[4; 10], false), Some(&[4u8; 10][..]));
+    }
+
+    #[test]
+    fn too_long_and_endless_packets_are_dropped_and_counted() {
+        let mut g = Gather::new(2048);
+        // Longer than any train: dropped, and its pieces skipped to its end.
+        for _ in 0..4 {
+            assert_eq!(g.piece(&[0; 1792], true), None);
+        }
+        assert_eq!(g.piece(&[0; 1792], true), None);
+        assert_eq!(g.piece(&[0; 1792], false), None);
+        assert_eq!(g.dropped, 1);
+        // More pieces than a train needs, however small: cut off, counted once.
+        for _ in 0..1000 {
+            assert_eq!(g.piece(&[0; 1], true), None);
+        }
+        assert_eq!(g.dropped, 2);
+        assert!(g.bytes.len() <= GATHER_MAX);
+        // Its end is skipped too; the next packet is taken again.
+        assert_eq!(g.piece(&[0; 1], false), None);
+        assert_eq!(g.piece(&[9; 3], false), Some(&[9u8; 3][..]));
+        assert_eq!(g.dropped, 2);
     }
 }
