@@ -470,6 +470,18 @@ impl RxPath for XdpRx {
             self;
         let port = *port;
         let mut foreign = 0u64;
+        // Hellos come through the UDP socket, chunks through XDP: until the
+        // previous node is proven, read the socket first, so that its
+        // proof (sent before its first frame) is taken before the chunks
+        // that rely on it. Taken after them, its first frame would be read
+        // as the original's (its CRC trailer taken for data, the frame too
+        // long) and fetched again.
+        if !link.prev_is_leap() {
+            *kernel_age = 0;
+            *udp_ready = false;
+            kernel_rx.recv(socket.as_fd(), false)?;
+            via_kernel.fetch_add(link.take_trains(kernel_rx, out.as_deref_mut()), Ordering::Relaxed);
+        }
         match rx {
             Rx::Xsk(socks) => {
                 for s in socks.iter_mut() {
