@@ -211,15 +211,28 @@ pub const fn train_chunks_for(udp_payload: usize) -> usize {
 /// ([`CHUNK_DATAGRAM_MAX`] bytes), so the train splits without a length
 /// field; the last takes the rest. A datagram of at most
 /// [`CHUNK_DATAGRAM_MAX`] bytes (everything the original sends) is one
-/// chunk. Each piece must still be parsed and validated on its own.
+/// chunk. A longer one is a train only when every piece after the first
+/// starts with the LEAP magic and the last holds at least a header: one
+/// chunk with more than 1400 bytes behind its header is an oversize chunk,
+/// as the original, the kernel module and the XDP program see it, and none
+/// of it is taken. Each piece must still be parsed and validated on its
+/// own.
 ///
 /// # Errors
 ///
 /// [`ChunkError::Oversize`] for a datagram longer than
-/// [`TRAIN_DATAGRAM_MAX`].
+/// [`TRAIN_DATAGRAM_MAX`], or longer than a chunk and not a train.
 pub fn train(datagram: &[u8]) -> Result<Train<'_>, ChunkError> {
     if datagram.len() > TRAIN_DATAGRAM_MAX {
         return Err(ChunkError::Oversize);
+    }
+    if datagram.len() > CHUNK_DATAGRAM_MAX {
+        let tail = datagram.len() % CHUNK_DATAGRAM_MAX;
+        let magic = LEAP_MAGIC.to_be_bytes();
+        let later = datagram[CHUNK_DATAGRAM_MAX..].chunks(CHUNK_DATAGRAM_MAX);
+        if (tail != 0 && tail < CHUNK_HEADER_LEN) || later.into_iter().any(|p| !p.starts_with(&magic)) {
+            return Err(ChunkError::Oversize);
+        }
     }
     Ok(Train { rest: datagram, first: true })
 }
@@ -297,22 +310,51 @@ mod tests {
         assert_eq!(h.kind(), ChunkKind::Control);
     }
 
+    /// `n` bytes of pieces that each start with a chunk header.
+    fn train_of(n: usize) -> [u8; TRAIN_DATAGRAM_MAX + 1] {
+        let mut d = [0u8; TRAIN_DATAGRAM_MAX + 1];
+        let mut at = 0;
+        while at < n && at + CHUNK_HEADER_LEN <= d.len() {
+            ChunkHeader::data(1, 0, 2).write(&mut d[at..]);
+            at += CHUNK_DATAGRAM_MAX;
+        }
+        d
+    }
+
+    #[test]
+    fn only_pieces_that_are_all_chunks_make_a_train() {
+        let mut d = train_of(3 * CHUNK_DATAGRAM_MAX);
+        assert!(train(&d[..3 * CHUNK_DATAGRAM_MAX]).is_ok());
+        assert!(train(&d[..CHUNK_DATAGRAM_MAX + 200]).is_ok());
+        // A later piece without the magic: one oversize chunk, not a train.
+        d[CHUNK_DATAGRAM_MAX] ^= 1;
+        assert_eq!(train(&d[..3 * CHUNK_DATAGRAM_MAX]).err(), Some(ChunkError::Oversize));
+        let d = train_of(3 * CHUNK_DATAGRAM_MAX);
+        assert_eq!(train(&d[..2 * CHUNK_DATAGRAM_MAX + 11]).err(), Some(ChunkError::Oversize));
+        assert!(train(&d[..2 * CHUNK_DATAGRAM_MAX + 12]).is_ok());
+        // One chunk with 1401..3000 bytes behind its header, as the flood
+        // and the original's oversize chunks look.
+        let mut one = [0u8; CHUNK_DATAGRAM_MAX + 100];
+        ChunkHeader::data(1, 0, 4).write(&mut one);
+        assert_eq!(train(&one).err(), Some(ChunkError::Oversize));
+    }
+
     #[test]
     fn trains_split_into_full_chunks_and_a_last_one() {
-        let d = [0u8; 2 * CHUNK_DATAGRAM_MAX + 100];
-        let mut t = train(&d).unwrap().map(<[u8]>::len);
+        let d = train_of(2 * CHUNK_DATAGRAM_MAX + 100);
+        let mut t = train(&d[..2 * CHUNK_DATAGRAM_MAX + 100]).unwrap().map(<[u8]>::len);
         assert_eq!(
             [t.next(), t.next(), t.next(), t.next()],
             [Some(CHUNK_DATAGRAM_MAX), Some(CHUNK_DATAGRAM_MAX), Some(100), None]
         );
-        let d = [0u8; 2 * CHUNK_DATAGRAM_MAX];
-        assert_eq!(train(&d).unwrap().count(), 2);
+        let d = train_of(2 * CHUNK_DATAGRAM_MAX);
+        assert_eq!(train(&d[..2 * CHUNK_DATAGRAM_MAX]).unwrap().count(), 2);
         // What the original sends is one chunk, however short.
         let mut t = train(&d[..5]).unwrap().map(<[u8]>::len);
         assert_eq!([t.next(), t.next()], [Some(5), None]);
         let mut t = train(&[]).unwrap().map(<[u8]>::len);
         assert_eq!([t.next(), t.next()], [Some(0), None]);
-        let big = [0u8; TRAIN_DATAGRAM_MAX + 1];
+        let big = train_of(TRAIN_DATAGRAM_MAX + 1);
         assert_eq!(train(&big).err(), Some(ChunkError::Oversize));
         assert_eq!(train(&big[..TRAIN_DATAGRAM_MAX]).unwrap().count(), TRAIN_CHUNKS_MAX);
     }

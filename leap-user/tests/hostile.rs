@@ -524,13 +524,17 @@ fn malformed_trains_are_dropped_and_counted_and_good_frames_still_arrive() {
         let f0 = pattern(0, 2900);
         prev.send_to(&cat(&[chunk_of(0, &f0, 0), chunk_of(0, &f0, 1), chunk_of(0, &f0, 2)]), to).unwrap();
         expect(&mut b, &f0);
-        // Frame 1: a train with one bad chunk (no magic) in the middle; the
-        // good ones are kept, the bad one counted, the real one completes it.
+        // Frame 1: a "train" with one bad chunk (no magic) in the middle is
+        // one oversize chunk, as the original, the module and the XDP
+        // program see it: nothing of it is taken; the real chunks complete
+        // the frame.
         let f1 = pattern(1, 2900);
         let mut bad = chunk_of(1, &f1, 1);
         bad[0] ^= 0xFF;
         prev.send_to(&cat(&[chunk_of(1, &f1, 0), bad, chunk_of(1, &f1, 2)]), to).unwrap();
         prev.send_to(&chunk_of(1, &f1, 1), to).unwrap();
+        prev.send_to(&chunk_of(1, &f1, 2), to).unwrap();
+        prev.send_to(&chunk_of(1, &f1, 0), to).unwrap();
         expect(&mut b, &f1);
         // A train longer than any: dropped whole, counted as oversize.
         let f2 = pattern(2, 8400);
@@ -547,11 +551,12 @@ fn malformed_trains_are_dropped_and_counted_and_good_frames_still_arrive() {
         let mut short = chunk_of(3, &f3, 1);
         short.truncate(512);
         prev.send_to(&cat(&[chunk_of(3, &f3, 0), short, chunk_of(3, &f3, 2)]), to).unwrap();
-        prev.send_to(&chunk_of(3, &f3, 1), to).unwrap();
-        prev.send_to(&chunk_of(3, &f3, 2), to).unwrap();
+        for id in [1, 2, 0] {
+            prev.send_to(&chunk_of(3, &f3, id), to).unwrap();
+        }
         expect(&mut b, &f3);
         let d = b.stats().drops;
-        assert!(d.bad_magic >= 1 && d.oversize >= 1 && d.bad_length >= 1, "gro {gro}: {d:?}");
+        assert!(d.oversize >= 2 && d.bad_length >= 1, "gro {gro}: {d:?}");
         assert_eq!(b.stats().frames_received, 4);
     }
 }

@@ -90,7 +90,7 @@ fn spec() -> impl Strategy<Value = Spec> {
     let delta = prop_oneof![6 => Just(0i16), 1 => -30i16..30];
     let small = prop_oneof![0u16..4, any::<u16>()];
     let reserved = prop_oneof![Just(0u16), Just(0x8000), Just(0x8001), Just(0x8002), any::<u16>()];
-    let data_len = prop_oneof![0usize..20, 1390usize..1410, 0usize..1500, 1400usize..8600];
+    let data_len = prop_oneof![0usize..20, 1390usize..1410, 0usize..1500, 1400usize..8600, 8440usize..8600];
     (
         (
             prop_oneof![4 => Just(0u8), 1 => Just(1), 1 => Just(2)],
