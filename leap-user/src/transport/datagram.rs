@@ -276,10 +276,12 @@ impl DatagramLink {
         self.reasm.drops_mut().oversize += 1;
     }
 
-    /// Feeds every datagram of a kernel receive batch to [`Self::datagram`]:
+    /// Feeds every datagram of a kernel receive batch to [`Self::train`]:
     /// truncated ones are counted as oversize, and with `gro` a coalesced
-    /// datagram is cut at its segment size. Returns the datagrams taken as
-    /// chunks (hellos not counted).
+    /// datagram is cut at its segment size; each piece may be a chunk
+    /// train. Returns the chunks the datagrams carried (hellos not
+    /// counted). The XDP backends' UDP socket (no GRO) uses it for what
+    /// their program passes.
     /// Without a buffer every chunk goes to a side slot of the reassembly.
     pub fn take_batch(&mut self, rx: &crate::sys::udp::RxBatch, gro: bool, mut out: Option<&mut [u8]>) -> u64 {
         if let Some(d) = rx.kernel_drops() {
@@ -294,9 +296,7 @@ impl DatagramLink {
             }
             let seg = if gro { meta.segment.map_or(bytes.len(), usize::from).max(1) } else { bytes.len().max(1) };
             for d in bytes.chunks(seg) {
-                if self.take(src, d, out.as_deref_mut()) {
-                    taken += 1;
-                }
+                taken += self.train(src, d, out.as_deref_mut());
             }
         }
         taken
@@ -493,25 +493,6 @@ impl DatagramLink {
             return 1;
         }
         leap_common::chunk::train(datagram).map_or(0, |t| t.count() as u64)
-    }
-
-    /// [`Self::take_batch`] without GRO, splitting every datagram as a
-    /// chunk train ([`Self::train`]): the XDP backends' UDP socket, which
-    /// gets whatever their program passes. Returns the chunks taken.
-    pub fn take_trains(&mut self, rx: &crate::sys::udp::RxBatch, mut out: Option<&mut [u8]>) -> u64 {
-        if let Some(d) = rx.kernel_drops() {
-            self.stats.kernel_drops = u64::from(d);
-        }
-        let mut taken = 0;
-        for i in 0..rx.len() {
-            let (bytes, meta, src) = rx.get(i);
-            if meta.truncated {
-                self.count_oversize();
-                continue;
-            }
-            taken += self.train(src, bytes, out.as_deref_mut());
-        }
-        taken
     }
 
     /// Takes one datagram, a single chunk or a train of them (each taken

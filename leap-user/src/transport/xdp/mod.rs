@@ -480,7 +480,7 @@ impl RxPath for XdpRx {
             *kernel_age = 0;
             *udp_ready = false;
             kernel_rx.recv(socket.as_fd(), false)?;
-            via_kernel.fetch_add(link.take_trains(kernel_rx, out.as_deref_mut()), Ordering::Relaxed);
+            via_kernel.fetch_add(link.take_batch(kernel_rx, false, out.as_deref_mut()), Ordering::Relaxed);
         }
         match rx {
             Rx::Xsk(socks) => {
@@ -543,7 +543,7 @@ impl RxPath for XdpRx {
             // The socket has no UDP_GRO, but a datagram may be a chunk train
             // (one the ring buffer had no room for, or from a node sending
             // trains to a queue without an AF_XDP socket).
-            via_kernel.fetch_add(link.take_trains(kernel_rx, out), Ordering::Relaxed);
+            via_kernel.fetch_add(link.take_batch(kernel_rx, false, out), Ordering::Relaxed);
         }
         Ok(())
     }
