@@ -615,6 +615,13 @@ static int leap_bind(struct leap_file *f, u16 port)
 	if (err)
 		goto err_release_sock;
 	leap_accept_gso(sock);
+	/*
+	 * Datagrams sized by the interface MTU; ICMP "fragmentation needed"
+	 * ignored: anyone can send one quoting the node's well-known port, and
+	 * it would lower the route's path MTU below a chunk for ten minutes,
+	 * which every GSO send would then fail on.
+	 */
+	ip_sock_set_mtu_discover(sock->sk, IP_PMTUDISC_OMIT);
 	/* Every send may carry up to LEAP_GSO_CHUNKS chunks of 1412 bytes. */
 	f->gso = READ_ONCE(tx_gso);
 	WRITE_ONCE(udp_sk(sock->sk)->gso_size, f->gso ? LEAP_CHUNK_WIRE_MAX : 0);
@@ -702,7 +709,8 @@ static int leap_send_frame(struct leap_file *f, const u8 *tx, u32 len, u16 flags
 
 		n = f->gso ? min_t(u32, LEAP_GSO_CHUNKS, total - id) : 1;
 		ret = leap_send_chunks(f, &to, tx, len, seq, total, flags, id, n);
-		if (ret < 0 && f->gso && (ret == -EIO || ret == -EINVAL)) {
+		/* A segment above the interface MTU: -EINVAL, -EMSGSIZE on 6.x. */
+		if (ret < 0 && f->gso && (ret == -EIO || ret == -EINVAL || ret == -EMSGSIZE)) {
 			/* Nothing of this group left: send it again, chunk by chunk. */
 			leap_gso_off(f, ret);
 			n = 0;

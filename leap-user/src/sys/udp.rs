@@ -18,6 +18,7 @@ use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, ppoll};
 use nix::sys::socket::{setsockopt, sockopt};
 use nix::sys::time::TimeSpec;
+use nix::{setsockopt_impl, sockopt_impl};
 use socket2::SockAddr;
 
 /// Largest number of iovecs the kernel takes in one message.
@@ -97,8 +98,9 @@ impl TxBatch {
     ///
     /// # Errors
     ///
-    /// The `sendmmsg` error; with GSO, `EIO`/`EINVAL` mean the path cannot
-    /// segment (the caller retries without).
+    /// The `sendmmsg` error; with GSO, `EIO`/`EINVAL`/`EMSGSIZE` (6.x
+    /// kernels: a segment above the interface MTU) mean the path cannot
+    /// segment at that size (the caller retries without).
     pub fn send<'a, I, D>(
         &mut self,
         fd: BorrowedFd<'_>,
@@ -364,6 +366,48 @@ pub fn gso_supported(fd: BorrowedFd<'_>) -> bool {
     setsockopt(&fd, sockopt::UdpGsoSegment, &0).is_ok()
 }
 
+sockopt_impl!(
+    /// Path MTU discovery mode of IPv4 sends (`IP_MTU_DISCOVER`; nix has none).
+    IpMtuDiscover,
+    SetOnly,
+    libc::IPPROTO_IP,
+    libc::IP_MTU_DISCOVER,
+    libc::c_int
+);
+sockopt_impl!(
+    /// Path MTU discovery mode of IPv6 sends (`IPV6_MTU_DISCOVER`).
+    Ipv6MtuDiscover,
+    SetOnly,
+    libc::IPPROTO_IPV6,
+    libc::IPV6_MTU_DISCOVER,
+    libc::c_int
+);
+
+/// Makes the socket size its datagrams by the outgoing interface's MTU and
+/// ignore ICMP "fragmentation needed" / "packet too big" messages
+/// (`IP_PMTUDISC_OMIT`, `IPV6_PMTUDISC_OMIT`, Linux 3.15): anyone on the
+/// path can send those, quoting the node's well-known ports, and each one
+/// lowers the route's path MTU for ten minutes, below a single chunk if
+/// they like (552 bytes), which the kernel then enforces on every GSO send
+/// of a socket that listens (`EINVAL`). DNS servers set the same for the
+/// same reason. A datagram above the interface MTU is still fragmented
+/// locally, and DF is not set, so a smaller link on the way fragments too.
+///
+/// # Errors
+///
+/// The `setsockopt` error (a kernel before 3.15).
+pub fn ignore_path_mtu_hints(fd: BorrowedFd<'_>, v6: bool) -> io::Result<()> {
+    if v6 {
+        setsockopt(&fd, Ipv6MtuDiscover, &libc::IPV6_PMTUDISC_OMIT)?;
+        // The IPv4 side of a dual-stack socket (v4-mapped peers); an
+        // IPv6-only socket refuses it, which changes nothing.
+        let _ = setsockopt(&fd, IpMtuDiscover, &libc::IP_PMTUDISC_OMIT);
+        Ok(())
+    } else {
+        Ok(setsockopt(&fd, IpMtuDiscover, &libc::IP_PMTUDISC_OMIT)?)
+    }
+}
+
 /// Sets the receive buffer to `bytes` past `net.core.rmem_max`
 /// (`SO_RCVBUFFORCE`).
 ///
@@ -413,6 +457,7 @@ pub const fn ip_udp_headers(v6: bool) -> usize {
 #[derive(Debug)]
 pub struct RouteProbe {
     socket: socket2::Socket,
+    peer: SocketAddr,
     v6: bool,
 }
 
@@ -426,11 +471,13 @@ impl RouteProbe {
     pub fn connect(local: SocketAddr, peer: SocketAddr) -> io::Result<Self> {
         use socket2::{Domain, Protocol, Socket, Type};
         let socket = Socket::new(Domain::for_address(peer), Type::DGRAM, Some(Protocol::UDP))?;
+        // Spoofed ICMP quoting this socket changes no path MTU either.
+        let _ = ignore_path_mtu_hints(socket.as_fd(), peer.is_ipv6());
         if local.is_ipv4() == peer.is_ipv4() && !local.ip().is_unspecified() {
             socket.bind(&SocketAddr::new(local.ip(), 0).into())?;
         }
         socket.connect(&peer.into())?;
-        Ok(Self { socket, v6: peer.is_ipv6() })
+        Ok(Self { socket, peer, v6: peer.is_ipv6() })
     }
 
     /// The path MTU towards the peer now, in bytes of IP packet.
@@ -439,6 +486,10 @@ impl RouteProbe {
     ///
     /// The failed `getsockopt`.
     pub fn mtu(&self) -> io::Result<usize> {
+        // A fresh route lookup: the one cached at connect misses path MTU
+        // exceptions learned since (the kernel marks it obsolete and
+        // `IP_MTU` reads it anyway).
+        self.socket.connect(&self.peer.into())?;
         let mtu = if self.v6 {
             ipv6_mtu(self.socket.as_fd())?
         } else {

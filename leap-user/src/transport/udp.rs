@@ -88,6 +88,9 @@ pub fn bind_socket(addr: SocketAddr) -> Result<Socket, UdpError> {
         let _ = s.set_send_buffer_size(SOCKET_BUFFER);
     }
     s.bind(&addr.into()).map_err(err("bind"))?;
+    if let Err(e) = crate::sys::udp::ignore_path_mtu_hints(s.as_fd(), addr.is_ipv6()) {
+        log::warn!("{addr}: spoofed ICMP can lower the path MTU of this socket's sends (IP_PMTUDISC_OMIT: {e})");
+    }
     if !crate::sys::udp::enable_drop_count(s.as_fd()) {
         log::debug!("{addr}: the kernel does not report socket drops (SO_RXQ_OVFL)");
     }
@@ -234,6 +237,14 @@ impl UdpTransport {
     pub fn neighbours_are_leap(&self) -> (bool, bool) {
         let link = self.core.shared().link();
         (link.next_is_leap(), link.prev_is_leap())
+    }
+
+    /// How frames leave for the next node: chunks per datagram (1 until it
+    /// proved that it takes trains, and with trains off) and whether UDP GSO
+    /// hands each frame's datagrams to the kernel at once.
+    pub fn send_shape(&self) -> (usize, bool) {
+        let link = self.core.shared().link();
+        (link.train_chunks(), link.gso())
     }
 
     /// Splits into a sender and a receiver for two threads.
