@@ -55,6 +55,9 @@ const RETX_PACE_BYTES_PER_S: u64 = 500_000_000;
 /// How long the first frame waits for the next node to prove that it is a
 /// leap node (once per link; an original node costs this once).
 const FIRST_PROOF_WAIT: Duration = Duration::from_millis(100);
+/// How often the path MTU towards a next node that takes trains is read
+/// again (an operator may change an interface's MTU while leap runs).
+const MTU_RECHECK: Duration = Duration::from_secs(1);
 
 /// Log lines about the same kind of trouble: at most one a second, with the
 /// number of those left out.
@@ -118,6 +121,8 @@ pub struct DatagramLink {
     proof_waited: bool,
     /// A socket connected to the next node, to read the path MTU from.
     route: Option<crate::sys::udp::RouteProbe>,
+    /// When the trains are sized to the path MTU again.
+    mtu_due: Instant,
 }
 
 impl DatagramLink {
@@ -169,6 +174,7 @@ impl DatagramLink {
             last_send: None,
             proof_waited: false,
             route,
+            mtu_due: Instant::now(),
             cfg,
         }
     }
@@ -184,23 +190,55 @@ impl DatagramLink {
     /// off or when it takes none.
     fn size_trains(&mut self) {
         let next = self.cfg.next;
-        let peer_bytes = self.next_peer.proven().map_or(0, |p| caps::train_bytes(p.caps));
-        if !self.cfg.trains || self.cfg.original_compat || peer_bytes == 0 {
+        self.mtu_due = Instant::now() + MTU_RECHECK;
+        let Some((k, mtu)) = self.train_fit() else {
             self.sender.set_train(1);
             let why = if self.cfg.trains { "it takes no trains" } else { "trains are off here" };
             log::info!("one chunk per datagram to {next} ({why})");
             return;
-        }
-        let mtu = self.route.as_ref().and_then(|r| r.mtu().ok());
-        let path =
-            mtu.map_or(CHUNK_DATAGRAM_MAX, |m| m.saturating_sub(crate::sys::udp::ip_udp_headers(next.is_ipv6())));
-        let k = leap_common::chunk::train_chunks_for(peer_bytes.min(path));
+        };
         self.sender.set_train(k);
         let mtu = mtu.map_or_else(|| "unknown".into(), |m| m.to_string());
         if k == 1 {
             log::info!("one chunk per datagram to {next} (path MTU {mtu}: no room for a train)");
         } else {
             log::info!("trains of {k} chunks to {next} (path MTU {mtu})");
+        }
+    }
+
+    /// Chunks per train to the next node and the path MTU they fit (None:
+    /// no trains to it, by either side's choice).
+    fn train_fit(&self) -> Option<(usize, Option<usize>)> {
+        let peer_bytes = self.next_peer.proven().map_or(0, |p| caps::train_bytes(p.caps));
+        if !self.cfg.trains || self.cfg.original_compat || peer_bytes == 0 {
+            return None;
+        }
+        let next = self.cfg.next;
+        let mtu = self.route.as_ref().and_then(|r| r.mtu().ok());
+        let path =
+            mtu.map_or(CHUNK_DATAGRAM_MAX, |m| m.saturating_sub(crate::sys::udp::ip_udp_headers(next.is_ipv6())));
+        Some((leap_common::chunk::train_chunks_for(peer_bytes.min(path)), mtu))
+    }
+
+    /// Sizes the trains to the path MTU again once a second, and at once when
+    /// the kernel refused to segment them: an interface whose MTU fell (9000
+    /// to 1500, say) gets single chunks, one whose MTU rose gets trains.
+    /// Where the trains still fit and the kernel refused them anyway, GSO is
+    /// what fails: it is turned off.
+    fn recheck_trains(&mut self, now: Instant) {
+        let refused = self.sender.take_train_refused();
+        if !refused && now < self.mtu_due {
+            return;
+        }
+        self.mtu_due = now + MTU_RECHECK;
+        let Some((k, mtu)) = self.train_fit() else { return };
+        let (next, was) = (self.cfg.next, self.sender.train());
+        let mtu = mtu.map_or_else(|| "unknown".into(), |m| m.to_string());
+        if k != was {
+            self.sender.set_train(k);
+            log::info!("path MTU to {next} is now {mtu}: {k} chunk(s) per datagram, {was} before");
+        } else if refused {
+            self.sender.disable_gso(&format_args!("it refused trains of {k} chunks within the path MTU {mtu}"));
         }
     }
 
@@ -454,6 +492,7 @@ impl DatagramLink {
             self.probe.sent(now, &self.cfg.timers, seq);
         }
         self.last_send = Some(now);
+        self.recheck_trains(now);
         self.stats.frames_sent += 1;
         self.stats.bytes_sent += len as u64;
         match res {

@@ -23,6 +23,9 @@ pub struct UdpSender {
     gso: bool,
     /// Chunks per datagram of a frame's first copy to a proven leap node.
     train: usize,
+    /// The kernel refused a GSO send of trains (the path MTU fell below
+    /// them, say): the link sizes them again (see [`Self::take_train_refused`]).
+    train_refused: bool,
     batch: TxBatch,
     headers: Vec<[u8; CHUNK_HEADER_LEN]>,
 }
@@ -40,7 +43,15 @@ impl UdpSender {
     /// A sender to `next`; `gso` if the socket supports it (checked).
     pub fn new(socket: &Socket, next: SocketAddr, gso: bool) -> Self {
         let gso = gso && gso_supported(socket.as_fd());
-        Self { next: next.into(), seq: 0, gso, train: 1, batch: TxBatch::new(), headers: Vec::new() }
+        Self {
+            next: next.into(),
+            seq: 0,
+            gso,
+            train: 1,
+            train_refused: false,
+            batch: TxBatch::new(),
+            headers: Vec::new(),
+        }
     }
 
     /// Sends frames to a proven leap node as trains of `chunks` chunks per
@@ -59,6 +70,22 @@ impl UdpSender {
     /// Whether GSO is in use.
     pub fn gso(&self) -> bool {
         self.gso
+    }
+
+    /// Whether the kernel refused a GSO send of trains since the last call.
+    /// That frame went out without GSO; GSO stays on until
+    /// [`Self::disable_gso`], so the caller can first size the trains to
+    /// the path MTU again.
+    pub fn take_train_refused(&mut self) -> bool {
+        std::mem::take(&mut self.train_refused)
+    }
+
+    /// Sends one datagram per segment from now on (`why` is logged).
+    pub fn disable_gso(&mut self, why: &dyn std::fmt::Display) {
+        if self.gso {
+            log::warn!("UDP GSO failed on this path ({why}); sending one datagram per segment from now on");
+            self.gso = false;
+        }
     }
 
     /// The seq the next frame gets.
@@ -102,7 +129,21 @@ impl UdpSender {
             })
         };
         let seg = (k * CHUNK_DATAGRAM_MAX) as u16;
-        Self::send_batch(&mut self.batch, &mut self.gso, socket, &self.next, trains, seg)?;
+        if k > 1 && self.gso {
+            // A refused train keeps GSO on: the link sizes trains again first.
+            match self.batch.send(socket.as_fd(), &self.next, trains(), Some(seg)) {
+                Ok(()) => return Ok(Sent { chunks, datagrams }),
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL | libc::EMSGSIZE)) => {
+                    log::debug!("GSO send of trains of {k} refused ({e}); sent one datagram per train");
+                    self.train_refused = true;
+                    let mut off = false;
+                    Self::send_batch(&mut self.batch, &mut off, socket, &self.next, trains, seg)?;
+                }
+                Err(e) => return Err(TransportError::io("sendmmsg", e)),
+            }
+        } else {
+            Self::send_batch(&mut self.batch, &mut self.gso, socket, &self.next, trains, seg)?;
+        }
         Ok(Sent { chunks, datagrams })
     }
 
@@ -172,7 +213,7 @@ impl UdpSender {
         let seg = gso.then_some(seg);
         match batch.send(socket.as_fd(), next, datagrams(), seg) {
             Ok(()) => Ok(()),
-            Err(e) if seg.is_some() && matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL)) => {
+            Err(e) if seg.is_some() && matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL | libc::EMSGSIZE)) => {
                 log::warn!("UDP GSO failed on this path ({e}); sending one datagram per segment from now on");
                 *gso = false;
                 batch.send(socket.as_fd(), next, datagrams(), None).map_err(|e| TransportError::io("sendmmsg", e))
