@@ -108,3 +108,44 @@ pub fn prove_link(
     assert!(a.neighbours_are_leap().0 && b.neighbours_are_leap().1, "the two nodes did not prove each other");
     b.set_recv_timeout(Some(b_timeout));
 }
+
+/// The Internet checksum of `b`.
+fn internet_checksum(b: &[u8]) -> u16 {
+    let mut sum: u32 = b.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]))).sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// An ICMP "fragmentation needed, next-hop MTU `mtu`" about a UDP datagram
+/// from `src` to `dst`: what a router on the path sends, or anyone who
+/// knows the ports.
+pub fn icmp_frag_needed(src: std::net::SocketAddrV4, dst: std::net::SocketAddrV4, mtu: u16) -> Vec<u8> {
+    let mut m = vec![3, 4, 0, 0, 0, 0];
+    m.extend(mtu.to_be_bytes());
+    // The quoted IPv4 header (1 440 bytes, DF, UDP) and the first 8 bytes
+    // of its payload, the UDP header.
+    let mut ip = vec![0x45, 0, 0x05, 0xa0, 0, 0, 0x40, 0, 64, 17, 0, 0];
+    ip.extend(src.ip().octets());
+    ip.extend(dst.ip().octets());
+    let sum = internet_checksum(&ip);
+    ip[10..12].copy_from_slice(&sum.to_be_bytes());
+    m.extend(ip);
+    m.extend(src.port().to_be_bytes());
+    m.extend(dst.port().to_be_bytes());
+    m.extend([0x05, 0x8c, 0, 0]);
+    let sum = internet_checksum(&m);
+    m[2..4].copy_from_slice(&sum.to_be_bytes());
+    m
+}
+
+/// Sends ICMP `messages` to `to` through a raw socket (root) of the
+/// current network namespace.
+pub fn send_icmp(to: std::net::Ipv4Addr, messages: &[Vec<u8>]) {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let s = Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::ICMPV4)).expect("raw ICMP socket (needs root)");
+    for m in messages {
+        s.send_to(m, &std::net::SocketAddr::from((to, 0)).into()).expect("sending ICMP");
+    }
+}
