@@ -39,6 +39,8 @@ fn udp_ring_with_1_percent_loss_delivers_every_frame() {
     let r = lossy(TransportKind::Udp, 1.0, 2000, Reliability::Reliable);
     assert_eq!((r.frames_delivered, r.frames_corrupt), (2000, 0), "{r:?}");
     assert!(r.retransmits > 0);
+    // The lost chunks were brought by retransmissions (and counted so).
+    assert!(r.stats.chunks_recovered > 0 && r.stats.chunks_recovered <= r.retransmits + r.stats.probes, "{r:?}");
 }
 
 #[test]

@@ -607,6 +607,9 @@ impl DatagramLink {
         };
         if r != Push::Dropped {
             self.stats.chunks_received += 1;
+            if hdr.reserved & flags::RETRANSMIT != 0 {
+                self.stats.chunks_recovered += 1;
+            }
             // Out of the receive path's buffer into the frame's.
             self.stats.copied_bytes += payload.len() as u64;
         }

@@ -145,6 +145,10 @@ pub struct Stats {
     pub frames_lost: u64,
     /// Chunks sent again in answer to a NACK.
     pub retransmits: u64,
+    /// Chunks received that only a retransmission or a probe brought: each
+    /// one a chunk really lost on the way (a retransmitted copy of a chunk
+    /// that had arrived is `drops.stale` or `drops.duplicate`, not this).
+    pub chunks_recovered: u64,
     /// Tail-loss probes sent (the last chunk of the last frame, again).
     pub probes: u64,
     /// NACKs sent to the previous node.
@@ -185,6 +189,7 @@ impl Stats {
         self.bytes_received += o.bytes_received;
         self.frames_lost += o.frames_lost;
         self.retransmits += o.retransmits;
+        self.chunks_recovered += o.chunks_recovered;
         self.probes += o.probes;
         self.nacks_sent += o.nacks_sent;
         self.nacks_received += o.nacks_received;
