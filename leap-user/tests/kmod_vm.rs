@@ -556,52 +556,6 @@ fn module_to_module_frames_arrive_intact_with_checksums() {
     assert_eq!(sent.tx_errors, 0);
 }
 
-/// A spoofed ICMP "fragmentation needed" quoting a module node's port (a
-/// well-known one) is ignored: it would lower the path MTU towards the next
-/// node below a chunk for ten minutes, and every GSO send would fail on it.
-/// The control, an ordinary socket's quote, shows that the guest takes such
-/// messages. Frames go to 127.0.0.5 and the control to 127.0.0.6, so no
-/// other test's path MTU changes.
-#[test]
-#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
-fn spoofed_fragmentation_needed_changes_no_path_mtu_of_the_module() {
-    use leap::sys::udp::RouteProbe;
-    let (mut a, pa) = node();
-    let (b, pb) = node();
-    let (to, other) = (Ipv4Addr::new(127, 0, 0, 5), Ipv4Addr::new(127, 0, 0, 6));
-    a.set_dest(to, pb).unwrap();
-    b.set_peer(Some(LO), Some(pa)).unwrap();
-    let ctl = UdpSocket::bind((LO, 0)).unwrap();
-    let ctl_src = SocketAddrV4::new(LO, ctl.local_addr().unwrap().port());
-    let ctl_dst = SocketAddrV4::new(other, next_port());
-    let mtu =
-        |dst: SocketAddrV4| RouteProbe::connect(SocketAddr::from((LO, 0)), SocketAddr::V4(dst)).unwrap().mtu().unwrap();
-    let (lo_mtu, next) = (mtu(ctl_dst), SocketAddrV4::new(to, pb));
-    assert_eq!(mtu(next), lo_mtu);
-    support::send_icmp(
-        LO,
-        &[
-            support::icmp_frag_needed(SocketAddrV4::new(LO, pa), next, 552),
-            support::icmp_frag_needed(ctl_src, ctl_dst, 552),
-        ],
-    );
-    let deadline = Instant::now() + PATIENCE;
-    while mtu(ctl_dst) != 552 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    assert_eq!(mtu(ctl_dst), 552, "the ordinary socket's path MTU did not fall: no ICMP taken?");
-    assert_eq!(mtu(next), lo_mtu, "the module's socket took the spoofed ICMP");
-    for i in 0..5u16 {
-        let frame = pattern(i, 16392);
-        a.write_tx(&[&frame]);
-        let seq = a.send_frame(frame.len() as u32, flags::LEAP).unwrap();
-        let w = expect_frame(&b, seq, &frame);
-        b.release_bank(w.bank as u32).unwrap();
-    }
-    assert_eq!(counters(&a).tx_errors, 0);
-    drop(ctl);
-}
-
 /// The multi-node ring over the module: three nodes on loopback, one port
 /// each, frames going round and checked at the head.
 #[test]
