@@ -32,19 +32,7 @@ fn pair(t: &Topology) -> (UdpTransport, UdpTransport) {
         in_netns(t.nodes()[i].path(), move || UdpTransport::bind(c).unwrap())
     };
     let (mut a, mut b) = (bind(0), bind(1));
-    let mut scratch = vec![0u8; 64];
-    for t in [&mut a, &mut b] {
-        t.set_recv_timeout(Some(Duration::from_millis(5)));
-    }
-    for _ in 0..400 {
-        if a.neighbours_are_leap() == (true, true) && b.neighbours_are_leap() == (true, true) {
-            break;
-        }
-        let _ = a.recv_prev(&mut scratch);
-        let _ = b.recv_prev(&mut scratch);
-    }
-    assert_eq!((a.neighbours_are_leap(), b.neighbours_are_leap()), ((true, true), (true, true)));
-    b.set_recv_timeout(Some(Duration::from_secs(2)));
+    support::prove_link(&mut a, &mut b, Duration::from_secs(2));
     (a, b)
 }
 
