@@ -10,6 +10,7 @@ pub mod kmod;
 pub mod lend;
 pub mod open;
 mod send;
+pub mod settings;
 pub mod tcp;
 pub mod udp;
 pub mod xdp;
@@ -78,6 +79,10 @@ pub enum TransportError {
     /// flows forward).
     #[error("{0} is not supported by this transport")]
     Unsupported(&'static str),
+    /// Settings by name that cannot be taken or do not go together (see
+    /// [`settings::Settings`]).
+    #[error(transparent)]
+    Setting(settings::SettingError),
     /// A control message could not be encoded.
     #[error("invalid control message: {0:?}")]
     Control(leap_common::control::ControlError),
