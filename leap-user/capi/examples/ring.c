@@ -1,0 +1,307 @@
+/*
+ * ring.c: one stage of a model split layer-wise, on libleap.
+ *
+ * The head sends every step's frame (an 8-byte header {pos, flags} and dim
+ * floats) with leap_send_multipart_next and waits for it to come back round
+ * the ring with leap_recv_prev, as the original engine does; it checks every
+ * returned frame. A worker takes each frame lent (leap_recv_prev_lent),
+ * writes its output in place where the transport sends from
+ * (leap_send_begin / leap_send_commit), adding 1 to every activation, and
+ * gives the input back: no copy of its own. Halfway, the head sends a
+ * RESIZE_CHAIN control message that every worker applies and forwards.
+ *
+ *   ring --kind udp --role worker --listen 127.0.0.1:9002 \
+ *        --next 127.0.0.1:9003 --prev 127.0.0.1:9001 [--frames N] [--dim D]
+ *   ring --kind udp --role head --listen 127.0.0.1:9001 \
+ *        --next 127.0.0.1:9002 --prev 127.0.0.1:9003 --workers 2 ...
+ *
+ * More settings with --set key=value (the node file's [transport] keys).
+ * Prints one JSON line; exits 0 when every frame came back intact.
+ *
+ * Build: cc ring.c $(pkg-config --cflags --libs leap) -o ring
+ */
+
+#define _POSIX_C_SOURCE 200809L
+
+#include <getopt.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <leap.h>
+
+#define MAX_SETS 32
+
+struct header {
+	int32_t pos;
+	int32_t flags;
+};
+
+static int fail(const char *what, leap_status s)
+{
+	fprintf(stderr, "ring: %s: %s: %s\n", what, leap_status_name(s), leap_last_error());
+	return 1;
+}
+
+static float activation(int32_t pos, size_t i)
+{
+	return (float)((pos * 31 + (int32_t)i) % 1024);
+}
+
+static double now_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* The control message the head sends: worker w takes layers [8w, 8w+8). */
+static leap_control chain(int workers)
+{
+	leap_control m;
+	int w;
+
+	memset(&m, 0, sizeof(m));
+	m.kind = LEAP_CONTROL_RESIZE_CHAIN;
+	m.total_workers = workers;
+	for (w = 0; w < workers; w++) {
+		m.ranges[w].start_layer = 8 * w;
+		m.ranges[w].end_layer = 8 * w + 8;
+		m.ranges[w].is_tail = w == workers - 1;
+	}
+	return m;
+}
+
+static int run_head(leap_transport *t, long frames, size_t dim, int workers)
+{
+	size_t frame_len = sizeof(struct header) + dim * sizeof(float);
+	float *act = malloc(dim * sizeof(float));
+	unsigned char *back = malloc(frame_len);
+	double *rtt = malloc(frames * sizeof(double));
+	leap_stats st;
+	leap_status s;
+	long pos;
+	int control_back = 0;
+
+	if (!act || !back || !rtt)
+		return 1;
+	for (pos = 0; pos < frames; pos++) {
+		struct header h = { (int32_t)pos, 1 };
+		size_t len, i;
+		leap_frame_kind kind;
+		double t0;
+
+		if (pos == frames / 2) {
+			leap_control m = chain(workers), got;
+
+			if ((s = leap_send_control(t, &m, frame_len)) != LEAP_OK)
+				return fail("leap_send_control", s);
+			if ((s = leap_recv_prev(t, back, frame_len, &len, &kind)) != LEAP_OK)
+				return fail("leap_recv_prev (control)", s);
+			if (kind != LEAP_FRAME_CONTROL || (s = leap_decode_control(back, len, &got)) != LEAP_OK)
+				return fail("the control message did not come back", s);
+			if (got.worker_index != workers || got.total_workers != workers) {
+				fprintf(stderr, "ring: control came back with worker_index %d of %d\n",
+					got.worker_index, got.total_workers);
+				return 1;
+			}
+			control_back = 1;
+		}
+		for (i = 0; i < dim; i++)
+			act[i] = activation(h.pos, i);
+		t0 = now_us();
+		s = leap_send_multipart_next(t, &h, sizeof(h), act, dim * sizeof(float));
+		if (s != LEAP_OK)
+			return fail("leap_send_multipart_next", s);
+		s = leap_recv_prev(t, back, frame_len, &len, &kind);
+		if (s != LEAP_OK)
+			return fail("leap_recv_prev", s);
+		rtt[pos] = now_us() - t0;
+		if (kind != LEAP_FRAME_DATA || len != frame_len) {
+			fprintf(stderr, "ring: frame %ld came back as %zu bytes of kind %d\n", pos, len, (int)kind);
+			return 1;
+		}
+		memcpy(&h, back, sizeof(h));
+		if (h.pos != pos) {
+			fprintf(stderr, "ring: frame %ld came back as pos %d (out of order)\n", pos, h.pos);
+			return 1;
+		}
+		for (i = 0; i < dim; i++) {
+			float v;
+
+			memcpy(&v, back + sizeof(h) + i * sizeof(float), sizeof(v));
+			if (v != activation(h.pos, i) + (float)workers) {
+				fprintf(stderr, "ring: frame %ld activation %zu is %f, not %f\n", pos, i, v,
+					activation(h.pos, i) + workers);
+				return 1;
+			}
+		}
+	}
+	if ((s = leap_get_stats(t, &st)) != LEAP_OK)
+		return fail("leap_get_stats", s);
+	qsort(rtt, frames, sizeof(double), cmp_double);
+	printf("{\"role\":\"head\",\"kind\":\"%s\",\"frames\":%ld,\"intact\":%ld,\"control_back\":%s,"
+	       "\"p50_us\":%.1f,\"p99_us\":%.1f,\"frames_lost\":%llu,\"retransmits\":%llu}\n",
+	       leap_kind(t), frames, frames, control_back ? "true" : "false", rtt[frames / 2],
+	       rtt[frames * 99 / 100], (unsigned long long)st.frames_lost, (unsigned long long)st.retransmits);
+	free(act);
+	free(back);
+	free(rtt);
+	return 0;
+}
+
+static int run_worker(leap_transport *t, long frames, int index)
+{
+	unsigned long long copied0 = 0, bytes0 = 0;
+	leap_stats st;
+	leap_status s;
+	long relayed = 0;
+
+	while (relayed < frames) {
+		const void *in;
+		void *out;
+		size_t len, i;
+		leap_frame_kind kind;
+
+		s = leap_recv_prev_lent(t, &in, &len, &kind);
+		if (s != LEAP_OK)
+			return fail("leap_recv_prev_lent", s);
+		if (kind == LEAP_FRAME_CONTROL) {
+			leap_control m;
+
+			if ((s = leap_decode_control(in, len, &m)) != LEAP_OK)
+				return fail("leap_decode_control", s);
+			if (m.kind == LEAP_CONTROL_RESIZE_CHAIN && m.worker_index < m.total_workers) {
+				/* This worker's layers are now ranges[worker_index]. */
+				if (m.worker_index != index)
+					fprintf(stderr, "ring: worker %d got the range of worker %d\n", index,
+						m.worker_index);
+				m.worker_index++;
+			}
+			s = leap_send_control(t, &m, len);
+			leap_release(t);
+			if (s != LEAP_OK)
+				return fail("leap_send_control", s);
+			continue;
+		}
+		if (len < sizeof(struct header))
+			return fail("a frame shorter than its header", LEAP_ERR_ARGUMENT);
+		/* Write the output where the transport sends it from. */
+		if ((s = leap_send_begin(t, len, &out)) != LEAP_OK)
+			return fail("leap_send_begin", s);
+		memcpy(out, in, sizeof(struct header));
+		for (i = sizeof(struct header); i + sizeof(float) <= len; i += sizeof(float)) {
+			float v;
+
+			memcpy(&v, (const unsigned char *)in + i, sizeof(v));
+			v += 1.0f;
+			memcpy((unsigned char *)out + i, &v, sizeof(v));
+		}
+		if ((s = leap_send_commit(t)) != LEAP_OK)
+			return fail("leap_send_commit", s);
+		if ((s = leap_release(t)) != LEAP_OK)
+			return fail("leap_release", s);
+		relayed++;
+		if (relayed == 10 && leap_get_stats(t, &st) == LEAP_OK) {
+			copied0 = st.copied_bytes;
+			bytes0 = st.bytes_received;
+		}
+	}
+	if ((s = leap_get_stats(t, &st)) != LEAP_OK)
+		return fail("leap_get_stats", s);
+	printf("{\"role\":\"worker\",\"index\":%d,\"kind\":\"%s\",\"relayed\":%ld,\"copies_per_hop\":%.3f}\n",
+	       index, leap_kind(t), relayed,
+	       st.bytes_received > bytes0 ? (double)(st.copied_bytes - copied0) / (double)(st.bytes_received - bytes0)
+					  : 0.0);
+	return 0;
+}
+
+static void usage(void)
+{
+	fprintf(stderr, "usage: ring --kind KIND --role head|worker --listen ADDR:PORT --next ADDR:PORT "
+			"--prev ADDR:PORT [--frames N] [--dim D] [--workers N] [--index I] [--set KEY=VALUE]...\n");
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "kind", required_argument, 0, 'k' },	  { "role", required_argument, 0, 'r' },
+		{ "listen", required_argument, 0, 'l' },  { "next", required_argument, 0, 'n' },
+		{ "prev", required_argument, 0, 'p' },	  { "frames", required_argument, 0, 'f' },
+		{ "dim", required_argument, 0, 'd' },	  { "workers", required_argument, 0, 'w' },
+		{ "index", required_argument, 0, 'i' },	  { "set", required_argument, 0, 's' },
+		{ 0, 0, 0, 0 },
+	};
+	const char *kind = NULL, *role = NULL, *listen = NULL, *next = NULL, *prev = NULL;
+	char *sets[MAX_SETS];
+	int nsets = 0, workers = 2, index = 0, c, i, rc;
+	long frames = 1000;
+	size_t dim = 4096;
+	char frame_size[32];
+	leap_config *cfg;
+	leap_transport *t;
+	leap_status s;
+
+	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (c) {
+		case 'k': kind = optarg; break;
+		case 'r': role = optarg; break;
+		case 'l': listen = optarg; break;
+		case 'n': next = optarg; break;
+		case 'p': prev = optarg; break;
+		case 'f': frames = atol(optarg); break;
+		case 'd': dim = (size_t)atol(optarg); break;
+		case 'w': workers = atoi(optarg); break;
+		case 'i': index = atoi(optarg); break;
+		case 's':
+			if (nsets == MAX_SETS)
+				return usage(), 2;
+			sets[nsets++] = optarg;
+			break;
+		default: return usage(), 2;
+		}
+	}
+	if (!kind || !role || !listen || !next || !prev || frames < 2 || dim == 0)
+		return usage(), 2;
+
+	if ((s = leap_config_new(kind, &cfg)) != LEAP_OK)
+		return fail("leap_config_new", s);
+	snprintf(frame_size, sizeof(frame_size), "%zu", sizeof(struct header) + dim * sizeof(float));
+	if ((s = leap_config_set(cfg, "listen", listen)) != LEAP_OK ||
+	    (s = leap_config_set(cfg, "next", next)) != LEAP_OK ||
+	    (s = leap_config_set(cfg, "prev", prev)) != LEAP_OK ||
+	    (s = leap_config_set(cfg, "frame_size", frame_size)) != LEAP_OK ||
+	    /* A stalled ring fails instead of hanging. */
+	    (s = leap_config_set(cfg, "recv_timeout_ms", "20000")) != LEAP_OK)
+		return fail("leap_config_set", s);
+	for (i = 0; i < nsets; i++) {
+		char *eq = strchr(sets[i], '=');
+
+		if (!eq)
+			return usage(), 2;
+		*eq = '\0';
+		if ((s = leap_config_set(cfg, sets[i], eq + 1)) != LEAP_OK)
+			return fail(sets[i], s);
+	}
+	s = leap_open(cfg, &t);
+	leap_config_free(cfg);
+	if (s != LEAP_OK)
+		return fail("leap_open", s);
+
+	if (strcmp(role, "head") == 0)
+		rc = run_head(t, frames, dim, workers);
+	else
+		rc = run_worker(t, frames, index);
+	leap_free(t);
+	return rc;
+}

@@ -1,0 +1,440 @@
+/*
+ * api.c: every error path of libleap returns its code and a message that
+ * says what to do, and the calls around them work: NULL pointers, short
+ * buffers, closed and split handles, bad settings, a lent frame not
+ * released, a double release, a commit without a begin, the non-blocking
+ * receive and the readiness descriptor, peeking without consuming, control
+ * frames, split halves used from two threads. Two UDP nodes on loopback
+ * (or TCP: `api tcp`), one process.
+ *
+ * Prints one line per check and "N passed, 0 failed" at the end; exits 1
+ * at the first failure.
+ */
+
+#define _DEFAULT_SOURCE
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <leap.h>
+
+static int passed;
+static const char *kind = "udp";
+
+#define CHECK(cond, ...)                                                             \
+	do {                                                                         \
+		if (!(cond)) {                                                       \
+			fprintf(stderr, "FAILED at line %d: %s: ", __LINE__, #cond); \
+			fprintf(stderr, __VA_ARGS__);                                \
+			fprintf(stderr, " (last error: %s)\n", leap_last_error());   \
+			printf("%d passed, 1 failed\n", passed);                     \
+			exit(1);                                                     \
+		}                                                                    \
+	} while (0)
+
+/* `call` returns `want` and leaves a message containing `needle`. */
+#define EXPECT(call, want, needle)                                                                    \
+	do {                                                                                          \
+		leap_status got_ = (call);                                                            \
+		CHECK(got_ == (want), "%s returned %s, not %s", #call, leap_status_name(got_),        \
+		      leap_status_name(want));                                                        \
+		CHECK((want) == LEAP_OK || strstr(leap_last_error(), (needle)) != NULL,               \
+		      "%s: message lacks \"%s\"", #call, (needle));                                   \
+		printf("ok %d - %s -> %s%s%s\n", ++passed, #call, leap_status_name(want),             \
+		       (want) == LEAP_OK ? "" : ": ", (want) == LEAP_OK ? "" : leap_last_error());    \
+	} while (0)
+
+#define OK(call) EXPECT(call, LEAP_OK, "")
+
+static int free_port(void)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t len = sizeof(a);
+	int fd = socket(AF_INET, strcmp(kind, "tcp") == 0 ? SOCK_STREAM : SOCK_DGRAM, 0);
+
+	if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) || getsockname(fd, (struct sockaddr *)&a, &len))
+		abort();
+	close(fd);
+	return ntohs(a.sin_port);
+}
+
+struct opener {
+	int listen, next;
+	size_t frame;
+	leap_transport *t;
+	leap_status s;
+};
+
+static void *open_node(void *arg)
+{
+	struct opener *o = arg;
+	char listen[32], next[32], frame[32];
+	leap_config *c;
+
+	snprintf(listen, sizeof(listen), "127.0.0.1:%d", o->listen);
+	snprintf(next, sizeof(next), "127.0.0.1:%d", o->next);
+	snprintf(frame, sizeof(frame), "%zu", o->frame);
+	o->s = leap_config_new(kind, &c);
+	if (o->s != LEAP_OK)
+		return NULL;
+	if ((o->s = leap_config_set(c, "listen", listen)) == LEAP_OK &&
+	    (o->s = leap_config_set(c, "next", next)) == LEAP_OK &&
+	    (o->s = leap_config_set(c, "prev", next)) == LEAP_OK &&
+	    (o->s = leap_config_set(c, "frame_size", frame)) == LEAP_OK &&
+	    (o->s = leap_config_set(c, "recv_timeout_ms", "5000")) == LEAP_OK)
+		o->s = leap_open(c, &o->t);
+	leap_config_free(c);
+	return NULL;
+}
+
+/* Two nodes that are each other's next and previous node (TCP opens both
+ * at once: each connects to the other while accepting). */
+static void pair(size_t frame, leap_transport **a, leap_transport **b)
+{
+	struct opener oa = { .frame = frame }, ob = { .frame = frame };
+	pthread_t th;
+
+	oa.listen = ob.next = free_port();
+	ob.listen = oa.next = free_port();
+	pthread_create(&th, NULL, open_node, &ob);
+	open_node(&oa);
+	pthread_join(th, NULL);
+	CHECK(oa.s == LEAP_OK && ob.s == LEAP_OK, "opening a pair: %s / %s", leap_status_name(oa.s),
+	      leap_status_name(ob.s));
+	*a = oa.t;
+	*b = ob.t;
+}
+
+/* Receives with a deadline of 5 s, whatever the handle's timeout. */
+static leap_status recv_wait(leap_transport *t, void *buf, size_t cap, size_t *len, leap_frame_kind *k)
+{
+	leap_status s;
+	int fd;
+
+	if (leap_ready_fd(t, &fd) != LEAP_OK)
+		return LEAP_ERR_SYSTEM;
+	for (int i = 0; i < 1000; i++) {
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+
+		s = leap_recv_prev(t, buf, cap, len, k);
+		if (s != LEAP_ERR_AGAIN)
+			return s;
+		poll(&p, 1, 5);
+	}
+	return s;
+}
+
+static void settings(void)
+{
+	leap_config *c = NULL;
+	leap_transport *t = NULL;
+	const char *help = NULL;
+
+	EXPECT(leap_config_new(NULL, &c), LEAP_ERR_NULL, "kind is NULL");
+	EXPECT(leap_config_new("udp", NULL), LEAP_ERR_NULL, "out is NULL");
+	EXPECT(leap_config_new("carrier-pigeon", &c), LEAP_ERR_SETTING, "choose one of: tcp, udp");
+	OK(leap_config_new(kind, &c));
+	EXPECT(leap_config_set(NULL, "listen", "127.0.0.1:1"), LEAP_ERR_NULL, "config is NULL");
+	EXPECT(leap_config_set(c, NULL, "1"), LEAP_ERR_NULL, "key is NULL");
+	EXPECT(leap_config_set(c, "inflight", NULL), LEAP_ERR_NULL, "value is NULL");
+	EXPECT(leap_config_set(c, "pigeon", "1"), LEAP_ERR_SETTING, "unknown setting; the settings are: listen");
+	EXPECT(leap_config_set(c, "inflight", "65"), LEAP_ERR_SETTING, "1..=64");
+	EXPECT(leap_config_set(c, "listen", "localhost"), LEAP_ERR_SETTING, "is not ADDR:PORT");
+	EXPECT(leap_config_set(c, "crc", "maybe"), LEAP_ERR_SETTING, "choose true or false");
+	EXPECT(leap_config_set(c, "listen", "\xff\xfe"), LEAP_ERR_ARGUMENT, "not UTF-8");
+	EXPECT(leap_config_check(c), LEAP_ERR_SETTING, "listen: not set");
+	EXPECT(leap_open(c, &t), LEAP_ERR_SETTING, "listen: not set");
+	EXPECT(leap_open(NULL, &t), LEAP_ERR_NULL, "config is NULL");
+	EXPECT(leap_open(c, NULL), LEAP_ERR_NULL, "out is NULL");
+	OK(leap_config_set(c, "listen", "127.0.0.1:9"));
+	OK(leap_config_set(c, "next", "127.0.0.1:10"));
+	OK(leap_config_check(c));
+	leap_config_free(c);
+	leap_config_free(NULL);
+	CHECK(strcmp(leap_setting_key(0, &help), "listen") == 0 && help && *help, "the first key is listen");
+	int n = 0;
+	while (leap_setting_key(n, NULL))
+		n++;
+	CHECK(n > 20 && leap_setting_key(n, &help) == NULL, "%d keys, then NULL", n);
+	printf("ok %d - %d settings listed\n", ++passed, n);
+}
+
+static void frames(leap_transport *a, leap_transport *b, size_t frame)
+{
+	unsigned char *buf = malloc(frame), *big = calloc(1, frame);
+	const void *data, *data2;
+	void *out;
+	size_t len;
+	leap_frame_kind k;
+	leap_stats st;
+	leap_control m, got;
+	int fd;
+
+	EXPECT(leap_send_next(NULL, big, 10), LEAP_ERR_NULL, "transport is NULL");
+	EXPECT(leap_send_next(a, NULL, 10), LEAP_ERR_NULL, "buf is NULL");
+	EXPECT(leap_send_next(a, big, 0), LEAP_ERR_BAD_LENGTH, "send between 1 byte");
+	EXPECT(leap_send_multipart_next(a, NULL, 8, big, 10), LEAP_ERR_NULL, "header is NULL");
+	EXPECT(leap_recv_prev(b, buf, frame, NULL, &k), LEAP_ERR_NULL, "len is NULL");
+	EXPECT(leap_recv_prev(b, NULL, frame, &len, &k), LEAP_ERR_NULL, "buf is NULL");
+	EXPECT(leap_recv_prev_lent(b, NULL, &len, &k), LEAP_ERR_NULL, "data is NULL");
+	EXPECT(leap_peek_prev(b, &data, NULL, &k), LEAP_ERR_NULL, "len is NULL");
+	EXPECT(leap_ready_fd(b, NULL), LEAP_ERR_NULL, "fd is NULL");
+	EXPECT(leap_get_stats(b, NULL), LEAP_ERR_NULL, "stats is NULL");
+
+	/* A short buffer: refused before anything is received. */
+	memset(big, 7, frame);
+	EXPECT(leap_recv_prev(b, buf, 100, &len, &k), LEAP_ERR_TOO_LARGE, "buffer of at least frame_size");
+
+	/* The non-blocking receive and the readiness descriptor. */
+	OK(leap_set_recv_timeout(b, 0));
+	EXPECT(leap_recv_prev(b, buf, frame, &len, &k), LEAP_ERR_AGAIN, "leap_ready_fd");
+	EXPECT(leap_peek_prev(b, &data, &len, &k), LEAP_ERR_AGAIN, "leap_ready_fd");
+	OK(leap_ready_fd(b, &fd));
+	{
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+
+		CHECK(poll(&p, 1, 0) == 0, "readable with nothing there");
+		OK(leap_send_next(a, big, frame));
+		CHECK(poll(&p, 1, 5000) == 1, "a frame sent: the descriptor must become readable");
+		printf("ok %d - the readiness descriptor woke for a frame\n", ++passed);
+	}
+	OK(recv_wait(b, buf, frame, &len, &k));
+	CHECK(len == frame && k == LEAP_FRAME_DATA && buf[0] == 7, "the frame");
+	OK(leap_set_recv_timeout(b, 50));
+	EXPECT(leap_recv_prev(b, buf, frame, &len, &k), LEAP_ERR_TIMEOUT, "raise the timeout");
+	OK(leap_set_recv_timeout(b, 5000));
+
+	/* Lending: no second receive and no split while lent, one release. */
+	OK(leap_send_next(a, big, frame));
+	OK(leap_recv_prev_lent(b, &data, &len, &k));
+	CHECK(len == frame && ((const unsigned char *)data)[0] == 7, "the lent frame");
+	EXPECT(leap_recv_prev_lent(b, &data2, &len, &k), LEAP_ERR_STATE, "call leap_release");
+	EXPECT(leap_recv_prev(b, buf, frame, &len, &k), LEAP_ERR_STATE, "not released");
+	EXPECT(leap_peek_prev(b, &data2, &len, &k), LEAP_ERR_STATE, "not released");
+	{
+		leap_sender *s;
+		leap_receiver *r;
+
+		EXPECT(leap_split(b, &s, &r), LEAP_ERR_STATE, "release or commit it before splitting");
+	}
+	OK(leap_send_next(b, big, frame)); /* sending while a frame is lent is fine */
+	OK(leap_release(b));
+	EXPECT(leap_release(b), LEAP_ERR_STATE, "no frame is lent");
+	OK(recv_wait(a, buf, frame, &len, &k));
+	CHECK(len == frame, "the frame b sent while lending");
+
+	/* Writing in place: commit needs a begin, once. */
+	EXPECT(leap_send_commit(a), LEAP_ERR_STATE, "call leap_send_begin");
+	EXPECT(leap_send_begin(a, 100, NULL), LEAP_ERR_NULL, "buf is NULL");
+	EXPECT(leap_send_begin(a, 0, &out), LEAP_ERR_BAD_LENGTH, "send between 1 byte");
+	OK(leap_send_begin(a, frame, &out));
+	memset(out, 3, frame);
+	OK(leap_send_commit(a));
+	EXPECT(leap_send_commit(a), LEAP_ERR_STATE, "no frame is begun");
+	OK(leap_recv_prev(b, buf, frame, &len, &k));
+	CHECK(len == frame && buf[0] == 3 && buf[frame - 1] == 3, "the frame written in place");
+	OK(leap_send_begin(a, frame, &out));
+	OK(leap_send_next(a, big, frame)); /* discards the frame begun */
+	EXPECT(leap_send_commit(a), LEAP_ERR_STATE, "no frame is begun");
+	OK(leap_recv_prev(b, buf, frame, &len, &k));
+	CHECK(buf[0] == 7, "the frame sent, not the one begun");
+
+	/* Control messages. */
+	memset(&m, 0, sizeof(m));
+	m.kind = LEAP_CONTROL_RESIZE_CHAIN;
+	m.total_workers = 2;
+	m.ranges[1].start_layer = 16;
+	m.ranges[1].end_layer = 32;
+	m.ranges[1].is_tail = 1;
+	EXPECT(leap_send_control(a, NULL, frame), LEAP_ERR_NULL, "msg is NULL");
+	EXPECT(leap_send_control(a, &m, 100), LEAP_ERR_CONTROL, "at least LEAP_CONTROL_FRAME_MIN");
+	m.kind = 9;
+	EXPECT(leap_send_control(a, &m, frame), LEAP_ERR_CONTROL, "control kind 9");
+	m.kind = LEAP_CONTROL_RESIZE_CHAIN;
+	m.worker_index = 3;
+	EXPECT(leap_send_control(a, &m, frame), LEAP_ERR_CONTROL, "worker_index <= total_workers");
+	m.worker_index = 0;
+	EXPECT(leap_decode_control(big, frame, &got), LEAP_ERR_CONTROL, "starts with 0xC0DE");
+	EXPECT(leap_decode_control(big, frame, NULL), LEAP_ERR_NULL, "out is NULL");
+
+	/* Peeking (how a C++ layer answers recv_control_nonblocking): a data
+	 * frame stays for the next receive, a control frame is taken. */
+	OK(leap_send_next(a, big, frame));
+	OK(leap_send_control(a, &m, frame));
+	{
+		leap_status s = LEAP_ERR_AGAIN;
+
+		for (int i = 0; i < 1000 && s == LEAP_ERR_AGAIN; i++) {
+			s = leap_peek_prev(b, &data, &len, &k);
+			if (s == LEAP_ERR_AGAIN)
+				usleep(2000);
+		}
+		CHECK(s == LEAP_OK && k == LEAP_FRAME_DATA && len == frame, "peeked the data frame");
+	}
+	OK(leap_peek_prev(b, &data2, &len, &k));
+	CHECK(data2 == data, "peeking again shows the same frame");
+	OK(leap_recv_prev(b, buf, frame, &len, &k));
+	CHECK(k == LEAP_FRAME_DATA && buf[0] == 7, "the peeked data frame is received, in order");
+	{
+		leap_status s = LEAP_ERR_AGAIN;
+
+		for (int i = 0; i < 1000 && s == LEAP_ERR_AGAIN; i++) {
+			s = leap_peek_prev(b, &data, &len, &k);
+			if (s == LEAP_ERR_AGAIN)
+				usleep(2000);
+		}
+		CHECK(s == LEAP_OK && k == LEAP_FRAME_CONTROL, "peeked the control frame");
+	}
+	OK(leap_decode_control(data, len, &got));
+	CHECK(got.kind == LEAP_CONTROL_RESIZE_CHAIN && got.ranges[1].end_layer == 32 && got.ranges[1].is_tail == 1,
+	      "the control message");
+	OK(leap_release(b));
+	EXPECT(leap_release(b), LEAP_ERR_STATE, "no frame is lent");
+	OK(leap_set_recv_timeout(b, 0));
+	EXPECT(leap_peek_prev(b, &data, &len, &k), LEAP_ERR_AGAIN, "leap_ready_fd");
+	OK(leap_set_recv_timeout(b, 5000));
+
+	OK(leap_get_stats(b, &st));
+	CHECK(st.frames_received == 6 && st.timeouts == 1, "counters: %llu frames, %llu timeouts",
+	      (unsigned long long)st.frames_received, (unsigned long long)st.timeouts);
+	free(buf);
+	free(big);
+}
+
+static void closing(leap_transport *a)
+{
+	unsigned char x = 1;
+	size_t len;
+
+	OK(leap_close(a));
+	EXPECT(leap_send_next(a, &x, 1), LEAP_ERR_CLOSED, "the transport is closed");
+	EXPECT(leap_recv_prev(a, &x, 1, &len, NULL), LEAP_ERR_CLOSED, "the transport is closed");
+	EXPECT(leap_close(a), LEAP_ERR_CLOSED, "the transport is closed");
+	CHECK(leap_kind(a) == NULL, "no kind once closed");
+	leap_free(a);
+	leap_free(NULL);
+}
+
+struct echo {
+	leap_sender *s;
+	leap_receiver *r;
+	size_t frame;
+	int n;
+	leap_status st;
+	pthread_mutex_t m;
+	pthread_cond_t cv;
+	int received;
+};
+
+/* The receiving half: takes frame i, lets the sender echo it. */
+static void *echo_rx(void *arg)
+{
+	struct echo *e = arg;
+	unsigned char *buf = malloc(e->frame);
+	size_t len;
+
+	for (int i = 0; i < e->n; i++) {
+		leap_status s = leap_receiver_recv_prev(e->r, buf, e->frame, &len, NULL);
+
+		pthread_mutex_lock(&e->m);
+		if (s != LEAP_OK || buf[0] != (unsigned char)i)
+			e->st = s != LEAP_OK ? s : LEAP_ERR_ARGUMENT;
+		e->received = i + 1;
+		pthread_cond_signal(&e->cv);
+		pthread_mutex_unlock(&e->m);
+		if (s != LEAP_OK)
+			break;
+	}
+	free(buf);
+	return NULL;
+}
+
+/* The sending half: writes frame i in place once it was received. */
+static void *echo_tx(void *arg)
+{
+	struct echo *e = arg;
+
+	for (int i = 0; i < e->n; i++) {
+		void *out;
+
+		pthread_mutex_lock(&e->m);
+		while (e->received <= i && e->st == LEAP_OK)
+			pthread_cond_wait(&e->cv, &e->m);
+		pthread_mutex_unlock(&e->m);
+		if (e->st != LEAP_OK || leap_sender_send_begin(e->s, e->frame, &out) != LEAP_OK)
+			return NULL;
+		memset(out, i, e->frame);
+		if (leap_sender_send_commit(e->s) != LEAP_OK)
+			return NULL;
+	}
+	return NULL;
+}
+
+static void split(size_t frame)
+{
+	leap_transport *a, *b;
+	struct echo e = { .frame = frame, .n = 200, .st = LEAP_OK };
+	unsigned char *buf = malloc(frame), *f = malloc(frame);
+	pthread_t rx, tx;
+	size_t len;
+	leap_stats st;
+
+	pair(frame, &a, &b);
+	EXPECT(leap_split(b, NULL, &e.r), LEAP_ERR_NULL, "sender is NULL");
+	OK(leap_split(b, &e.s, &e.r));
+	EXPECT(leap_send_next(b, f, 1), LEAP_ERR_CLOSED, "split: use its leap_sender and leap_receiver");
+	EXPECT(leap_split(b, &e.s, &e.r), LEAP_ERR_CLOSED, "was split");
+	leap_free(b);
+	pthread_mutex_init(&e.m, NULL);
+	pthread_cond_init(&e.cv, NULL);
+	pthread_create(&rx, NULL, echo_rx, &e);
+	pthread_create(&tx, NULL, echo_tx, &e);
+	for (int i = 0; i < e.n; i++) {
+		memset(f, i, frame);
+		CHECK(leap_send_next(a, f, frame) == LEAP_OK, "send %d", i);
+		CHECK(recv_wait(a, buf, frame, &len, NULL) == LEAP_OK, "echo %d", i);
+		CHECK(len == frame && buf[0] == (unsigned char)i && buf[frame - 1] == (unsigned char)i, "echo %d", i);
+	}
+	pthread_join(rx, NULL);
+	pthread_join(tx, NULL);
+	CHECK(e.st == LEAP_OK, "the halves: %s", leap_status_name(e.st));
+	printf("ok %d - split halves echoed %d frames from two threads\n", ++passed, e.n);
+	OK(leap_receiver_get_stats(e.r, &st));
+	CHECK(st.frames_received == (unsigned)e.n && st.frames_sent == (unsigned)e.n, "halves' counters");
+	OK(leap_sender_get_stats(e.s, &st));
+	EXPECT(leap_receiver_release(e.r), LEAP_ERR_STATE, "no frame is lent");
+	EXPECT(leap_sender_send_commit(e.s), LEAP_ERR_STATE, "no frame is begun");
+	EXPECT(leap_receiver_set_recv_timeout(e.r, 0), LEAP_OK, "");
+	EXPECT(leap_receiver_recv_prev(e.r, buf, frame, &len, NULL), LEAP_ERR_AGAIN, "leap_ready_fd");
+	leap_sender_free(e.s);
+	leap_receiver_free(e.r);
+	leap_sender_free(NULL);
+	leap_receiver_free(NULL);
+	leap_free(a);
+	free(buf);
+	free(f);
+}
+
+int main(int argc, char **argv)
+{
+	const size_t frame = 16392;
+	leap_transport *a, *b;
+
+	if (argc > 1)
+		kind = argv[1];
+	settings();
+	pair(frame, &a, &b);
+	frames(a, b, frame);
+	closing(a);
+	leap_free(b);
+	split(frame);
+	printf("%d passed, 0 failed\n", passed);
+	return 0;
+}
