@@ -226,7 +226,7 @@ pub fn run_ci(args: Args) -> Result<()> {
     };
     stage("deps", &mut || {
         if require_root("deps")? {
-            apt_install(&["iproute2", "nftables", "procps", "gcc", "libc6-dev"])?;
+            apt_install(&["iproute2", "nftables", "procps", "gcc", "libc6-dev", "pkg-config"])?;
         }
         Ok(())
     })?;
@@ -260,6 +260,8 @@ pub fn run_ci(args: Args) -> Result<()> {
         run(cargo()
             .args(["run", "--release", "--locked", "-p", "leap", "--features", "tokio", "--example"])
             .arg("async_pipeline"))?;
+        // The C library, installed, under its C tests.
+        crate::capi::loopback(&crate::capi::prepare(None)?)?;
         if require_root("smoke (namespaces)")? {
             for t in ["tcp", "udp"] {
                 ring_smoke(&leap, t, "--netns", 2000)?;
@@ -281,7 +283,8 @@ pub fn run_ci(args: Args) -> Result<()> {
         // Busy polling under the unit's capabilities (a few hundred frames).
         let obj = crate::ebpf::build_ebpf(true)?;
         run(cargo().args(["build", "--release", "--locked", "-p", "leap", "--bin", "leap"]))?;
-        busy_poll_rings(&root.join("target/release/leap"), &obj)
+        busy_poll_rings(&root.join("target/release/leap"), &obj)?;
+        crate::capi::namespaces(&crate::capi::prepare(None)?)
     })?;
     stage("ebpf", &mut || {
         if !require_root("ebpf")? {
@@ -292,7 +295,8 @@ pub fn run_ci(args: Args) -> Result<()> {
             run(ignored_test(&t).env("LEAP_XDP_OBJECT", &obj))?;
         }
         run(cargo().args(["build", "--release", "--locked", "-p", "leap", "--bin", "leap"]))?;
-        jumbo_rings(&root.join("target/release/leap"), &obj)
+        jumbo_rings(&root.join("target/release/leap"), &obj)?;
+        crate::capi::xdp(&crate::capi::prepare(Some(&obj))?, &obj)
     })?;
     stage("vm", &mut || {
         if !require_root("vm")? {

@@ -2,6 +2,7 @@
 //! module, the VM image) and runs the checks and the benchmark.
 
 mod bench;
+mod capi;
 mod ci;
 mod ebpf;
 mod kmod;
@@ -30,12 +31,17 @@ enum Cmd {
     },
     /// Build the XDP object, then the `leap` binary with it embedded.
     Build {
-        /// Install missing apt packages and bpf-linker (root; always in CI).
+        /// Install missing apt packages and bpf-linker (root; always in CI),
+        /// then the C library (libleap.so, libleap.a), leap.h and leap.pc
+        /// under --prefix.
         #[arg(long)]
         install: bool,
         /// Build `leap` in release mode.
         #[arg(long)]
         release: bool,
+        /// Where --install puts the C library, its header and leap.pc.
+        #[arg(long, default_value = "/usr/local")]
+        prefix: std::path::PathBuf,
     },
     /// Build the kernel module (target/kmod/<release>/leap_kmod.ko) against Debian's headers or `--kernel-dir`.
     BuildKmod {
@@ -56,7 +62,13 @@ fn main() -> Result<()> {
         Cmd::Ci(args) => ci::run_ci(args),
         Cmd::Bench(args) => bench::run_bench(args),
         Cmd::BuildEbpf { install } => ebpf::build_ebpf(install).map(drop),
-        Cmd::Build { install, release } => ebpf::build(install, release),
+        Cmd::Build { install, release, prefix } => {
+            ebpf::build(install, release)?;
+            if install {
+                capi::install(&prefix, Some(&util::root().join(ebpf::OBJECT_PATH)))?;
+            }
+            Ok(())
+        }
         Cmd::BuildKmod { kernel_dir } => kmod::build(kernel_dir.as_deref()).map(drop),
         Cmd::Vm(args) => vm::run(args),
     }
