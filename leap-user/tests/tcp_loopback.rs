@@ -94,3 +94,20 @@ fn listener_binds_only_the_given_address() {
     let l = leap::transport::tcp::listen(a).unwrap();
     assert_eq!(l.local_addr().unwrap(), a);
 }
+
+#[test]
+fn raw_frame_length_set_after_connecting_is_what_the_next_receive_reads() {
+    // The original engine connects first and learns its frame size after.
+    let (mut a, mut b) = pair(16392, TcpFraming::Raw);
+    for (len, seed) in [(32_776usize, 1u8), (164, 2), (32_776, 3)] {
+        a.set_frame_len(len).unwrap();
+        b.set_frame_len(len).unwrap();
+        let f: Vec<u8> = (0..len).map(|k| (k as u8).wrapping_mul(seed)).collect();
+        a.send_multipart_next(&f[..8], &f[8..]).unwrap();
+        let mut out = vec![0u8; len];
+        assert_eq!(b.recv_prev(&mut out).unwrap().len, len);
+        assert_eq!(out, f, "frame of {len} bytes");
+    }
+    let refused = b.set_frame_len(0).unwrap_err();
+    assert!(matches!(&refused, TransportError::Setting(e) if e.key == "frame_size"), "{refused}");
+}

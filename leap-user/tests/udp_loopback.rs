@@ -213,3 +213,26 @@ fn busy_polling_receivers_deliver_frames_with_or_without_cap_net_admin() {
     }
     assert_eq!(b.stats().frames_received, 50);
 }
+
+#[test]
+fn frame_length_set_after_binding_is_checked_against_the_largest_frame() {
+    let (mut a, mut b) = pair(131_072);
+    for len in [1, 16_392, 131_072] {
+        b.set_frame_len(len).unwrap();
+    }
+    for len in [0, 131_073] {
+        let e = b.set_frame_len(len).unwrap_err();
+        assert!(matches!(&e, TransportError::Setting(s) if s.key == "frame_size"), "{len}: {e}");
+    }
+    assert!(b.set_frame_len(131_073).unwrap_err().to_string().contains("frame_size = 131073"));
+    // Nothing changed for the frames: any length up to the largest arrives.
+    b.set_frame_len(164).unwrap();
+    b.set_recv_timeout(Some(Duration::from_secs(2)));
+    let mut out = vec![0u8; 131_072];
+    for len in [32_776, 164] {
+        let f = pattern(len as u32, len);
+        a.send_next(&f).unwrap();
+        let got = b.recv_prev(&mut out).unwrap();
+        assert_eq!(&out[..got.len], &f[..]);
+    }
+}

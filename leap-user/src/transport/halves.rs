@@ -131,6 +131,20 @@ impl<R: RxPath + 'static> DatagramCore<R> {
         self.shared.link().set_recv_timeout(t);
     }
 
+    /// See [`super::Transport::set_frame_len`]: frames up to the largest
+    /// the link was opened for are taken anyway (reassembly slots and the
+    /// lending buffer grow to the frames they hold), so this only checks.
+    ///
+    /// # Errors
+    ///
+    /// 0, or a length beyond the link's largest frame.
+    pub fn set_frame_len(&self, len: usize) -> Result<()> {
+        if len == 0 || len > self.max_frame_len {
+            return Err(super::frame_len_refused(self.name, len, self.max_frame_len));
+        }
+        Ok(())
+    }
+
     /// The counters.
     pub fn stats(&self) -> Stats {
         self.shared.link().stats()

@@ -466,6 +466,15 @@ impl Transport for KmodTransport {
         self.send_tx(kind, len)
     }
 
+    fn set_frame_len(&mut self, len: usize) -> Result<()> {
+        // A frame fills at most one receive bank, whatever it was opened with.
+        let max = leap_common::kmod::BANK_FRAME_MAX;
+        if len == 0 || len > max {
+            return Err(super::frame_len_refused("kmod", len, max));
+        }
+        Ok(())
+    }
+
     fn set_recv_timeout(&mut self, timeout: Option<Duration>) {
         self.cfg.recv_timeout = timeout;
     }

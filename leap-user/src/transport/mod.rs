@@ -530,6 +530,25 @@ pub trait Transport: Send {
         Err(TransportError::Unsupported("split"))
     }
 
+    /// Sets the length of the frames to come, once it is known after
+    /// opening (the original engine connects first and learns its frame
+    /// size after): TCP with raw framing reads frames of exactly `len`
+    /// bytes from the next receive on (length framing carries each frame's
+    /// length and takes frames up to `len`); the datagram transports and
+    /// the module take frames of up to `len` bytes, which must be within
+    /// what they were opened for (`frame_size`; the module's bank): their
+    /// buffers grow to the frames they hold, so nothing is allocated here.
+    ///
+    /// # Errors
+    ///
+    /// [`TransportError::Setting`] (key `frame_size`) for 0 or a length
+    /// beyond what the transport was opened for;
+    /// [`TransportError::Unsupported`] by default.
+    fn set_frame_len(&mut self, len: usize) -> Result<()> {
+        let _ = len;
+        Err(TransportError::Unsupported("set_frame_len"))
+    }
+
     /// Sends a frame back to the previous node, where the backend can.
     ///
     /// # Errors
@@ -547,6 +566,19 @@ pub trait Transport: Send {
     fn recv_next(&mut self, _buf: &mut [u8]) -> Result<Received> {
         Err(TransportError::Unsupported("recv_next"))
     }
+}
+
+/// The error of [`Transport::set_frame_len`] for a length a transport
+/// cannot take: 0, or beyond `max` bytes (what it was opened for).
+pub(crate) fn frame_len_refused(name: &str, len: usize, max: usize) -> TransportError {
+    let problem = if len == 0 {
+        "frames of 0 bytes: give the frame length (8 + dim * 4 for the original engine)".to_string()
+    } else {
+        format!(
+            "frames of {len} bytes are beyond the {max} bytes this {name} transport was opened for: open it with frame_size = {len} or more"
+        )
+    };
+    TransportError::Setting(settings::SettingError { key: "frame_size".into(), problem })
 }
 
 /// Copies a control frame that [`Transport::relay`] does not forward into
@@ -695,6 +727,9 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
     }
     fn split(self: Box<Self>) -> Result<Halves> {
         (*self).split()
+    }
+    fn set_frame_len(&mut self, len: usize) -> Result<()> {
+        (**self).set_frame_len(len)
     }
     fn send_prev(&mut self, frame: &[u8]) -> Result<()> {
         (**self).send_prev(frame)

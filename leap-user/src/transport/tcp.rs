@@ -453,6 +453,16 @@ impl Transport for TcpTransport {
         FrameReceiver::set_recv_timeout(&mut self.rx, timeout);
     }
 
+    fn set_frame_len(&mut self, len: usize) -> Result<()> {
+        if len == 0 || u32::try_from(len).is_err() {
+            return Err(super::frame_len_refused("tcp", len, u32::MAX as usize));
+        }
+        // Both directions: `recv_next` reads with the sending half's settings.
+        self.tx.cfg.frame_len = len;
+        self.rx.cfg.frame_len = len;
+        Ok(())
+    }
+
     fn stats(&self) -> Stats {
         *counters(&self.rx.stats)
     }

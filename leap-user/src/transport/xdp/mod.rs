@@ -871,6 +871,10 @@ impl Transport for XdpTransport {
         self.core.set_recv_timeout(timeout);
     }
 
+    fn set_frame_len(&mut self, len: usize) -> Result<()> {
+        self.core.set_frame_len(len)
+    }
+
     fn stats(&self) -> Stats {
         self.core.stats()
     }
