@@ -422,6 +422,19 @@ enum leap_status leap_decode_control(const void *frame, size_t len, struct leap_
 // `t` is a handle from `leap_open`.
 enum leap_status leap_set_recv_timeout(struct leap_transport *t, int64_t timeout_ms);
 
+// Sets the length of the frames to come, after opening (the original
+// engine learns its frame size only after connecting): TCP with raw
+// framing reads frames of exactly `len` bytes from the next receive on;
+// the datagram transports and the module take frames of up to `len` bytes,
+// which must be within what they were opened for (`frame_size`; the
+// module's 131 072-byte bank). A receive buffer of `len` bytes is enough
+// from then on. `LEAP_ERR_SETTING` for 0 or a length beyond that.
+//
+// # Safety
+//
+// `t` is a handle from `leap_open`.
+enum leap_status leap_set_frame_len(struct leap_transport *t, size_t len);
+
 // A descriptor to poll for reading (owned by the transport: do not close
 // it): after a receive returned `LEAP_ERR_AGAIN` it becomes readable when
 // a receive may make progress (also for a frame the library already took

@@ -156,6 +156,12 @@ impl<T: ?Sized + Receives> RecvSide<T> {
         self.frame_len
     }
 
+    /// Sets the largest frame (what a receive buffer must hold), once the
+    /// transport took it ([`leap_rs::transport::Transport::set_frame_len`]).
+    pub fn set_frame_len(&mut self, len: usize) {
+        self.frame_len = len;
+    }
+
     /// The transport, to send on (whole transports) or split.
     pub fn inner(&mut self) -> &mut T {
         &mut self.rx

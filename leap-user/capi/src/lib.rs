@@ -640,6 +640,28 @@ pub unsafe extern "C" fn leap_set_recv_timeout(t: *mut leap_transport, timeout_m
     })
 }
 
+/// Sets the length of the frames to come, after opening (the original
+/// engine learns its frame size only after connecting): TCP with raw
+/// framing reads frames of exactly `len` bytes from the next receive on;
+/// the datagram transports and the module take frames of up to `len` bytes,
+/// which must be within what they were opened for (`frame_size`; the
+/// module's 131 072-byte bank). A receive buffer of `len` bytes is enough
+/// from then on. `LEAP_ERR_SETTING` for 0 or a length beyond that.
+///
+/// # Safety
+///
+/// `t` is a handle from `leap_open`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn leap_set_frame_len(t: *mut leap_transport, len: usize) -> leap_status {
+    guard(|| {
+        // SAFETY: the caller's promise.
+        let n = unsafe { node(t) }?;
+        n.rx.inner().set_frame_len(len)?;
+        n.rx.set_frame_len(len);
+        Ok(())
+    })
+}
+
 /// A descriptor to poll for reading (owned by the transport: do not close
 /// it): after a receive returned `LEAP_ERR_AGAIN` it becomes readable when
 /// a receive may make progress (also for a frame the library already took

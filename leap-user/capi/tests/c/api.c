@@ -308,6 +308,28 @@ static void frames(leap_transport *a, leap_transport *b, size_t frame)
 	free(big);
 }
 
+/* The frame length set after opening: what TCP's raw framing reads, and
+ * the receive buffer the datagram transports need from then on. */
+static void frame_len(leap_transport *a, leap_transport *b, size_t frame)
+{
+	unsigned char small[1000], out[1000];
+	size_t len;
+	leap_frame_kind k;
+
+	EXPECT(leap_set_frame_len(NULL, 10), LEAP_ERR_NULL, "transport is NULL");
+	EXPECT(leap_set_frame_len(b, 0), LEAP_ERR_SETTING, "frame_size: frames of 0 bytes");
+	if (strcmp(kind, "tcp") == 0)
+		OK(leap_set_frame_len(b, frame + 1));
+	else
+		EXPECT(leap_set_frame_len(b, frame + 1), LEAP_ERR_SETTING, "open it with frame_size = 16393");
+	OK(leap_set_frame_len(b, sizeof(small)));
+	memset(small, 0x5a, sizeof(small));
+	OK(leap_send_next(a, small, sizeof(small)));
+	OK(recv_wait(b, out, sizeof(out), &len, &k));
+	CHECK(len == sizeof(small) && memcmp(out, small, len) == 0, "a frame of %zu bytes into %zu", len, sizeof(out));
+	OK(leap_set_frame_len(b, frame));
+}
+
 static void closing(leap_transport *a)
 {
 	unsigned char x = 1;
@@ -432,6 +454,7 @@ int main(int argc, char **argv)
 	settings();
 	pair(frame, &a, &b);
 	frames(a, b, frame);
+	frame_len(a, b, frame);
 	closing(a);
 	leap_free(b);
 	split(frame);
