@@ -34,7 +34,7 @@ impl Installed {
     }
 
     /// `pkg-config ARGS leap` against this prefix.
-    fn pkg_config(&self, args: &[&str]) -> Result<Vec<String>> {
+    pub fn pkg_config(&self, args: &[&str]) -> Result<Vec<String>> {
         let out = output(Command::new("pkg-config").args(args).arg("leap").env("PKG_CONFIG_PATH", self.pkgconfig()))?;
         Ok(out.split_whitespace().map(str::to_string).collect())
     }

@@ -226,7 +226,7 @@ pub fn run_ci(args: Args) -> Result<()> {
     };
     stage("deps", &mut || {
         if require_root("deps")? {
-            apt_install(&["iproute2", "nftables", "procps", "gcc", "libc6-dev", "pkg-config"])?;
+            apt_install(&["iproute2", "nftables", "procps", "gcc", "g++", "libc6-dev", "pkg-config"])?;
         }
         Ok(())
     })?;
@@ -262,6 +262,8 @@ pub fn run_ci(args: Args) -> Result<()> {
             .arg("async_pipeline"))?;
         // The C library, installed, under its C tests.
         crate::capi::loopback(&crate::capi::prepare(None)?)?;
+        // The C++ drop-in for the original engine, over the installed library.
+        crate::cpp::loopback(&crate::cpp::prepare(None)?)?;
         if require_root("smoke (namespaces)")? {
             for t in ["tcp", "udp"] {
                 ring_smoke(&leap, t, "--netns", 2000)?;
@@ -284,7 +286,8 @@ pub fn run_ci(args: Args) -> Result<()> {
         let obj = crate::ebpf::build_ebpf(true)?;
         run(cargo().args(["build", "--release", "--locked", "-p", "leap", "--bin", "leap"]))?;
         busy_poll_rings(&root.join("target/release/leap"), &obj)?;
-        crate::capi::namespaces(&crate::capi::prepare(None)?)
+        crate::capi::namespaces(&crate::capi::prepare(None)?)?;
+        crate::cpp::namespaces(&crate::cpp::prepare(None)?)
     })?;
     stage("ebpf", &mut || {
         if !require_root("ebpf")? {
@@ -296,7 +299,8 @@ pub fn run_ci(args: Args) -> Result<()> {
         }
         run(cargo().args(["build", "--release", "--locked", "-p", "leap", "--bin", "leap"]))?;
         jumbo_rings(&root.join("target/release/leap"), &obj)?;
-        crate::capi::xdp(&crate::capi::prepare(Some(&obj))?, &obj)
+        crate::capi::xdp(&crate::capi::prepare(Some(&obj))?, &obj)?;
+        crate::cpp::xdp(&crate::cpp::prepare(Some(&obj))?, &obj)
     })?;
     stage("vm", &mut || {
         if !require_root("vm")? {

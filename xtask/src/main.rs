@@ -4,6 +4,7 @@
 mod bench;
 mod capi;
 mod ci;
+mod cpp;
 mod ebpf;
 mod kmod;
 mod util;
