@@ -208,6 +208,17 @@ namespace {
         return intact == o.frames ? 0 : 1;
     }
 
+    // The worker's "layers": every activation plus `add`, in blocks of 16
+    // that -O2 turns into vector instructions.
+    void compute(const unsigned char *in, float *out, size_t dim, float add) {
+        std::memcpy(out, in, dim * sizeof(float));
+        size_t i = 0;
+        for (; i + 16 <= dim; i += 16) {
+            for (size_t j = 0; j < 16; j++) out[i + j] += add;
+        }
+        for (; i < dim; i++) out[i] += add;
+    }
+
     struct WorkerState {
         LayerRange range{};
         long control = 0;
@@ -259,11 +270,7 @@ namespace {
             }
             PacketHeader h{};
             std::memcpy(&h, buf.data(), sizeof(h));
-            for (size_t i = 0; i < o.dim; i++) {
-                float v;
-                std::memcpy(&v, buf.data() + sizeof(h) + i * sizeof(float), sizeof(v));
-                out[i] = v + o.add;
-            }
+            compute(buf.data() + sizeof(h), out.data(), o.dim, o.add);
             t.send_multipart_next(&h, sizeof(h), out.data(), o.dim * sizeof(float));
             relayed++;
         }
