@@ -33,6 +33,19 @@ fn transport(node: &NodeNet, peer: &NodeNet, delivery: Delivery) -> XdpTransport
     XdpTransport::open(cfg).expect("open the XDP transport")
 }
 
+/// Lets the two nodes prove each other leap nodes before the event loop:
+/// short blocking receives answer and send hellos. (A first frame that
+/// races its sender's proof can be read as the original's and dropped as
+/// too long; that race is the handshake's, not the event loop's.)
+fn settle(t: &mut XdpTransport) {
+    let mut buf = vec![0u8; LEN];
+    t.set_recv_timeout(Some(Duration::from_millis(20)));
+    for _ in 0..15 {
+        let _ = t.recv_prev(&mut buf);
+    }
+    t.set_recv_timeout(Some(Duration::ZERO));
+}
+
 fn readable_within(fd: BorrowedFd<'_>, limit: Duration) -> bool {
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     let ms = u16::try_from(limit.as_millis()).unwrap_or(u16::MAX);
@@ -42,7 +55,7 @@ fn readable_within(fd: BorrowedFd<'_>, limit: Duration) -> bool {
 
 /// Polls once until a frame comes, waiting on the readiness descriptor in
 /// between (bounded).
-fn recv_evented(t: &mut XdpTransport, buf: &mut [u8], what: &str) -> usize {
+fn recv_evented(t: &mut XdpTransport, buf: &mut [u8], what: &str, limit: Duration) -> usize {
     let fd = t.ready_fd().unwrap().as_raw_fd();
     let start = Instant::now();
     loop {
@@ -53,11 +66,14 @@ fn recv_evented(t: &mut XdpTransport, buf: &mut [u8], what: &str) -> usize {
             Err(e) => panic!("{what}: {e}"),
         }
         assert!(polled.elapsed() < Duration::from_millis(50), "{what}: a poll took {:?}", polled.elapsed());
-        assert!(start.elapsed() < Duration::from_secs(5), "{what}: no frame within 5 s");
+        assert!(start.elapsed() < limit, "{what}: no frame within {limit:?}");
         // SAFETY: `fd` is the transport's readiness descriptor, open while
         // the transport lives.
         let fd = unsafe { BorrowedFd::borrow_raw(fd) };
-        assert!(readable_within(fd, Duration::from_secs(5)), "{what}: never readable");
+        if !readable_within(fd, limit) {
+            let again = t.recv_prev(buf).map(|g| g.len);
+            panic!("{what}: never readable; a receive now: {again:?}; {:?}; {}", t.stats(), t.xdp_counters().unwrap());
+        }
     }
 }
 
@@ -70,7 +86,8 @@ fn event_loop(delivery: Delivery) {
         std::thread::spawn(move || {
             in_netns(n1.path(), move || {
                 let mut t = transport(&n1, &n0, delivery);
-                t.set_recv_timeout(Some(Duration::ZERO));
+                ready.wait();
+                settle(&mut t);
                 ready.wait();
                 let mut buf = vec![0u8; LEN];
                 for i in 0..FRAMES {
@@ -83,7 +100,7 @@ fn event_loop(delivery: Delivery) {
                         let fd = unsafe { BorrowedFd::borrow_raw(fd) };
                         assert!(readable_within(fd, Duration::from_secs(2)), "echo: frame {i} did not wake the loop");
                     }
-                    let len = recv_evented(&mut t, &mut buf, &format!("echo frame {i}"));
+                    let len = recv_evented(&mut t, &mut buf, &format!("echo frame {i}"), Duration::from_secs(3));
                     t.send_next(&buf[..len]).unwrap();
                 }
                 assert!(matches!(t.recv_prev(&mut buf), Err(e) if e.is_would_block()));
@@ -93,13 +110,14 @@ fn event_loop(delivery: Delivery) {
     };
     let head = in_netns(n0.path(), move || {
         let mut t = transport(&n0, &n1, delivery);
-        t.set_recv_timeout(Some(Duration::ZERO));
+        ready.wait();
+        settle(&mut t);
         ready.wait();
         let mut buf = vec![0u8; LEN];
         for i in 0..FRAMES {
             let f = pattern(i, LEN);
             t.send_next(&f).unwrap();
-            let len = recv_evented(&mut t, &mut buf, &format!("head frame {i}"));
+            let len = recv_evented(&mut t, &mut buf, &format!("head frame {i}"), Duration::from_secs(6));
             assert!(len == LEN && buf[..] == f[..], "frame {i} came back changed");
         }
         let e: TransportError = t.recv_prev(&mut buf).unwrap_err();
@@ -109,7 +127,7 @@ fn event_loop(delivery: Delivery) {
     let echo = echo.join().expect("echo thread");
     for (who, s) in [("head", head), ("echo", echo)] {
         assert_eq!(s.frames_received, u64::from(FRAMES), "{who}");
-        assert_eq!(s.timeouts, 0, "{who}: a poll is not a timeout");
+        assert_eq!(s.timeouts, 15, "{who}: a poll is not a timeout (15: the settling receives)");
     }
     drop(topo);
 }
