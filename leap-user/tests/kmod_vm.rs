@@ -1447,3 +1447,46 @@ fn lent_bank_is_held_until_dropped_and_released_once() {
     let c = node.counters().unwrap();
     assert_eq!((c.rx_frames_delivered, c.drop_bank_busy, c.dropped()), (4, 2, 2), "{c:#?}");
 }
+
+/// Event loops on the module: a receive with a zero deadline polls once
+/// (returns at once, counts no timeout), the device's descriptor becomes
+/// readable when a frame is complete in a bank, and a frame written in
+/// place with `send_next_begin` / `send_next_commit` arrives intact.
+#[test]
+#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
+fn kmod_poll_once_never_blocks_and_the_descriptor_wakes_for_a_frame() {
+    use leap::{FrameKind, Transport};
+    const LEN: usize = 16392;
+    let mut nodes = kmod_ring();
+    let (head, rest) = nodes.split_at_mut(1);
+    let (head, node) = (&mut head[0], &mut rest[0]);
+    node.set_recv_timeout(Some(Duration::ZERO));
+    let mut buf = vec![0u8; LEN];
+    let timeouts = node.stats().timeouts;
+    for _ in 0..100 {
+        let start = Instant::now();
+        let e = node.recv_prev(&mut buf).unwrap_err();
+        assert!(e.is_would_block(), "{e}");
+        assert!(start.elapsed() < Duration::from_millis(50), "a poll took {:?}", start.elapsed());
+    }
+    assert_eq!(node.stats().timeouts, timeouts, "a poll is not a timeout");
+    let fd = node.ready_fd().unwrap().as_raw_fd();
+    let readable = |ms: u16| {
+        // SAFETY: `fd` is the node's device descriptor, open while it lives.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        let mut p = [PollFd::new(fd, PollFlags::POLLIN)];
+        nix::poll::poll(&mut p, nix::poll::PollTimeout::from(ms)).unwrap() > 0
+    };
+    assert!(!readable(0), "readable with nothing there");
+    for round in 0..20u16 {
+        let frame = pattern(round, LEN);
+        head.send_next_begin(FrameKind::Data, LEN).unwrap().copy_from_slice(&frame);
+        head.send_next_commit().unwrap();
+        assert!(readable(2000), "round {round}: a complete frame must make the device readable");
+        let got = node.recv_prev_lent().unwrap();
+        assert!(*got == *frame, "round {round}: the frame changed");
+        drop(got);
+        assert!(node.recv_prev(&mut buf).unwrap_err().is_would_block());
+        assert!(!readable(0), "round {round}: readable with nothing there");
+    }
+}

@@ -82,8 +82,14 @@ static leap_control chain(int workers)
 	return m;
 }
 
+/* With --copy the workers pass frames on unchanged (as `leap ring`'s do,
+ * for comparisons): each adds nothing. */
+static int copy_only;
+
 static int run_head(leap_transport *t, long frames, size_t dim, int workers)
 {
+	float added = copy_only ? 0.0f : (float)workers;
+
 	size_t frame_len = sizeof(struct header) + dim * sizeof(float);
 	float *act = malloc(dim * sizeof(float));
 	unsigned char *back = malloc(frame_len);
@@ -140,9 +146,9 @@ static int run_head(leap_transport *t, long frames, size_t dim, int workers)
 			float v;
 
 			memcpy(&v, back + sizeof(h) + i * sizeof(float), sizeof(v));
-			if (v != activation(h.pos, i) + (float)workers) {
+			if (v != activation(h.pos, i) + added) {
 				fprintf(stderr, "ring: frame %ld activation %zu is %f, not %f\n", pos, i, v,
-					activation(h.pos, i) + workers);
+					activation(h.pos, i) + added);
 				return 1;
 			}
 		}
@@ -199,8 +205,8 @@ static int run_worker(leap_transport *t, long frames, int index)
 		/* Write the output where the transport sends it from. */
 		if ((s = leap_send_begin(t, len, &out)) != LEAP_OK)
 			return fail("leap_send_begin", s);
-		memcpy(out, in, sizeof(struct header));
-		for (i = sizeof(struct header); i + sizeof(float) <= len; i += sizeof(float)) {
+		memcpy(out, in, copy_only ? len : sizeof(struct header));
+		for (i = sizeof(struct header); !copy_only && i + sizeof(float) <= len; i += sizeof(float)) {
 			float v;
 
 			memcpy(&v, (const unsigned char *)in + i, sizeof(v));
@@ -229,7 +235,7 @@ static int run_worker(leap_transport *t, long frames, int index)
 static void usage(void)
 {
 	fprintf(stderr, "usage: ring --kind KIND --role head|worker --listen ADDR:PORT --next ADDR:PORT "
-			"--prev ADDR:PORT [--frames N] [--dim D] [--workers N] [--index I] [--set KEY=VALUE]...\n");
+			"--prev ADDR:PORT [--frames N] [--dim D] [--workers N] [--index I] [--copy] [--set KEY=VALUE]...\n");
 }
 
 int main(int argc, char **argv)
@@ -240,6 +246,7 @@ int main(int argc, char **argv)
 		{ "prev", required_argument, 0, 'p' },	  { "frames", required_argument, 0, 'f' },
 		{ "dim", required_argument, 0, 'd' },	  { "workers", required_argument, 0, 'w' },
 		{ "index", required_argument, 0, 'i' },	  { "set", required_argument, 0, 's' },
+		{ "copy", no_argument, 0, 'c' },
 		{ 0, 0, 0, 0 },
 	};
 	const char *kind = NULL, *role = NULL, *listen = NULL, *next = NULL, *prev = NULL;
@@ -263,6 +270,7 @@ int main(int argc, char **argv)
 		case 'd': dim = (size_t)atol(optarg); break;
 		case 'w': workers = atoi(optarg); break;
 		case 'i': index = atoi(optarg); break;
+		case 'c': copy_only = 1; break;
 		case 's':
 			if (nsets == MAX_SETS)
 				return usage(), 2;

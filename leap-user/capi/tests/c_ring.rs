@@ -83,6 +83,11 @@ fn run_ring(prog: &PathBuf, kind: &str, nodes: &[Node], wrap: impl Fn(Command) -
         for s in sets {
             c.args(["--set", s]);
         }
+        // More arguments for measurements (`--copy`: workers as `leap
+        // ring`'s, passing frames on unchanged).
+        if let Ok(extra) = std::env::var("LEAP_C_RING_ARGS") {
+            c.args(extra.split_whitespace());
+        }
         c
     };
     for i in [1, 2] {
