@@ -1,0 +1,323 @@
+//! What Python holds of a frame: a received frame lent by the transport
+//! ([`Frame`], read through the buffer protocol, given back exactly once),
+//! and the memory a frame is written into in place ([`SendBuffer`]).
+
+use std::ffi::c_int;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use leap::transport::FrameKind as Kind;
+use pyo3::exceptions::{PyBufferError, PyValueError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+
+use crate::buffer::Exported;
+use crate::control::Control;
+use crate::lending::{Lender, LentBytes};
+
+/// Data or control.
+#[pyclass(module = "leap", eq, eq_int, frozen, from_py_object)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrameKind {
+    /// Activations.
+    #[pyo3(name = "DATA")]
+    Data,
+    /// A control message (0xC0DE marker + message, zero padded).
+    #[pyo3(name = "CONTROL")]
+    Control,
+}
+
+impl From<Kind> for FrameKind {
+    fn from(k: Kind) -> Self {
+        match k {
+            Kind::Data => Self::Data,
+            Kind::Control => Self::Control,
+        }
+    }
+}
+
+impl From<FrameKind> for Kind {
+    fn from(k: FrameKind) -> Self {
+        match k {
+            FrameKind::Data => Self::Data,
+            FrameKind::Control => Self::Control,
+        }
+    }
+}
+
+/// Locks, whatever a panic elsewhere left (the state stays consistent:
+/// every change under these locks is a single assignment).
+pub fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What lent a frame and takes it back.
+pub trait Owner: Send + Sync {
+    /// Gives the lent frame back (see [`Lender::give_back`]).
+    fn give_back(&self);
+}
+
+impl<T: ?Sized + Send + 'static> Owner for Mutex<Lender<T>> {
+    fn give_back(&self) {
+        // Never waits long: while a frame is lent, every other call on this
+        // transport takes the lock only to find it lent and return.
+        lock(self).give_back();
+    }
+}
+
+#[derive(Debug, Default)]
+struct Exports {
+    /// Buffers handed to Python and not yet released.
+    live: usize,
+    /// The frame went back to the transport.
+    released: bool,
+}
+
+/// A received frame, lent by the transport: its bytes are where the
+/// transport received them, and `np.frombuffer(frame, np.float32)` or
+/// `memoryview(frame)` read them in place (read-only).
+///
+/// The transport gets the frame back, exactly once, at the first of
+/// `release()`, the end of its `with` block, or its collection. Until then
+/// the transport it came from refuses every other call (`FrameLent`), so a
+/// worker releases a frame before it receives the next (the halves of
+/// `split()` send while the receiver lends). `release()` while numpy
+/// arrays or memoryviews of the frame are alive raises `BufferError` (the
+/// memory is still in use) and keeps the frame; a second `release()` does
+/// nothing.
+#[pyclass(module = "leap", frozen)]
+pub struct Frame {
+    owner: Arc<dyn Owner>,
+    bytes: LentBytes,
+    exports: Mutex<Exports>,
+}
+
+impl std::fmt::Debug for Frame {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Frame").field("bytes", &self.bytes).field("exports", &self.exports).finish_non_exhaustive()
+    }
+}
+
+impl Frame {
+    /// A frame lent by `owner` at `bytes`.
+    pub fn new(owner: Arc<dyn Owner>, bytes: LentBytes) -> Self {
+        Self { owner, bytes, exports: Mutex::new(Exports::default()) }
+    }
+
+    fn give_back(&self) -> PyResult<()> {
+        let mut e = lock(&self.exports);
+        if e.released {
+            return Ok(());
+        }
+        if e.live > 0 {
+            return Err(PyBufferError::new_err(format!(
+                "the frame cannot be released: {} buffer view(s) of it are alive (numpy arrays, memoryviews); \
+                 delete them first (it is released when collected otherwise)",
+                e.live
+            )));
+        }
+        e.released = true;
+        drop(e);
+        self.owner.give_back();
+        Ok(())
+    }
+
+    /// The bytes while the frame is lent, for reading in Rust.
+    pub fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> PyResult<R> {
+        let e = lock(&self.exports);
+        if e.released {
+            return Err(released());
+        }
+        // SAFETY: the frame is lent (not released) and cannot be released
+        // while `e` (the lock that `give_back` takes) is held, so the
+        // transport keeps the bytes where `LentBytes` says.
+        let bytes = unsafe { std::slice::from_raw_parts(self.bytes.ptr(), self.bytes.len()) };
+        Ok(f(bytes))
+    }
+}
+
+fn released() -> PyErr {
+    PyValueError::new_err("the frame was released: its memory is the transport's again")
+}
+
+#[pymethods]
+impl Frame {
+    /// Data or control.
+    #[getter]
+    fn kind(&self) -> FrameKind {
+        self.bytes.kind().into()
+    }
+
+    /// The frame's length in bytes.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.bytes.len()
+    }
+
+    fn __len__(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Whether the frame went back to the transport.
+    #[getter]
+    fn released(&self) -> bool {
+        lock(&self.exports).released
+    }
+
+    /// Gives the frame back to the transport. Does nothing the second time.
+    ///
+    /// Raises `BufferError` while views of the frame are alive.
+    fn release(&self) -> PyResult<()> {
+        self.give_back()
+    }
+
+    /// The control message a control frame carries.
+    ///
+    /// Raises `ControlError` for a data frame or an invalid message.
+    fn control(&self) -> PyResult<Control> {
+        if self.bytes.kind() != Kind::Control {
+            return Err(crate::errors::control("a data frame carries no control message".into()));
+        }
+        self.with_bytes(Control::decode_bytes)?
+    }
+
+    /// The frame's bytes, copied.
+    fn __bytes__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+        self.with_bytes(|b| pyo3::types::PyBytes::new(py, b))
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, _exc: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
+        self.give_back()?;
+        Ok(false)
+    }
+
+    fn __repr__(&self) -> String {
+        let state = if lock(&self.exports).released { ", released" } else { "" };
+        let kind = if self.bytes.kind() == Kind::Control { "CONTROL" } else { "DATA" };
+        format!("<leap.Frame {kind}, {} bytes{state}>", self.bytes.len())
+    }
+
+    /// # Safety
+    ///
+    /// Called by Python with its Py_buffer.
+    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
+        let this = slf.get();
+        let mut e = lock(&this.exports);
+        if e.released {
+            return Err(released());
+        }
+        if flags & ffi::PyBUF_WRITABLE != 0 {
+            return Err(PyBufferError::new_err(
+                "a received frame is read-only (np.frombuffer gives a read-only array; copy it to change it)",
+            ));
+        }
+        // SAFETY: the bytes stay lent while `live > 0`: `give_back`
+        // refuses until every buffer filled here is released.
+        let mem = unsafe { Exported::new(this.bytes.ptr(), this.bytes.len(), false) };
+        // SAFETY: `view` is Python's, passed to this `__getbuffer__`.
+        unsafe { mem.fill(slf.as_any(), view, flags) }?;
+        e.live += 1;
+        Ok(())
+    }
+
+    /// # Safety
+    ///
+    /// Called by Python with a Py_buffer `__getbuffer__` filled.
+    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {
+        let mut e = lock(&self.exports);
+        e.live = e.live.saturating_sub(1);
+    }
+}
+
+impl Drop for Frame {
+    fn drop(&mut self) {
+        // Collected: no buffer of it is alive (each holds a reference).
+        let e = self.exports.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if !e.released {
+            e.released = true;
+            self.owner.give_back();
+        }
+    }
+}
+
+/// The memory the next frame is written into, in place (the argument of
+/// `send_next_with`'s `fill`): writable through the buffer protocol
+/// (`np.frombuffer(out, np.float32)`, `memoryview(out)`, `out[:] = ...`)
+/// until `fill` returns. Keep no view of it past that: the frame is sent
+/// from this memory, and later frames reuse it.
+#[pyclass(module = "leap", frozen)]
+#[derive(Debug)]
+pub struct SendBuffer {
+    mem: Exported,
+    state: Mutex<Exports>,
+}
+
+impl SendBuffer {
+    /// Memory the transport lends for one frame.
+    ///
+    /// # Safety
+    ///
+    /// `buf` stays valid until [`Self::close`], and after it for ever if
+    /// `close` found views alive (the caller then pins the transport with
+    /// [`Lender::pin`]).
+    pub unsafe fn new(buf: &mut [u8]) -> Self {
+        // SAFETY: the caller keeps `buf` valid (this function's contract).
+        let mem = unsafe { Exported::new(buf.as_mut_ptr(), buf.len(), true) };
+        Self { mem, state: Mutex::new(Exports::default()) }
+    }
+
+    /// `fill` returned: no new buffers of this memory. Returns how many
+    /// views are still alive.
+    pub fn close(&self) -> usize {
+        let mut s = lock(&self.state);
+        s.released = true;
+        s.live
+    }
+}
+
+#[pymethods]
+impl SendBuffer {
+    fn __len__(&self) -> usize {
+        self.mem_len()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<leap.SendBuffer {} bytes>", self.mem_len())
+    }
+
+    /// # Safety
+    ///
+    /// Called by Python with its Py_buffer.
+    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
+        let this = slf.get();
+        let mut s = lock(&this.state);
+        if s.released {
+            return Err(PyBufferError::new_err(
+                "the send buffer is gone: the frame was sent when fill returned; write it inside fill",
+            ));
+        }
+        // SAFETY: `view` is Python's, passed to this `__getbuffer__`; the
+        // memory is valid until `close` (see `new`).
+        unsafe { this.mem.fill(slf.as_any(), view, flags) }?;
+        s.live += 1;
+        Ok(())
+    }
+
+    /// # Safety
+    ///
+    /// Called by Python with a Py_buffer `__getbuffer__` filled.
+    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {
+        let mut s = lock(&self.state);
+        s.live = s.live.saturating_sub(1);
+    }
+}
+
+impl SendBuffer {
+    fn mem_len(&self) -> usize {
+        self.mem.len()
+    }
+}
