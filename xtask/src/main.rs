@@ -5,6 +5,7 @@ mod bench;
 mod ci;
 mod ebpf;
 mod kmod;
+mod python;
 mod util;
 mod vm;
 
@@ -45,6 +46,8 @@ enum Cmd {
     },
     /// The main job: build everything, benchmark every transport (host and VM), write one report.
     Bench(bench::Args),
+    /// Set up the Python package: a venv under target/python, the abi3 wheel built and installed (`--test` runs its tests).
+    Python(python::Args),
     /// Boot Debian's 6.1 and 6.12 kernels in qemu with the module and run the kmod suite (or `-- CMD...`).
     Vm(vm::Args),
 }
@@ -59,5 +62,6 @@ fn main() -> Result<()> {
         Cmd::Build { install, release } => ebpf::build(install, release),
         Cmd::BuildKmod { kernel_dir } => kmod::build(kernel_dir.as_deref()).map(drop),
         Cmd::Vm(args) => vm::run(args),
+        Cmd::Python(args) => python::run_python(args),
     }
 }
