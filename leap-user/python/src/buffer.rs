@@ -42,24 +42,24 @@ impl Held {
         // `view` is a valid, writable Py_buffer that stays at its address.
         let rc = unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, flags) };
         if rc != 0 {
-            let e = PyErr::fetch(obj.py());
-            let why = e.value(obj.py()).to_string();
+            let py = obj.py();
+            let e = PyErr::fetch(py);
             let need = if writable { "a writable, C-contiguous buffer" } else { "a C-contiguous buffer" };
-            let fix = "(numpy: np.ascontiguousarray(a); bytes, bytearray and memoryview work as they are)";
-            return Err(
-                if e.is_instance_of::<PyBufferError>(obj.py())
-                    || e.is_instance_of::<pyo3::exceptions::PyTypeError>(obj.py())
-                {
-                    let msg = format!("{what} needs {need}, got {}: {why} {fix}", type_name(obj));
-                    if e.is_instance_of::<PyBufferError>(obj.py()) {
-                        PyBufferError::new_err(msg)
-                    } else {
-                        pyo3::exceptions::PyTypeError::new_err(msg)
-                    }
-                } else {
-                    e
-                },
+            let msg = format!(
+                "{what} needs {need}, got {}: {} (numpy: np.ascontiguousarray(a); bytes, bytearray and \
+                 memoryview work as they are)",
+                type_name(obj),
+                e.value(py)
             );
+            // No buffer at all is a TypeError; a buffer of the wrong shape
+            // or a read-only one a BufferError (numpy says ValueError).
+            let new = if e.is_instance_of::<pyo3::exceptions::PyTypeError>(py) {
+                pyo3::exceptions::PyTypeError::new_err(msg)
+            } else {
+                PyBufferError::new_err(msg)
+            };
+            new.set_cause(py, Some(e));
+            return Err(new);
         }
         Ok(Self { view })
     }

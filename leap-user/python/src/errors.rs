@@ -36,7 +36,6 @@ create_exception!(
     Error,
     "A setting that cannot be taken, or settings that do not go together; `key`, `problem`."
 );
-create_exception!(leap, Unsupported, Error, "The transport cannot do that.");
 create_exception!(leap, ControlError, Error, "An invalid control message, or a frame that is not one.");
 create_exception!(leap, Closed, Error, "The transport was closed (or split into halves).");
 create_exception!(
@@ -58,7 +57,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ConnectError", py.get_type::<ConnectError>())?;
     m.add("SystemCallError", py.get_type::<SystemCallError>())?;
     m.add("ConfigError", py.get_type::<ConfigError>())?;
-    m.add("Unsupported", py.get_type::<Unsupported>())?;
     m.add("ControlError", py.get_type::<ControlError>())?;
     m.add("Closed", py.get_type::<Closed>())?;
     m.add("FrameLent", py.get_type::<FrameLent>())?;
@@ -129,7 +127,6 @@ pub fn transport(e: TransportError) -> PyErr {
         TransportError::Udp(UdpError::Config(ref problem)) => config_error("", problem.clone(), msg),
         TransportError::Udp(UdpError::Window(_)) => config_error("window", msg.clone(), msg),
         TransportError::Setting(s) => setting(s),
-        TransportError::Unsupported(_) => raise::<Unsupported>(msg, &[]),
         TransportError::Control(_) => raise::<ControlError>(msg, &[]),
         _ => raise::<Error>(msg, &[]),
     }

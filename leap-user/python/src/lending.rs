@@ -107,7 +107,7 @@ impl<T: ?Sized + 'static> Lender<T> {
     ///
     /// [`Busy::Lent`] while a frame is lent, [`Busy::Closed`] once closed.
     pub fn get(&mut self) -> std::result::Result<&mut T, Busy> {
-        let owner = self.owner.ok_or(Busy::Closed)?;
+        let owner = self.owner.filter(|_| !self.closing).ok_or(Busy::Closed)?;
         if self.lent.is_some() {
             return Err(Busy::Lent);
         }
@@ -133,7 +133,7 @@ impl<T: ?Sized + 'static> Lender<T> {
     where
         F: for<'a> FnOnce(&'a mut T) -> Result<Option<Lent<'a>>>,
     {
-        let owner = self.owner.ok_or(Ok(Busy::Closed))?;
+        let owner = self.owner.filter(|_| !self.closing).ok_or(Ok(Busy::Closed))?;
         if self.lent.is_some() {
             return Err(Ok(Busy::Lent));
         }

@@ -43,7 +43,6 @@ from ._leap import (
     SystemCallError,
     Timeout,
     Transport,
-    Unsupported,
     frame_len,
     open,
 )
@@ -74,7 +73,6 @@ __all__ = [
     "SystemCallError",
     "Timeout",
     "Transport",
-    "Unsupported",
     "frame_len",
     "open",
 ]
