@@ -63,16 +63,6 @@ impl Venv {
         }
         run(&mut c)
     }
-
-    /// Runs `examples/pipeline.py` over `transport` on loopback.
-    ///
-    /// # Errors
-    ///
-    /// When it fails.
-    pub fn pipeline(&self, transport: &str) -> Result<()> {
-        let example = util::root().join("leap-user/python/examples/pipeline.py");
-        run(self.command().arg(example).arg(transport))
-    }
 }
 
 /// `cargo xtask python`.
