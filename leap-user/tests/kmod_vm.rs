@@ -5,6 +5,7 @@
 //! Packets are crafted with std sockets (and raw IPv4 sockets for checksums
 //! and fragments) to 127.0.0.1 only; every wait is bounded.
 
+mod original;
 mod support;
 
 use std::io;
@@ -1088,6 +1089,40 @@ fn original_programs_control_frame_is_control_to_leap() {
     assert_eq!((got.len, got.kind), (16392, FrameKind::Control));
     let msg = leap_common::control::ControlMessage::decode_frame(&buf).expect("decodes as control");
     assert_eq!(msg.kind, leap_common::control::ControlType::ResizeChain);
+}
+
+/// A leap head over the module with the original as its one worker, the
+/// tail: the ACK the original's KernelTransport makes (fresh: its own range,
+/// every other field zero; padded to the frame size; one datagram per
+/// 1400-byte chunk, `reserved` 0) answers the head's RESIZE_CHAIN, and the
+/// data frames after it come back intact.
+#[test]
+#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
+fn kmod_head_takes_the_fresh_ack_of_an_original_tail() {
+    use leap::ring::{HeadConfig, run_head};
+    use leap::transport::kmod::{KmodConfig, KmodTransport};
+    use original::{FRAME, Original, Role};
+
+    let tail = UdpSocket::bind((LO, 0)).expect("bind the original tail");
+    let SocketAddr::V4(tail_addr) = tail.local_addr().unwrap() else { unreachable!("bound to IPv4") };
+    let port = next_port();
+    let mut cfg = KmodConfig::new(port, tail_addr);
+    cfg.prev = Some(tail_addr);
+    cfg.recv_timeout = Some(PATIENCE);
+    cfg.frame_timeout = FRAME_TIMEOUT;
+    let mut head = KmodTransport::open(cfg).expect("open the kmod transport");
+    let original = Original::kernel(tail, SocketAddr::from((LO, port)), Role::Worker { compute: Duration::ZERO });
+    let mut hc = HeadConfig::new(FRAME, 50);
+    hc.control_workers = Some(1);
+    hc.stall_timeout = 2 * PATIENCE;
+    let rep = run_head(&mut head, &hc).expect("the head's run");
+    let o = &original.report;
+    assert_eq!(rep.control_ack, Some(true), "the original's ACK was not taken: {o:?}");
+    assert_eq!((rep.delivered, rep.corrupt, rep.lost), (50, 0, 0), "{o:?}");
+    assert_eq!(*o.range.lock().unwrap(), leap::ring::control::chain(1, 32).ranges[0]);
+    let (control, hangs, trains) =
+        (o.control.load(Ordering::Relaxed), o.hangs.load(Ordering::Relaxed), o.trains.load(Ordering::Relaxed));
+    assert_eq!((control, hangs, trains), (1, 0, 0), "control frames, hangs, trains the original got");
 }
 
 /// Runs `f` in a thread that joined the named network namespace.

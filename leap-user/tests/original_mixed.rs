@@ -1,157 +1,21 @@
 //! Mixed rings: leap nodes next to a stand-in for the original LEAP UDP
-//! endpoint, on loopback, with leap's defaults (no option).
-//!
-//! The stand-in does what `shared/docs/original-leap.md` says the original
-//! does, quirks included:
-//! - one buffer for receiving and sending: every chunk it sends carries the
-//!   `reserved` bytes of the last datagram it received;
-//! - a receive locks onto the first seq it sees and blocks until every chunk
-//!   of that seq has arrived (chunks of other seqs are ignored); a datagram
-//!   with the magic and a plausible header (a NACK, a probe) is taken as
-//!   data; datagrams without the magic are ignored;
-//! - frames of the size it was told, one `sendto` per chunk, its own seq
-//!   from 0; control frames recognised by the 0xC0DE marker, applied and
-//!   forwarded as the original protocol says; no NACKs, no timeouts.
-//!
-//! A stand-in that waits longer than [`HANG`] for a locked seq reports a
-//! hang (the original would wait forever). It also counts datagrams longer
-//! than one chunk (chunk trains): the original would read only their first
-//! chunk, so leap must never send it one.
+//! endpoint (see `original/mod.rs` for what it does, quirks included), on
+//! loopback, with leap's defaults (no option): the original as a worker
+//! after a leap head, as the tail before one, and as the head itself, with
+//! and without a control round.
+
+mod original;
 
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use leap::ring::{HeadConfig, NeighbourPolicy, WorkerConfig, run_head, run_worker};
 use leap::transport::udp::{UdpConfig, UdpTransport};
-use leap_common::chunk::{CHUNK_DATAGRAM_MAX, CHUNK_HEADER_LEN, CHUNK_PAYLOAD_MAX, LEAP_MAGIC};
-use leap_common::control::{ControlMessage, ControlType};
-
-const FRAME: usize = 16_392;
-/// Longer than any leap timer: the original is stuck.
-const HANG: Duration = Duration::from_secs(3);
-
-/// What the stand-in saw.
-#[derive(Default)]
-struct Report {
-    frames: AtomicU64,
-    hangs: AtomicU64,
-    /// `reserved` values it sent that were not 0 (echoed from leap).
-    echoed_flags: AtomicU64,
-    /// Datagrams longer than one chunk (a train) it received.
-    trains: AtomicU64,
-}
-
-/// The original UDP endpoint as a thread.
-struct Original {
-    report: Arc<Report>,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Original {
-    fn start(sock: UdpSocket, next: SocketAddr, compute: Duration) -> Self {
-        let report = Arc::new(Report::default());
-        let stop = Arc::new(AtomicBool::new(false));
-        let (r, st) = (report.clone(), stop.clone());
-        let thread = std::thread::spawn(move || original_loop(&sock, next, compute, &r, &st));
-        Self { report, stop, thread: Some(thread) }
-    }
-}
-
-impl Drop for Original {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn original_loop(sock: &UdpSocket, next: SocketAddr, compute: Duration, r: &Report, stop: &AtomicBool) {
-    sock.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
-    // The original asks for 8 MiB buffers too: a busy machine must not drop
-    // chunks in the stand-in's socket (it would then wait forever, as the
-    // original does).
-    let _ = socket2::SockRef::from(sock).set_recv_buffer_size(8 << 20);
-    let total = FRAME.div_ceil(CHUNK_PAYLOAD_MAX);
-    // The one buffer for receiving and sending (longer than the original's,
-    // to see any train whole).
-    let mut buf = [0u8; 65536];
-    let mut frame = vec![0u8; FRAME];
-    let mut seq_out: u16 = 0;
-    while !stop.load(Ordering::Relaxed) {
-        // Receive: lock onto the first seq, wait for all of its chunks.
-        let mut locked: Option<u16> = None;
-        let mut have = vec![false; total];
-        let mut got = 0;
-        let mut since = Instant::now();
-        while got < total {
-            if stop.load(Ordering::Relaxed) {
-                return;
-            }
-            if locked.is_some() && since.elapsed() > HANG {
-                r.hangs.fetch_add(1, Ordering::Relaxed);
-                since = Instant::now();
-            }
-            let Ok(n) = sock.recv(&mut buf) else { continue };
-            if n > CHUNK_DATAGRAM_MAX {
-                r.trains.fetch_add(1, Ordering::Relaxed);
-                continue;
-            }
-            if n < CHUNK_HEADER_LEN || u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) != LEAP_MAGIC {
-                continue;
-            }
-            let seq = u16::from_be_bytes([buf[4], buf[5]]);
-            let id = usize::from(u16::from_be_bytes([buf[6], buf[7]]));
-            if *locked.get_or_insert(seq) != seq || id >= total {
-                continue;
-            }
-            let at = id * CHUNK_PAYLOAD_MAX;
-            let len = (n - CHUNK_HEADER_LEN).min(FRAME - at);
-            frame[at..at + len].copy_from_slice(&buf[CHUNK_HEADER_LEN..CHUNK_HEADER_LEN + len]);
-            if !have[id] {
-                have[id] = true;
-                got += 1;
-            }
-        }
-        if ControlMessage::has_marker(&frame) {
-            if let Ok(mut msg) = ControlMessage::decode(&frame) {
-                // RESIZE_CHAIN: apply ranges[worker_index], increment, and
-                // the last worker turns it into an ACK; ACKs travel on.
-                if msg.kind == ControlType::ResizeChain {
-                    msg.worker_index += 1;
-                    if msg.worker_index >= msg.total_workers {
-                        msg.kind = ControlType::Ack;
-                    }
-                }
-                frame.fill(0);
-                msg.encode(&mut frame).unwrap();
-            }
-        } else if !compute.is_zero() {
-            std::thread::sleep(compute);
-        }
-        // Send: one sendto per chunk, the header written over the receive
-        // buffer, `reserved` (bytes 10..12) left as received.
-        for id in 0..total {
-            buf[0..4].copy_from_slice(&LEAP_MAGIC.to_be_bytes());
-            buf[4..6].copy_from_slice(&seq_out.to_be_bytes());
-            buf[6..8].copy_from_slice(&(id as u16).to_be_bytes());
-            buf[8..10].copy_from_slice(&(total as u16).to_be_bytes());
-            if buf[10..12] != [0, 0] {
-                r.echoed_flags.fetch_add(1, Ordering::Relaxed);
-            }
-            let at = id * CHUNK_PAYLOAD_MAX;
-            let len = (FRAME - at).min(CHUNK_PAYLOAD_MAX);
-            buf[CHUNK_HEADER_LEN..CHUNK_HEADER_LEN + len].copy_from_slice(&frame[at..at + len]);
-            let _ = sock.send_to(&buf[..CHUNK_HEADER_LEN + len], next);
-        }
-        seq_out = seq_out.wrapping_add(1);
-        r.frames.fetch_add(1, Ordering::Relaxed);
-    }
-}
+use leap_common::control::{ControlType, LayerRange};
+use original::{FRAME, Net, Node, Original, Resize, Role, fresh_ack, ring};
 
 /// Two busy threads on this 2-CPU machine, while the guard lives.
 struct Contention(Arc<AtomicBool>, Vec<JoinHandle<()>>);
@@ -221,7 +85,11 @@ fn run(case: Case) {
     // Ring order: head -> first -> second -> head.
     let (first, second) = if case.original_first { (o_addr, w_addr) } else { (w_addr, o_addr) };
     let mut head = udp(h_addr, first, second);
-    let original = Original::start(o_sock, if case.original_first { second } else { h_addr }, case.original_compute);
+    let original = Original::udp(
+        o_sock,
+        if case.original_first { second } else { h_addr },
+        Role::Worker { compute: case.original_compute },
+    );
     let (w_next, w_prev) = if case.original_first { (h_addr, o_addr) } else { (o_addr, h_addr) };
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = stop.clone();
@@ -254,6 +122,10 @@ fn run(case: Case) {
     );
     if case.control {
         assert_eq!(rep.control_ack, Some(true), "the control round did not come back");
+        // The chain gave the original its range: the first of two, or the
+        // tail's.
+        let want = leap::ring::control::chain(2, 32).ranges[usize::from(!case.original_first)];
+        assert_eq!(*o.range.lock().unwrap(), want);
     }
     // The leap-to-leap hop proved itself; the original was never taken for
     // a leap node.
@@ -307,4 +179,65 @@ fn mixed_ring_with_an_idle_head_and_slow_workers() {
     run(slow);
     run(Case { original_first: false, ..slow });
     run(Case { original_compute: Duration::from_millis(30), frames: 12, control: true, ..QUIET });
+}
+
+/// Checks what every ring of [`ring`] must show: all frames back intact,
+/// no stand-in hung, echoed a leap flag or got a train.
+fn assert_intact(o: &original::Outcome, frames: u64) {
+    assert_eq!(
+        (o.delivered, o.corrupt, o.lost, o.hangs, o.echoed, o.trains),
+        (frames, 0, 0, 0, 0, 0),
+        "delivered, corrupt, lost, original hangs, leap flags echoed by an original, trains it got: {o:?}"
+    );
+}
+
+/// What leap's head gives `workers` workers.
+fn leap_chain(workers: usize) -> Vec<LayerRange> {
+    leap::ring::control::chain(workers, 32).ranges[..workers].to_vec()
+}
+
+#[test]
+fn leap_head_takes_the_fresh_ack_of_an_original_tail() {
+    for (nodes, workers) in [(&[Node::Leap, Node::Original][..], 1), (&[Node::Leap, Node::Leap, Node::Original], 2)] {
+        let o = ring(Net::Udp, nodes, Some(Resize::Chain(workers)), 50);
+        assert_eq!(o.control_ack, Some(true), "{nodes:?}: {o:?}");
+        assert_intact(&o, 50);
+        assert_eq!(o.ranges, leap_chain(workers), "{nodes:?}");
+    }
+}
+
+#[test]
+fn original_head_gets_the_ack_of_a_leap_tail() {
+    let chain = Resize::Chain(2).message();
+    let o = ring(Net::Udp, &[Node::Original, Node::Leap, Node::Leap], Some(Resize::Chain(2)), 50);
+    assert_eq!(o.control_ack, Some(true), "{o:?}");
+    assert_intact(&o, 50);
+    assert_eq!(o.ranges, chain.ranges[..2]);
+    // Leap's tail answers in leap's form: the chain, at its end.
+    let ack = o.ack_msg.expect("the ACK decodes");
+    assert_eq!((ack.kind, ack.worker_index, ack.total_workers, ack.ranges), (ControlType::Ack, 2, 2, chain.ranges));
+}
+
+#[test]
+fn original_head_gets_a_resize_layers_ack_passed_on_unchanged() {
+    // The first worker (leap or original) answers with its new range; the
+    // leap worker after it passes the ACK on as it is.
+    let range = LayerRange { start_layer: 8, end_layer: 32, is_tail: true };
+    for nodes in [[Node::Original, Node::Leap, Node::Leap], [Node::Original, Node::Original, Node::Leap]] {
+        let o = ring(Net::Udp, &nodes, Some(Resize::Layers), 20);
+        assert_eq!(o.control_ack, Some(true), "{nodes:?}: {o:?}");
+        assert_intact(&o, 20);
+        assert_eq!(o.ack_msg, Some(fresh_ack(range)), "{nodes:?}");
+        assert_eq!(o.ranges, [range, LayerRange::default()], "{nodes:?}");
+    }
+}
+
+#[test]
+fn leap_worker_between_an_original_head_and_an_original_tail() {
+    let chain = Resize::Chain(2).message();
+    let o = ring(Net::Udp, &[Node::Original, Node::Leap, Node::Original], Some(Resize::Chain(2)), 50);
+    assert_eq!(o.control_ack, Some(true), "{o:?}");
+    assert_intact(&o, 50);
+    assert_eq!(o.ranges, chain.ranges[..2]);
+    assert_eq!(o.ack_msg, Some(fresh_ack(chain.ranges[1])));
 }

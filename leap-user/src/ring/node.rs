@@ -9,7 +9,7 @@ use leap_common::control::{ControlMessage, ControlType};
 use leap_common::frame::FrameHeader;
 
 use super::Progress;
-use super::control::{ControlAction, Layers, apply, chain};
+use super::control::{Layers, acknowledges, apply, chain};
 use super::latency::RttHistogram;
 use crate::telemetry::Telemetry;
 use crate::transport::{FrameKind, Transport, TransportError};
@@ -315,10 +315,11 @@ fn control_round(
         while Instant::now() < until {
             match t.recv_prev(buf) {
                 Ok(got) if got.kind == FrameKind::Control => {
+                    // Leap's tail or an original one (see `acknowledges`).
                     if let Ok(ack) = ControlMessage::decode(&buf[..got.len])
                         && ack.kind == ControlType::Ack
                     {
-                        return Ok(ack.worker_index == ack.total_workers && ack.ranges == msg.ranges);
+                        return Ok(acknowledges(&msg, &ack));
                     }
                 }
                 Ok(_) | Err(TransportError::Timeout(_) | TransportError::FrameLost { .. }) => {}
@@ -432,10 +433,8 @@ pub fn run_worker(t: &mut dyn Transport, cfg: &WorkerConfig, stop: &AtomicBool) 
             log::info!("previous node back after {:.1} s", since.elapsed().as_secs_f64());
         }
         if got.kind == FrameKind::Control {
-            if let Ok(msg) = ControlMessage::decode(&buf[..got.len])
-                && let ControlAction::Forward(out) = apply(&mut layers, &msg)
-            {
-                t.send_control(&out, got.len)?;
+            if let Ok(msg) = ControlMessage::decode(&buf[..got.len]) {
+                t.send_control(&apply(&mut layers, &msg), got.len)?;
             }
             continue;
         }
