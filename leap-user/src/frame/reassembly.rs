@@ -379,6 +379,21 @@ impl Reassembler {
         !self.cur.is_empty() && !self.cur.is_complete()
     }
 
+    /// Whether the expected frame is complete in its side slot: the next
+    /// [`Self::begin`] delivers it (unless its CRC fails, or it does not fit
+    /// the caller's buffer).
+    pub fn ready(&self) -> bool {
+        let Some(exp) = self.expected else { return false };
+        let slot = &self.slots[self.slot_index(exp)];
+        slot.asm.seq == exp && slot.asm.is_complete()
+    }
+
+    /// Whether a frame failed its CRC check and was not yet reported by
+    /// [`Self::take_corrupt`].
+    pub fn is_corrupt(&self) -> bool {
+        self.corrupt.is_some()
+    }
+
     /// `(received, total)` of the expected frame (total 0: nothing yet).
     pub fn progress(&self) -> (u16, u16) {
         (self.cur.received, self.cur.total)

@@ -66,7 +66,7 @@ impl<R: RxPath + 'static> AsyncDatagram<R> {
 
     /// As [`Self::new`], keeping `keep` alive as long as the receiver.
     pub(crate) fn keeping(core: DatagramCore<R>, keep: Option<Box<dyn std::any::Any + Send>>) -> io::Result<Self> {
-        let fd = core.shared().ready_fd()?;
+        let fd = core.shared().rx_fd()?;
         // SAFETY: the AsyncFd owns `fd`: it stays open, and is the same
         // descriptor, until the AsyncFd is dropped.
         let ready = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }?;

@@ -24,7 +24,7 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -35,6 +35,7 @@ use socket2::Socket;
 pub use super::config::Reliability;
 use super::config::UdpConfig;
 use super::lend::OwnedBuf;
+use super::ready::Readiness;
 use super::send::UdpSender;
 use super::{FrameKind, Received, Result, Stats, TransportError};
 use crate::frame::peer::{Peer, random_u64};
@@ -472,6 +473,15 @@ impl DatagramLink {
             _ => self.tx = OwnedBuf::from_vec(buf),
         }
         self.sent(seq, keep, len, res)
+    }
+
+    /// Gives back the memory of a frame begun with [`Self::begin_send`] and
+    /// not sent (its seq stays unused).
+    pub fn discard_send(&mut self, slot: SendSlot) {
+        match (&mut self.retx, slot.keep) {
+            (Some(retx), true) => retx.put_slot(slot.seq, slot.buf),
+            _ => self.tx = OwnedBuf::from_vec(slot.buf),
+        }
     }
 
     /// Before a frame leaves: the first waits for the next node's proof,
@@ -915,22 +925,38 @@ impl DatagramLink {
     /// What the driver does while the caller is away (computing): hellos,
     /// NACKs of the expected frame, probes, paced retransmissions (NACKs from
     /// the next node were answered as they were drained). Frames are given
-    /// up only inside a receive call, which reports it.
-    fn service_background(&mut self, now: Instant) {
+    /// up only inside a receive call, which reports it: returns whether a
+    /// receive would now give one up (for [`Self::deliverable`]).
+    fn service_background(&mut self, now: Instant) -> bool {
         self.send_hellos(now);
+        let mut loss_due = false;
         if self.recovering() {
             if let Some(seq) = self.reasm.take_corrupt() {
                 self.send_nack(seq, true);
-            } else if let Some(exp) = self.reasm.expected()
-                && let NackDecision::Send =
-                    self.nack.poll(now, &self.cfg.timers, exp, self.reasm.progress(), self.reasm.saw_ahead())
-            {
-                self.send_nack(exp, false);
+            } else if let Some(exp) = self.reasm.expected() {
+                match self.nack.poll(now, &self.cfg.timers, exp, self.reasm.progress(), self.reasm.saw_ahead()) {
+                    NackDecision::Send => self.send_nack(exp, false),
+                    NackDecision::GiveUp => loss_due = true,
+                    NackDecision::Wait(_) => {}
+                }
             }
+        } else if let Some(exp) = self.reasm.expected()
+            && self.reasm.has_partial()
+        {
+            // Best effort, as `service` decides inside a receive call.
+            let idle = self.nack.track(now, exp, self.reasm.progress());
+            loss_due = self.reasm.saw_ahead() || self.reasm.is_overtaken() || idle >= self.cfg.timers.best_effort_idle;
         }
         if self.retx.is_some() && self.next_is_leap() {
             self.service_sender(now);
         }
+        loss_due || self.reasm.is_overtaken() || (self.reasm.is_corrupt() && !self.recovering())
+    }
+
+    /// Whether a receive would deliver a frame at once (the driver completed
+    /// it, or a receive took it off the wire with the one it delivered).
+    fn deliverable(&self) -> bool {
+        self.done.is_some() || self.reasm.ready()
     }
 
     /// Whether the driver should look often: a frame is being assembled,
@@ -1035,6 +1061,8 @@ pub(crate) fn lock(link: &Mutex<DatagramLink>) -> MutexGuard<'_, DatagramLink> {
 pub struct RecvCall {
     start: Instant,
     deadline: Option<Instant>,
+    /// A zero deadline: poll once (see [`super::Transport::set_recv_timeout`]).
+    once: bool,
 }
 
 /// What one look at a receive call found.
@@ -1065,7 +1093,11 @@ impl DatagramLink {
         let start = Instant::now();
         match self.reasm.begin(out) {
             Some(got) => Ok(self.delivered(got)),
-            None => Err(RecvCall { start, deadline: self.cfg.recv_timeout.map(|t| start + t) }),
+            None => {
+                let once = self.cfg.recv_timeout.is_some_and(|t| t.is_zero());
+                let deadline = self.cfg.recv_timeout.filter(|_| !once).map(|t| start + t);
+                Err(RecvCall { start, deadline, once })
+            }
         }
     }
 
@@ -1096,6 +1128,13 @@ impl DatagramLink {
         }))
     }
 
+    /// Ends a receive call that polled once and found no complete frame:
+    /// what arrived of the expected frame is kept for the next call.
+    fn nothing_yet(&mut self, out: &[u8]) -> TransportError {
+        self.reasm.suspend(out);
+        TransportError::Timeout(Duration::ZERO)
+    }
+
     /// Hands what `rx` holds to the link; returns whether it took anything.
     fn recv_drain<R: RxPath + ?Sized>(&mut self, rx: &mut R, out: &mut [u8], call: &'static str) -> Result<bool> {
         let before = self.taken;
@@ -1123,6 +1162,9 @@ pub fn recv<R: RxPath + ?Sized>(
         Ok(got) => return got,
         Err(rc) => rc,
     };
+    if rc.once {
+        return poll_once(link, rx, &rc, out, call);
+    }
     loop {
         let poll = lock(link).recv_poll(&rc, out, true)?;
         match poll {
@@ -1132,6 +1174,38 @@ pub fn recv<R: RxPath + ?Sized>(
         }
         lock(link).recv_drain(rx, out, call)?;
     }
+}
+
+/// Batches a receive that polls once takes at most (while each brings
+/// something): a flood cannot keep it from returning.
+const POLL_ONCE_DRAINS: usize = 1024;
+
+/// A receive call with a zero deadline: takes what has arrived, without
+/// waiting, and delivers the frame if that completed it.
+fn poll_once<R: RxPath + ?Sized>(
+    link: &Mutex<DatagramLink>,
+    rx: &mut R,
+    rc: &RecvCall,
+    out: &mut [u8],
+    call: &'static str,
+) -> Result<Received> {
+    // XDP: wake the kernel's side of the AF_XDP queues and read the UDP
+    // socket too (what the program passed).
+    rx.prepare_wait();
+    for _ in 0..POLL_ONCE_DRAINS {
+        let mut l = lock(link);
+        let took = l.recv_drain(rx, out, call)?;
+        if let RecvPoll::Ready(got) = l.recv_poll(rc, out, false)? {
+            return Ok(got);
+        }
+        if !took {
+            break;
+        }
+    }
+    let e = lock(link).nothing_yet(out);
+    // The caller waits for readiness next.
+    rx.prepare_wait();
+    Err(e)
 }
 
 /// How often the driver looks while there is recovery work, and while
@@ -1161,6 +1235,8 @@ pub struct Shared<R> {
     /// An async receive call waits for the receive path: the driver stands
     /// back (the call runs the timers and reads the path itself).
     receiving: std::sync::atomic::AtomicBool,
+    /// The readiness descriptor, once asked for ([`Self::ready_fd`]).
+    ready: std::sync::OnceLock<Readiness>,
 }
 
 impl<R: RxPath> Shared<R> {
@@ -1170,6 +1246,7 @@ impl<R: RxPath> Shared<R> {
             link: Mutex::new(link),
             rx: Mutex::new(RxSide { path: rx, left_at: Instant::now() }),
             receiving: std::sync::atomic::AtomicBool::new(false),
+            ready: std::sync::OnceLock::new(),
         })
     }
 
@@ -1204,18 +1281,62 @@ impl<R: RxPath> Shared<R> {
     /// Ends a receive call begun with [`Self::begin_call`] (however it
     /// ended): the driver may step in again.
     pub fn end_call(&self) {
-        self.rx().left_at = Instant::now();
+        let mut rx = self.rx();
+        rx.left_at = Instant::now();
         self.receiving.store(false, std::sync::atomic::Ordering::Release);
+        self.after_call();
+        drop(rx);
     }
 
     /// A descriptor that becomes readable when the receive path may have
-    /// something (to await in an event loop).
+    /// something (the async layer's own: it runs the timers itself).
     ///
     /// # Errors
     ///
     /// `dup` or `epoll` failed.
-    pub fn ready_fd(&self) -> io::Result<std::os::fd::OwnedFd> {
+    pub fn rx_fd(&self) -> io::Result<std::os::fd::OwnedFd> {
         self.rx().path.ready_fd()
+    }
+
+    /// The readiness descriptor of [`super::Transport::ready_fd`]: an epoll
+    /// set of the receive path's descriptors and an eventfd that is set
+    /// while the link holds a frame to deliver (completed by the driver, or
+    /// taken off the wire by a receive with the one it delivered) or a
+    /// loss to report, and cleared when a receive begins.
+    ///
+    /// # Errors
+    ///
+    /// `dup`, `epoll` or `eventfd` failed.
+    pub fn ready_fd(&self) -> io::Result<BorrowedFd<'_>> {
+        if let Some(r) = self.ready.get() {
+            return Ok(r.fd());
+        }
+        // The receive path's lock orders this against receives and the
+        // driver, which set and clear the eventfd under it.
+        let rx = self.rx();
+        if self.ready.get().is_none() {
+            let r = Readiness::new([], vec![rx.path.ready_fd()?])?;
+            r.update(lock(&self.link).deliverable());
+            let _ = self.ready.set(r);
+        }
+        drop(rx);
+        Ok(self.ready.get().expect("set above").fd())
+    }
+
+    /// A receive call begins (the receive path locked): it will find what
+    /// the eventfd said.
+    fn before_call(&self) {
+        if let Some(r) = self.ready.get() {
+            r.clear();
+        }
+    }
+
+    /// A receive call ended (the receive path locked): frames it took off
+    /// the wire beyond the one it delivered make the descriptor readable.
+    fn after_call(&self) {
+        if let Some(r) = self.ready.get() {
+            r.update(lock(&self.link).deliverable());
+        }
     }
 
     /// Before an event loop waits on [`Self::ready_fd`]: wakes the kernel's
@@ -1242,8 +1363,10 @@ impl<R: RxPath> Shared<R> {
     /// As [`recv`].
     pub fn recv(&self, out: &mut [u8], call: &'static str) -> Result<Received> {
         let mut rx = self.rx();
+        self.before_call();
         let res = recv(&self.link, &mut rx.path, out, call);
         rx.left_at = Instant::now();
+        self.after_call();
         res
     }
 
@@ -1265,7 +1388,15 @@ impl<R: RxPath> Shared<R> {
         if let Err(e) = drained {
             link.send_log.warn(format_args!("the driver's receive failed: {e}"));
         }
-        link.service_background(now);
+        let loss_due = link.service_background(now);
+        if let Some(r) = self.ready.get() {
+            if loss_due || link.deliverable() {
+                // Only set here: a receive call clears it when it begins.
+                r.signal();
+            }
+            // An event loop waits on the receive path's descriptors next.
+            rx.path.prepare_wait();
+        }
         if link.busy(now) { DRIVE_TICK } else { IDLE_TICK }
     }
 }

@@ -4,12 +4,13 @@
 //! into a sending and a receiving half for two threads.
 
 use std::io;
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::datagram::{DatagramLink, Driver, RxPath, Shared};
+use super::datagram::{DatagramLink, Driver, RxPath, SendSlot, Shared};
 use super::lend::OwnedBuf;
-use super::{FrameKind, FrameReceiver, FrameSender, Lent, Received, Result, Stats};
+use super::{FrameKind, FrameReceiver, FrameSender, Lent, Received, Result, Stats, TransportError};
 
 /// A datagram transport's state as its owner (or its two halves) use it.
 #[derive(Debug)]
@@ -20,6 +21,8 @@ pub struct DatagramCore<R: RxPath + 'static> {
     name: &'static str,
     call: &'static str,
     max_frame_len: usize,
+    /// A frame begun by [`Self::send_begin`].
+    pending: Option<SendSlot>,
 }
 
 impl<R: RxPath + 'static> DatagramCore<R> {
@@ -33,7 +36,7 @@ impl<R: RxPath + 'static> DatagramCore<R> {
         let max_frame_len = link.config().max_frame_len;
         let shared = Shared::new(link, rx);
         let driver = Arc::new(Driver::spawn(&shared, name)?);
-        Ok(Self { shared, driver, lend: OwnedBuf::default(), name, call, max_frame_len })
+        Ok(Self { shared, driver, lend: OwnedBuf::default(), name, call, max_frame_len, pending: None })
     }
 
     /// The shared state (the link and the receive path, each locked on use).
@@ -46,7 +49,8 @@ impl<R: RxPath + 'static> DatagramCore<R> {
     /// # Errors
     ///
     /// As [`DatagramLink::send`].
-    pub fn send_parts(&self, kind: FrameKind, head: &[u8], tail: &[u8]) -> Result<()> {
+    pub fn send_parts(&mut self, kind: FrameKind, head: &[u8], tail: &[u8]) -> Result<()> {
+        discard(&self.shared, &mut self.pending);
         self.shared.link().send(kind, head, tail)
     }
 
@@ -55,8 +59,36 @@ impl<R: RxPath + 'static> DatagramCore<R> {
     /// # Errors
     ///
     /// As [`DatagramLink::send_with`].
-    pub fn send_with(&self, kind: FrameKind, len: usize, fill: &mut dyn FnMut(&mut [u8])) -> Result<()> {
+    pub fn send_with(&mut self, kind: FrameKind, len: usize, fill: &mut dyn FnMut(&mut [u8])) -> Result<()> {
+        discard(&self.shared, &mut self.pending);
         send_unlocked(&self.shared, kind, len, fill)
+    }
+
+    /// See [`super::Transport::send_next_begin`].
+    ///
+    /// # Errors
+    ///
+    /// As [`DatagramLink::begin_send`].
+    pub fn send_begin(&mut self, kind: FrameKind, len: usize) -> Result<&mut [u8]> {
+        send_begin(&self.shared, &mut self.pending, kind, len)
+    }
+
+    /// See [`super::Transport::send_next_commit`].
+    ///
+    /// # Errors
+    ///
+    /// [`TransportError::NotBegun`], else as [`DatagramLink::finish_send`].
+    pub fn send_commit(&mut self) -> Result<()> {
+        send_commit(&self.shared, &mut self.pending)
+    }
+
+    /// See [`super::Transport::ready_fd`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Shared::ready_fd`].
+    pub fn ready_fd(&self) -> Result<BorrowedFd<'_>> {
+        self.shared.ready_fd().map_err(|e| TransportError::io("epoll_create1", e))
     }
 
     /// Receives into the caller's buffer.
@@ -88,6 +120,7 @@ impl<R: RxPath + 'static> DatagramCore<R> {
         if got.kind == FrameKind::Control {
             super::keep_control(input, control)?;
         } else {
+            discard(&self.shared, &mut self.pending);
             send_unlocked(&self.shared, FrameKind::Data, got.len, &mut |out| compute(input, out))?;
         }
         Ok(got)
@@ -106,8 +139,12 @@ impl<R: RxPath + 'static> DatagramCore<R> {
     /// Splits into a sender and a receiver for two threads; the driver runs
     /// until both are dropped.
     pub fn split(self) -> (DatagramSender<R>, DatagramReceiver<R>) {
-        let sender =
-            DatagramSender { shared: Arc::clone(&self.shared), _driver: Arc::clone(&self.driver), name: self.name };
+        let sender = DatagramSender {
+            shared: Arc::clone(&self.shared),
+            _driver: Arc::clone(&self.driver),
+            name: self.name,
+            pending: self.pending,
+        };
         let receiver = DatagramReceiver {
             shared: self.shared,
             _driver: self.driver,
@@ -119,6 +156,32 @@ impl<R: RxPath + 'static> DatagramCore<R> {
         };
         (sender, receiver)
     }
+}
+
+/// Gives back the memory of a frame begun and not committed.
+fn discard<R: RxPath>(shared: &Shared<R>, pending: &mut Option<SendSlot>) {
+    if let Some(slot) = pending.take() {
+        shared.link().discard_send(slot);
+    }
+}
+
+/// Begins a frame written in place without holding the link (see
+/// [`super::Transport::send_next_begin`]).
+fn send_begin<'a, R: RxPath>(
+    shared: &Shared<R>,
+    pending: &'a mut Option<SendSlot>,
+    kind: FrameKind,
+    len: usize,
+) -> Result<&'a mut [u8]> {
+    discard(shared, pending);
+    let slot = shared.link().begin_send(kind, len)?;
+    Ok(pending.insert(slot).buf())
+}
+
+/// Sends the frame begun.
+fn send_commit<R: RxPath>(shared: &Shared<R>, pending: &mut Option<SendSlot>) -> Result<()> {
+    let slot = pending.take().ok_or(TransportError::NotBegun)?;
+    shared.link().finish_send(slot)
 }
 
 /// Sends a frame that `fill` writes in place without holding the link: the
@@ -150,6 +213,7 @@ pub struct DatagramSender<R: RxPath + 'static> {
     shared: Arc<Shared<R>>,
     _driver: Arc<Driver>,
     name: &'static str,
+    pending: Option<SendSlot>,
 }
 
 /// The receiving half of a datagram transport.
@@ -199,11 +263,21 @@ impl<R: RxPath + 'static> FrameSender for DatagramSender<R> {
     }
 
     fn send_next_parts(&mut self, kind: FrameKind, header: &[u8], payload: &[u8]) -> Result<()> {
+        discard(&self.shared, &mut self.pending);
         self.shared.link().send(kind, header, payload)
     }
 
     fn send_next_with(&mut self, kind: FrameKind, len: usize, fill: &mut dyn FnMut(&mut [u8])) -> Result<()> {
+        discard(&self.shared, &mut self.pending);
         send_unlocked(&self.shared, kind, len, fill)
+    }
+
+    fn send_next_begin(&mut self, kind: FrameKind, len: usize) -> Result<&mut [u8]> {
+        send_begin(&self.shared, &mut self.pending, kind, len)
+    }
+
+    fn send_next_commit(&mut self) -> Result<()> {
+        send_commit(&self.shared, &mut self.pending)
     }
 
     fn stats(&self) -> Stats {
@@ -226,6 +300,10 @@ impl<R: RxPath + 'static> FrameReceiver for DatagramReceiver<R> {
 
     fn set_recv_timeout(&mut self, timeout: Option<Duration>) {
         self.shared.link().set_recv_timeout(timeout);
+    }
+
+    fn ready_fd(&self) -> Result<BorrowedFd<'_>> {
+        self.shared.ready_fd().map_err(|e| TransportError::io("epoll_create1", e))
     }
 
     fn stats(&self) -> Stats {

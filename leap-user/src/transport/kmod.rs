@@ -216,6 +216,8 @@ pub struct KmodTransport {
     cfg: KmodConfig,
     /// Shared by the halves of a split transport.
     stats: Arc<Mutex<Stats>>,
+    /// A frame begun in the TX area by `send_next_begin`: kind and length.
+    pending: Option<(FrameKind, usize)>,
 }
 
 impl KmodTransport {
@@ -249,7 +251,7 @@ impl KmodTransport {
             cfg.port,
             cfg.next
         );
-        Ok(Self { dev: Arc::new(dev), cfg, stats: Arc::default() })
+        Ok(Self { dev: Arc::new(dev), cfg, stats: Arc::default(), pending: None })
     }
 
     /// The module's counters for this node.
@@ -285,6 +287,14 @@ impl KmodTransport {
     /// its kind. The caller counts it with [`Self::count_received`] once the
     /// frame is taken (a frame refused as too large is not received).
     fn wait(&mut self) -> Result<(leap_common::kmod::Wait, FrameKind)> {
+        let once = self.cfg.recv_timeout.is_some_and(|t| t.is_zero());
+        // Poll once: ask the device first, so that WAIT_FRAME with no time
+        // left does not spin in the module (busy_wait_limit) for nothing.
+        if once
+            && !super::ready::readable_now(std::os::fd::AsFd::as_fd(&*self.dev)).map_err(|e| self.syscall("poll", e))?
+        {
+            return Err(TransportError::Timeout(Duration::ZERO));
+        }
         let deadline = self.cfg.recv_timeout.map(|t| Instant::now() + t);
         // A signal may interrupt the wait: retry until the deadline, at most
         // a bounded number of times.
@@ -293,7 +303,9 @@ impl KmodTransport {
             let w = match self.dev.wait_frame(left) {
                 Ok(Some(w)) => w,
                 Ok(None) => {
-                    self.count().timeouts += 1;
+                    if !once {
+                        self.count().timeouts += 1;
+                    }
                     return Err(TransportError::Timeout(self.cfg.recv_timeout.unwrap_or_default()));
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -340,7 +352,32 @@ impl KmodTransport {
 
     /// The same node, for the other half of a split.
     fn half(&self) -> Self {
-        Self { dev: Arc::clone(&self.dev), cfg: self.cfg.clone(), stats: Arc::clone(&self.stats) }
+        Self { dev: Arc::clone(&self.dev), cfg: self.cfg.clone(), stats: Arc::clone(&self.stats), pending: None }
+    }
+
+    /// See [`Transport::send_next_begin`]: the TX area.
+    fn begin(&mut self, kind: FrameKind, len: usize) -> Result<&mut [u8]> {
+        self.pending = None;
+        if len == 0 || len > HALF_LEN {
+            return Err(TransportError::BadFrameLen(len));
+        }
+        self.pending = Some((kind, len));
+        // SAFETY: as in `send_next_parts`: the only writer of the TX area;
+        // the slice borrows `self`, so nothing sends while it lives, and any
+        // send after it forgets the frame begun.
+        Ok(unsafe { self.dev.tx_area(len) })
+    }
+
+    /// See [`Transport::send_next_commit`].
+    fn commit(&mut self) -> Result<()> {
+        let (kind, len) = self.pending.take().ok_or(TransportError::NotBegun)?;
+        self.send_tx(kind, len)
+    }
+
+    /// The device's descriptor: readable while a frame or a lost report
+    /// waits (the module's `poll`).
+    fn device_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&*self.dev)
     }
 
     fn syscall(&self, call: &'static str, source: io::Error) -> TransportError {
@@ -354,6 +391,7 @@ impl Transport for KmodTransport {
     }
 
     fn send_next_parts(&mut self, kind: FrameKind, header: &[u8], payload: &[u8]) -> Result<()> {
+        self.pending = None;
         let len = header.len() + payload.len();
         if len == 0 || len > HALF_LEN {
             return Err(TransportError::BadFrameLen(len));
@@ -403,6 +441,7 @@ impl Transport for KmodTransport {
         } else if len == 0 || len > HALF_LEN {
             Err(TransportError::BadFrameLen(len))
         } else {
+            self.pending = None;
             // SAFETY: this node is the only writer of its TX area (see
             // `send_next_parts`); the slice is gone before the SEND ioctl.
             compute(input, unsafe { self.dev.tx_area(len) });
@@ -417,6 +456,7 @@ impl Transport for KmodTransport {
     }
 
     fn send_next_with(&mut self, kind: FrameKind, len: usize, fill: &mut dyn FnMut(&mut [u8])) -> Result<()> {
+        self.pending = None;
         if len == 0 || len > HALF_LEN {
             return Err(TransportError::BadFrameLen(len));
         }
@@ -428,6 +468,18 @@ impl Transport for KmodTransport {
 
     fn set_recv_timeout(&mut self, timeout: Option<Duration>) {
         self.cfg.recv_timeout = timeout;
+    }
+
+    fn ready_fd(&self) -> Result<std::os::fd::BorrowedFd<'_>> {
+        Ok(self.device_fd())
+    }
+
+    fn send_next_begin(&mut self, kind: FrameKind, len: usize) -> Result<&mut [u8]> {
+        self.begin(kind, len)
+    }
+
+    fn send_next_commit(&mut self) -> Result<()> {
+        self.commit()
     }
 
     fn stats(&self) -> Stats {
@@ -479,6 +531,14 @@ impl FrameSender for KmodSendHalf {
         self.0.send_next_with(kind, len, fill)
     }
 
+    fn send_next_begin(&mut self, kind: FrameKind, len: usize) -> Result<&mut [u8]> {
+        self.0.begin(kind, len)
+    }
+
+    fn send_next_commit(&mut self) -> Result<()> {
+        self.0.commit()
+    }
+
     fn stats(&self) -> Stats {
         self.0.all_stats()
     }
@@ -499,6 +559,10 @@ impl FrameReceiver for KmodRecvHalf {
 
     fn set_recv_timeout(&mut self, timeout: Option<Duration>) {
         self.0.cfg.recv_timeout = timeout;
+    }
+
+    fn ready_fd(&self) -> Result<std::os::fd::BorrowedFd<'_>> {
+        Ok(self.0.device_fd())
     }
 
     fn stats(&self) -> Stats {

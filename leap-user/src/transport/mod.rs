@@ -9,6 +9,7 @@ pub mod halves;
 pub mod kmod;
 pub mod lend;
 pub mod open;
+pub mod ready;
 mod send;
 pub mod settings;
 pub mod tcp;
@@ -16,6 +17,7 @@ pub mod udp;
 pub mod xdp;
 
 use std::io;
+use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
 use leap_common::control::{CONTROL_FRAME_MIN, ControlMessage};
@@ -37,9 +39,15 @@ pub enum TransportError {
         #[source]
         source: io::Error,
     },
-    /// No complete frame arrived before the receive deadline.
+    /// No complete frame arrived before the receive deadline; with a zero
+    /// deadline (poll once, see [`Transport::set_recv_timeout`]): none had
+    /// arrived ([`TransportError::is_would_block`]).
     #[error("no frame within {0:?}")]
     Timeout(Duration),
+    /// [`Transport::send_next_commit`] without a frame begun by
+    /// [`Transport::send_next_begin`] (or one discarded since).
+    #[error("no frame is begun: call send_next_begin first")]
+    NotBegun,
     /// A frame could not be completed and was given up (best-effort mode).
     #[error("frame seq {seq} lost: {missing} of {total} chunks missing")]
     FrameLost {
@@ -121,6 +129,13 @@ impl TransportError {
     /// Whether the error means "nothing arrived in time" (the caller may retry).
     pub fn is_timeout(&self) -> bool {
         matches!(self, Self::Timeout(_))
+    }
+
+    /// Whether the error is a receive that polled once (zero deadline) and
+    /// found no complete frame: wait for [`Transport::ready_fd`], then try
+    /// again.
+    pub fn is_would_block(&self) -> bool {
+        matches!(self, Self::Timeout(d) if d.is_zero())
     }
 }
 
@@ -413,8 +428,51 @@ pub trait Transport: Send {
     /// [`TransportError::FrameTooLarge`]), then as [`Self::send_next_with`].
     fn relay(&mut self, control: &mut [u8], compute: &mut dyn FnMut(&[u8], &mut [u8])) -> Result<Received>;
 
-    /// Sets the receive deadline of [`Self::recv_prev`] (`None`: wait forever).
+    /// Sets the receive deadline of [`Self::recv_prev`],
+    /// [`Self::recv_prev_lent`] and [`Self::relay`] (`None`: wait forever).
+    ///
+    /// `Some(Duration::ZERO)` means *poll once*: a receive takes what has
+    /// arrived and returns a complete frame if there is one, else fails at
+    /// once with `Timeout(Duration::ZERO)`
+    /// ([`TransportError::is_would_block`]): it never blocks or spins,
+    /// gives up no partial frame for the deadline and counts no timeout
+    /// (loss recovery's own decisions still happen, as in any receive).
+    /// With [`Self::ready_fd`] this is what an event loop needs.
     fn set_recv_timeout(&mut self, timeout: Option<Duration>);
+
+    /// A descriptor for event loops (`poll`, `epoll`, an asyncio reader),
+    /// owned by the transport: after a receive that polled once (see
+    /// [`Self::set_recv_timeout`]) found nothing, it becomes readable when a
+    /// receive may make progress: a frame may be taken (also one that the
+    /// transport completed or took off the wire in the background) or a
+    /// lost one reported. It may also be readable when a receive then finds
+    /// nothing (a hello, a chunk of an incomplete frame): poll again.
+    /// Created on the first call; the same descriptor after that.
+    ///
+    /// # Errors
+    ///
+    /// `epoll_create1`, `eventfd` or `dup` failed.
+    fn ready_fd(&self) -> Result<BorrowedFd<'_>>;
+
+    /// The first half of [`Self::send_next_with`] for callers that cannot
+    /// pass a closure (the C library): the `len` bytes to write a frame of
+    /// `kind` into, in place, holding whatever an earlier frame left.
+    /// [`Self::send_next_commit`] sends it. Beginning again, or sending any
+    /// other way, first discards a frame begun and not committed (nothing of
+    /// it is sent).
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::send_next_with`] (a bad length; the first frame may wait
+    /// for the next node to prove itself).
+    fn send_next_begin(&mut self, kind: FrameKind, len: usize) -> Result<&mut [u8]>;
+
+    /// Sends the frame begun with [`Self::send_next_begin`].
+    ///
+    /// # Errors
+    ///
+    /// [`TransportError::NotBegun`], else as [`Self::send_next_with`].
+    fn send_next_commit(&mut self) -> Result<()>;
 
     /// The counters so far.
     fn stats(&self) -> Stats;
@@ -521,6 +579,20 @@ pub trait FrameSender: Send {
     /// As [`Transport::send_next_with`].
     fn send_next_with(&mut self, kind: FrameKind, len: usize, fill: &mut dyn FnMut(&mut [u8])) -> Result<()>;
 
+    /// As [`Transport::send_next_begin`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Transport::send_next_begin`].
+    fn send_next_begin(&mut self, kind: FrameKind, len: usize) -> Result<&mut [u8]>;
+
+    /// As [`Transport::send_next_commit`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Transport::send_next_commit`].
+    fn send_next_commit(&mut self) -> Result<()>;
+
     /// The transport's counters (both halves).
     fn stats(&self) -> Stats;
 
@@ -553,8 +625,15 @@ pub trait FrameReceiver: Send {
     /// As [`Transport::recv_prev`].
     fn recv_prev_lent(&mut self) -> Result<Lent<'_>>;
 
-    /// As [`Transport::set_recv_timeout`].
+    /// As [`Transport::set_recv_timeout`] (a zero deadline polls once).
     fn set_recv_timeout(&mut self, timeout: Option<Duration>);
+
+    /// As [`Transport::ready_fd`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Transport::ready_fd`].
+    fn ready_fd(&self) -> Result<BorrowedFd<'_>>;
 
     /// The transport's counters (both halves).
     fn stats(&self) -> Stats;
@@ -595,6 +674,15 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
     }
     fn set_recv_timeout(&mut self, timeout: Option<Duration>) {
         (**self).set_recv_timeout(timeout)
+    }
+    fn ready_fd(&self) -> Result<BorrowedFd<'_>> {
+        (**self).ready_fd()
+    }
+    fn send_next_begin(&mut self, kind: FrameKind, len: usize) -> Result<&mut [u8]> {
+        (**self).send_next_begin(kind, len)
+    }
+    fn send_next_commit(&mut self) -> Result<()> {
+        (**self).send_next_commit()
     }
     fn stats(&self) -> Stats {
         (**self).stats()

@@ -8,8 +8,8 @@
 
 use std::io::{self, IoSlice, Read};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsFd;
-use std::sync::{Arc, Mutex};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use leap_common::control::ControlMessage;
@@ -17,6 +17,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 
 pub use super::config::TcpFraming;
 use super::lend::OwnedBuf;
+use super::ready::Readiness;
 use super::{FrameKind, FrameReceiver, FrameSender, Halves, Lent, Received, Result, Stats, Transport, TransportError};
 
 const PREFIX_LEN: usize = 8;
@@ -76,10 +77,15 @@ struct Stash {
 }
 
 impl Stash {
-    /// Reads into `dst`, from the stash first, then from `stream`.
-    fn read(&mut self, stream: &mut TcpStream, dst: &mut [u8]) -> io::Result<usize> {
+    /// Reads into `dst`, from the stash first, then from `stream` (without
+    /// waiting when `once`).
+    fn read(&mut self, stream: &mut TcpStream, dst: &mut [u8], once: bool) -> io::Result<usize> {
         let left = self.buf.len() - self.off;
         if left == 0 {
+            if once {
+                use nix::sys::socket::{MsgFlags, recv};
+                return recv(stream.as_raw_fd(), dst, MsgFlags::MSG_DONTWAIT).map_err(io::Error::from);
+            }
             return stream.read(dst);
         }
         let n = left.min(dst.len());
@@ -209,6 +215,11 @@ impl Inbound {
         Self { stream, partial: Vec::new(), prefix: [0; PREFIX_LEN], stash: Stash::default() }
     }
 
+    /// Whether bytes taken off the stream wait in the stash.
+    fn has_stash(&self) -> bool {
+        self.stash.buf.len() > self.stash.off
+    }
+
     /// Moves the bytes the stream has ready into the stash. Returns false
     /// when nothing more should be drained (end of stream, error, or full).
     fn drain(&mut self) -> bool {
@@ -251,6 +262,7 @@ impl TcpTransport {
                 to_next: Some(Inbound::new(to_next)),
                 stats: Arc::clone(&stats),
                 tx: OwnedBuf::default(),
+                pending: None,
             },
             rx: TcpRecvHalf {
                 cfg,
@@ -258,6 +270,8 @@ impl TcpTransport {
                 from_prev: Some(Inbound::new(from_prev)),
                 stats,
                 lend: OwnedBuf::default(),
+                ready: OnceLock::new(),
+                applied: None,
             },
         };
         t.set_recv_timeout(timeout);
@@ -331,6 +345,7 @@ impl TcpTransport {
             inb.partial.clear();
         }
         let deadline = cfg.recv_timeout;
+        let once = deadline.is_some_and(|t| t.is_zero());
         let mut total = if framed { None } else { Some(cfg.frame_len) };
         loop {
             if total.is_none() && have >= PREFIX_LEN {
@@ -352,7 +367,7 @@ impl TcpTransport {
             }
             let dst =
                 if have < pre_len { &mut inb.prefix[have..pre_len] } else { &mut out[have - pre_len..want - pre_len] };
-            match inb.stash.read(&mut inb.stream, dst) {
+            match inb.stash.read(&mut inb.stream, dst, once) {
                 Ok(0) => return Err(TransportError::PeerClosed(side)),
                 Ok(n) => have += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -386,7 +401,9 @@ impl Transport for TcpTransport {
     }
 
     fn send_next_parts(&mut self, kind: FrameKind, header: &[u8], payload: &[u8]) -> Result<()> {
-        self.tx.send(kind, header, payload, self.rx.from_prev.as_mut())
+        let res = self.tx.send(kind, header, payload, self.rx.from_prev.as_mut());
+        self.rx.after_send();
+        res
     }
 
     fn recv_prev(&mut self, buf: &mut [u8]) -> Result<Received> {
@@ -398,7 +415,23 @@ impl Transport for TcpTransport {
     }
 
     fn send_next_with(&mut self, kind: FrameKind, len: usize, fill: &mut dyn FnMut(&mut [u8])) -> Result<()> {
-        self.tx.send_with(kind, len, fill, self.rx.from_prev.as_mut())
+        let res = self.tx.send_with(kind, len, fill, self.rx.from_prev.as_mut());
+        self.rx.after_send();
+        res
+    }
+
+    fn send_next_begin(&mut self, kind: FrameKind, len: usize) -> Result<&mut [u8]> {
+        self.tx.begin(kind, len)
+    }
+
+    fn send_next_commit(&mut self) -> Result<()> {
+        let res = self.tx.commit(self.rx.from_prev.as_mut());
+        self.rx.after_send();
+        res
+    }
+
+    fn ready_fd(&self) -> Result<BorrowedFd<'_>> {
+        self.rx.ready_fd()
     }
 
     fn relay(&mut self, control: &mut [u8], compute: &mut dyn FnMut(&[u8], &mut [u8])) -> Result<Received> {
@@ -408,7 +441,9 @@ impl Transport for TcpTransport {
         if got.kind == FrameKind::Control {
             super::keep_control(input, control)?;
         } else {
-            self.tx.send_with(FrameKind::Data, got.len, &mut |out| compute(input, out), from_prev.as_mut())?;
+            let res = self.tx.send_with(FrameKind::Data, got.len, &mut |out| compute(input, out), from_prev.as_mut());
+            self.rx.after_send();
+            res?;
         }
         Ok(got)
     }
@@ -445,6 +480,8 @@ pub struct TcpSendHalf {
     to_next: Option<Inbound>,
     stats: Arc<Mutex<Stats>>,
     tx: OwnedBuf,
+    /// A frame begun in `tx` by `send_next_begin`: kind and length.
+    pending: Option<(FrameKind, usize)>,
 }
 
 /// The receiving half of a split [`TcpTransport`]: the listener and the
@@ -456,6 +493,13 @@ pub struct TcpRecvHalf {
     from_prev: Option<Inbound>,
     stats: Arc<Mutex<Stats>>,
     lend: OwnedBuf,
+    /// The readiness descriptor, once asked for: the stream from the
+    /// previous node (the listener while there is none) and an eventfd set
+    /// while the stash holds bytes.
+    ready: OnceLock<Readiness>,
+    /// The read timeout the stream from the previous node carries (`None`:
+    /// not known).
+    applied: Option<Option<Duration>>,
 }
 
 fn counters(stats: &Mutex<Stats>) -> std::sync::MutexGuard<'_, Stats> {
@@ -469,6 +513,8 @@ impl TcpSendHalf {
     /// [`TcpTransport::write`]); a split sender has nothing to drain, its
     /// receiver reads on its own thread.
     fn send(&mut self, kind: FrameKind, header: &[u8], payload: &[u8], mut prev: Option<&mut Inbound>) -> Result<()> {
+        // Any send forgets a frame begun and not committed.
+        self.pending = None;
         if let Some(inb) = &mut self.to_next {
             match TcpTransport::write(&mut inb.stream, prev.as_deref_mut(), self.cfg.framing, kind, header, payload) {
                 Ok(()) => return self.sent(header.len() + payload.len()),
@@ -504,11 +550,30 @@ impl TcpSendHalf {
         res
     }
 
+    /// See [`Transport::send_next_begin`]: the half's buffer.
+    fn begin(&mut self, kind: FrameKind, len: usize) -> Result<&mut [u8]> {
+        self.pending = None;
+        if len == 0 || u32::try_from(len).is_err() {
+            return Err(TransportError::BadFrameLen(len));
+        }
+        self.pending = Some((kind, len));
+        Ok(self.tx.get(len))
+    }
+
+    /// See [`Transport::send_next_commit`].
+    fn commit(&mut self, prev: Option<&mut Inbound>) -> Result<()> {
+        let (kind, len) = self.pending.take().ok_or(TransportError::NotBegun)?;
+        let mut tx = std::mem::take(&mut self.tx);
+        let res = self.send(kind, &tx.all()[..len], &[], prev);
+        self.tx = tx;
+        res
+    }
+
     /// The read deadline of the connection to the next node (`recv_next`).
     fn set_recv_timeout(&mut self, timeout: Option<Duration>) {
         self.cfg.recv_timeout = timeout;
-        if let Some(inb) = &self.to_next {
-            let _ = inb.stream.set_read_timeout(timeout.map(|t| t.max(Duration::from_millis(1))));
+        if let (Some(inb), Some(t)) = (&self.to_next, socket_timeout(timeout)) {
+            let _ = inb.stream.set_read_timeout(t);
         }
     }
 
@@ -517,6 +582,15 @@ impl TcpSendHalf {
         s.frames_sent += 1;
         s.bytes_sent += len as u64;
         Ok(())
+    }
+}
+
+/// The `SO_RCVTIMEO` a receive deadline needs: `None` for a zero deadline
+/// (poll once: reads do not wait, whatever the socket says).
+fn socket_timeout(deadline: Option<Duration>) -> Option<Option<Duration>> {
+    match deadline {
+        Some(t) if t.is_zero() => None,
+        d => Some(d.map(|t| t.max(Duration::from_millis(1)))),
     }
 }
 
@@ -533,12 +607,86 @@ impl FrameSender for TcpSendHalf {
         self.send_with(kind, len, fill, None)
     }
 
+    fn send_next_begin(&mut self, kind: FrameKind, len: usize) -> Result<&mut [u8]> {
+        self.begin(kind, len)
+    }
+
+    fn send_next_commit(&mut self) -> Result<()> {
+        self.commit(None)
+    }
+
     fn stats(&self) -> Stats {
         *counters(&self.stats)
     }
 }
 
 impl TcpRecvHalf {
+    /// Replaces the connection from the previous node (`None`: lost): the
+    /// readiness set follows (the listener stands in while there is none),
+    /// and the new stream gets the read timeout.
+    fn set_from_prev(&mut self, inb: Option<Inbound>) {
+        if let Some(r) = self.ready.get() {
+            r.remove(self.from_prev.as_ref().map_or(self.listener.as_fd(), |i| i.stream.as_fd()));
+            let fd = inb.as_ref().map_or(self.listener.as_fd(), |i| i.stream.as_fd());
+            if let Err(e) = r.add(fd) {
+                log::warn!("tcp {}: the readiness descriptor misses the new connection ({e})", self.cfg.listen);
+            }
+        }
+        self.from_prev = inb;
+        self.applied = None;
+        self.apply_timeout();
+    }
+
+    /// Gives the stream from the previous node the read timeout of the
+    /// receive deadline, unless it has it already.
+    fn apply_timeout(&mut self) {
+        let (Some(inb), Some(t)) = (&self.from_prev, socket_timeout(self.cfg.recv_timeout)) else { return };
+        if self.applied != Some(t) {
+            let _ = inb.stream.set_read_timeout(t);
+            self.applied = Some(t);
+        }
+    }
+
+    /// After a send that may have drained the previous node's bytes into
+    /// the stash (see [`TcpTransport::write`]): they make the readiness
+    /// descriptor readable.
+    fn after_send(&self) {
+        if let Some(r) = self.ready.get()
+            && self.from_prev.as_ref().is_some_and(Inbound::has_stash)
+        {
+            r.signal();
+        }
+    }
+
+    /// Receives the next frame from the stream (accepting the previous node
+    /// again first if its connection was lost) and counts it.
+    fn recv_stream(&mut self, buf: &mut [u8]) -> Result<Received> {
+        if self.from_prev.is_none() {
+            let wait = self.cfg.recv_timeout.unwrap_or(self.cfg.setup_timeout);
+            let s = accept_from(&self.listener, self.cfg.prev, wait)?;
+            log::info!("previous node connected again from {:?}", s.peer_addr().ok());
+            self.set_from_prev(Some(Inbound::new(s)));
+        }
+        let inb = self.from_prev.as_mut().expect("connected");
+        let res = TcpTransport::read(inb, &self.cfg, buf, "previous");
+        let mut s = counters(&self.stats);
+        match &res {
+            Ok(got) => {
+                s.frames_received += 1;
+                s.bytes_received += got.len as u64;
+            }
+            Err(e) if e.is_would_block() => {}
+            Err(e) if e.is_timeout() => s.timeouts += 1,
+            Err(e) if is_broken(e) => {
+                log::info!("connection from the previous node lost ({e}); accepting it again when it comes back");
+                drop(s);
+                self.set_from_prev(None);
+            }
+            Err(_) => {}
+        }
+        res
+    }
+
     /// Receives the next frame into the half's own buffer.
     fn recv_into_lend(&mut self) -> Result<Received> {
         let mut lend = std::mem::take(&mut self.lend);
@@ -554,28 +702,12 @@ impl FrameReceiver for TcpRecvHalf {
     }
 
     fn recv_prev(&mut self, buf: &mut [u8]) -> Result<Received> {
-        if self.from_prev.is_none() {
-            let wait = self.cfg.recv_timeout.unwrap_or(self.cfg.setup_timeout);
-            let s = accept_from(&self.listener, self.cfg.prev, wait)?;
-            log::info!("previous node connected again from {:?}", s.peer_addr().ok());
-            let t = self.cfg.recv_timeout.map(|t| t.max(Duration::from_millis(1)));
-            let _ = s.set_read_timeout(t);
-            self.from_prev = Some(Inbound::new(s));
+        if let Some(r) = self.ready.get() {
+            r.clear();
         }
-        let inb = self.from_prev.as_mut().expect("connected");
-        let res = TcpTransport::read(inb, &self.cfg, buf, "previous");
-        let mut s = counters(&self.stats);
-        match &res {
-            Ok(got) => {
-                s.frames_received += 1;
-                s.bytes_received += got.len as u64;
-            }
-            Err(e) if e.is_timeout() => s.timeouts += 1,
-            Err(e) if is_broken(e) => {
-                log::info!("connection from the previous node lost ({e}); accepting it again when it comes back");
-                self.from_prev = None;
-            }
-            Err(_) => {}
+        let res = self.recv_stream(buf);
+        if let Some(r) = self.ready.get() {
+            r.update(self.from_prev.as_ref().is_some_and(Inbound::has_stash));
         }
         res
     }
@@ -589,9 +721,18 @@ impl FrameReceiver for TcpRecvHalf {
 
     fn set_recv_timeout(&mut self, timeout: Option<Duration>) {
         self.cfg.recv_timeout = timeout;
-        if let Some(inb) = &self.from_prev {
-            let _ = inb.stream.set_read_timeout(timeout.map(|t| t.max(Duration::from_millis(1))));
+        self.apply_timeout();
+    }
+
+    fn ready_fd(&self) -> Result<BorrowedFd<'_>> {
+        if let Some(r) = self.ready.get() {
+            return Ok(r.fd());
         }
+        let fd = self.from_prev.as_ref().map_or(self.listener.as_fd(), |i| i.stream.as_fd());
+        let r = Readiness::new([fd], Vec::new()).map_err(|e| TransportError::io("epoll_create1", e))?;
+        r.update(self.from_prev.as_ref().is_some_and(Inbound::has_stash));
+        let _ = self.ready.set(r);
+        Ok(self.ready.get().expect("set above").fd())
     }
 
     fn stats(&self) -> Stats {

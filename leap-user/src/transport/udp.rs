@@ -276,6 +276,18 @@ impl Transport for UdpTransport {
         self.core.send_with(kind, len, fill)
     }
 
+    fn send_next_begin(&mut self, kind: FrameKind, len: usize) -> Result<&mut [u8]> {
+        self.core.send_begin(kind, len)
+    }
+
+    fn send_next_commit(&mut self) -> Result<()> {
+        self.core.send_commit()
+    }
+
+    fn ready_fd(&self) -> Result<std::os::fd::BorrowedFd<'_>> {
+        self.core.ready_fd()
+    }
+
     fn recv_prev(&mut self, out: &mut [u8]) -> Result<Received> {
         self.core.recv(out)
     }
