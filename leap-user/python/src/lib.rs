@@ -104,9 +104,9 @@ fn open(
             set(&k, Some(&v))?;
         }
     }
-    let frame_size = s.options().frame_len;
+    let (frame_size, recv_timeout) = (s.options().frame_len, s.options().recv_timeout);
     let t = py.detach(|| s.open()).map_err(errors::transport)?;
-    Ok(transport::Transport::new(t, frame_size))
+    Ok(transport::Transport::new(t, frame_size, recv_timeout))
 }
 
 /// Bytes of a frame of `dim` float32 activations after the 8-byte header.

@@ -3,6 +3,7 @@
 //! each call made with the GIL released.
 
 use std::cell::Cell;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -45,6 +46,7 @@ pub trait Receives: Send {
     fn recv_into(&mut self, buf: &mut [u8]) -> leap::transport::Result<Received>;
     fn recv_lent(&mut self) -> leap::transport::Result<Lent<'_>>;
     fn set_timeout(&mut self, t: Option<Duration>);
+    fn ready(&self) -> leap::transport::Result<RawFd>;
 }
 
 impl Sends for dyn Rust {
@@ -81,6 +83,9 @@ impl Receives for dyn Rust {
     fn set_timeout(&mut self, t: Option<Duration>) {
         self.set_recv_timeout(t);
     }
+    fn ready(&self) -> leap::transport::Result<RawFd> {
+        self.ready_fd().map(|fd| fd.as_raw_fd())
+    }
 }
 
 impl Receives for dyn FrameReceiver {
@@ -92,6 +97,33 @@ impl Receives for dyn FrameReceiver {
     }
     fn set_timeout(&mut self, t: Option<Duration>) {
         self.set_recv_timeout(t);
+    }
+    fn ready(&self) -> leap::transport::Result<RawFd> {
+        self.ready_fd().map(|fd| fd.as_raw_fd())
+    }
+}
+
+/// The receive deadline as the caller set it, and whether the transport is
+/// set to poll once instead (for the non-blocking receives): switched only
+/// when the kind of receive changes. Used under the transport's lock.
+#[derive(Debug)]
+pub struct Deadline {
+    user: Option<Duration>,
+    polling: bool,
+}
+
+impl Deadline {
+    fn new(user: Option<Duration>) -> Mutex<Self> {
+        Mutex::new(Self { user, polling: false })
+    }
+
+    /// Sets `r` up for a blocking receive (`poll` false) or one that polls
+    /// once (`poll` true).
+    fn prepare<T: ?Sized + Receives>(&mut self, r: &mut T, poll: bool) {
+        if self.polling != poll {
+            r.set_timeout(if poll { Some(Duration::ZERO) } else { self.user });
+            self.polling = poll;
+        }
     }
 }
 
@@ -202,15 +234,29 @@ fn send_control<T: ?Sized + Sends + 'static>(
     call(py, core, "send_control", |t| t.send_parts(Kind::Control, &head, &padding))
 }
 
-fn recv_prev<T: ?Sized + Receives + 'static>(py: Python<'_>, core: &Core<T>) -> PyResult<Frame>
+fn recv_prev<T: ?Sized + Receives + 'static>(
+    py: Python<'_>,
+    core: &Core<T>,
+    deadline: &Mutex<Deadline>,
+    poll: bool,
+) -> PyResult<Option<Frame>>
 where
     Mutex<Lender<T>>: Owner,
 {
     not_in_fill("recv_prev")?;
-    let r = py.detach(|| lock(core).lend(|t| t.recv_lent().map(Some)));
+    let r = py.detach(|| {
+        lock(core).lend(|t| {
+            lock(deadline).prepare(t, poll);
+            match t.recv_lent() {
+                Ok(f) => Ok(Some(f)),
+                Err(e) if poll && e.is_would_block() => Ok(None),
+                Err(e) => Err(e),
+            }
+        })
+    });
     match r {
-        Ok(Some(bytes)) => Ok(Frame::new(Arc::clone(core) as Arc<dyn Owner>, bytes)),
-        Ok(None) => Err(errors::Error::new_err("the transport lent no frame")),
+        Ok(Some(bytes)) => Ok(Some(Frame::new(Arc::clone(core) as Arc<dyn Owner>, bytes))),
+        Ok(None) => Ok(None),
         Err(Ok(b)) => Err(errors::busy(b, "recv_prev")),
         Err(Err(e)) => Err(errors::transport(e)),
     }
@@ -219,12 +265,42 @@ where
 fn recv_into<'py, T: ?Sized + Receives + 'static>(
     py: Python<'py>,
     core: &Core<T>,
+    deadline: &Mutex<Deadline>,
     buf: &Bound<'py, PyAny>,
-) -> PyResult<(usize, FrameKind)> {
+    poll: bool,
+) -> PyResult<Option<(usize, FrameKind)>> {
     let mut held = Held::new(buf, true, "recv_prev_into")?;
     let out = held.bytes_mut();
-    let got = call(py, core, "recv_prev_into", |t| t.recv_into(out))?;
-    Ok((got.len, got.kind.into()))
+    let got = call(py, core, "recv_prev_into", |t| {
+        lock(deadline).prepare(t, poll);
+        match t.recv_into(out) {
+            Ok(got) => Ok(Some((got.len, got.kind.into()))),
+            Err(e) if poll && e.is_would_block() => Ok(None),
+            Err(e) => Err(e),
+        }
+    })?;
+    Ok(got)
+}
+
+fn set_timeout<T: ?Sized + Receives + 'static>(
+    py: Python<'_>,
+    core: &Core<T>,
+    deadline: &Mutex<Deadline>,
+    seconds: Option<f64>,
+) -> PyResult<()> {
+    let t = timeout(seconds)?;
+    call(py, core, "set_recv_timeout", |r| {
+        let mut d = lock(deadline);
+        d.user = t;
+        if !d.polling {
+            r.set_timeout(t);
+        }
+        Ok(())
+    })
+}
+
+fn fileno<T: ?Sized + Receives + 'static>(py: Python<'_>, core: &Core<T>) -> PyResult<RawFd> {
+    call(py, core, "fileno", |t| t.ready())
 }
 
 fn timeout(seconds: Option<f64>) -> PyResult<Option<Duration>> {
@@ -288,15 +364,18 @@ fn stats_dict<'py>(py: Python<'py>, s: &Stats, backend: Option<Vec<(&str, u64)>>
 #[derive(Debug)]
 pub struct Transport {
     core: Core<dyn Rust>,
+    deadline: Arc<Mutex<Deadline>>,
     name: &'static str,
     frame_size: usize,
 }
 
 impl Transport {
-    /// Wraps an open transport whose frames are at most `frame_size`.
-    pub fn new(t: Box<dyn Rust>, frame_size: usize) -> Self {
+    /// Wraps an open transport whose frames are at most `frame_size`, with
+    /// the receive deadline it was opened with.
+    pub fn new(t: Box<dyn Rust>, frame_size: usize, recv_timeout: Option<Duration>) -> Self {
         let name = t.name();
-        Self { core: Arc::new(Mutex::new(Lender::new(t))), name, frame_size }
+        let deadline = Arc::new(Deadline::new(recv_timeout));
+        Self { core: Arc::new(Mutex::new(Lender::new(t))), deadline, name, frame_size }
     }
 }
 
@@ -356,24 +435,46 @@ impl Transport {
         send_control(py, &self.core, msg, frame_len.unwrap_or(self.frame_size))
     }
 
-    /// Receives the next frame and lends it (see `leap.Frame`).
+    /// Receives the next frame and lends it (see `leap.Frame`). Waits at
+    /// most the receive deadline (`Timeout`).
     fn recv_prev(&self, py: Python<'_>) -> PyResult<Frame> {
-        recv_prev(py, &self.core)
+        recv_prev(py, &self.core, &self.deadline, false)?.ok_or_else(|| errors::Error::new_err("no frame lent"))
     }
 
     /// Receives the next frame into `buf` (a writable buffer); returns its
     /// length and kind.
     fn recv_prev_into(&self, py: Python<'_>, buf: &Bound<'_, PyAny>) -> PyResult<(usize, FrameKind)> {
-        recv_into(py, &self.core, buf)
+        recv_into(py, &self.core, &self.deadline, buf, false)?.ok_or_else(|| errors::Error::new_err("no frame"))
+    }
+
+    /// As `recv_prev`, but never waits: the frame that has arrived, or
+    /// None when none is complete (then wait for `fileno()` to be readable).
+    fn try_recv_prev(&self, py: Python<'_>) -> PyResult<Option<Frame>> {
+        recv_prev(py, &self.core, &self.deadline, true)
+    }
+
+    /// As `recv_prev_into`, but never waits: None when no frame is complete.
+    fn try_recv_prev_into(&self, py: Python<'_>, buf: &Bound<'_, PyAny>) -> PyResult<Option<(usize, FrameKind)>> {
+        recv_into(py, &self.core, &self.deadline, buf, true)
+    }
+
+    /// A descriptor for event loops (`select`, `loop.add_reader`): after a
+    /// `try_recv_prev` returned None, it becomes readable when a receive
+    /// may make progress (it may also be readable when the next try finds
+    /// nothing: try again). Owned by the transport: valid until `close()`.
+    fn fileno(&self, py: Python<'_>) -> PyResult<RawFd> {
+        fileno(py, &self.core)
+    }
+
+    /// The receive deadline in seconds (None: none).
+    #[getter]
+    fn recv_timeout(&self) -> Option<f64> {
+        lock(&self.deadline).user.map(|d| d.as_secs_f64())
     }
 
     /// Sets the receive deadline in seconds (None: wait for ever).
     fn set_recv_timeout(&self, py: Python<'_>, seconds: Option<f64>) -> PyResult<()> {
-        let t = timeout(seconds)?;
-        call(py, &self.core, "set_recv_timeout", |tr| {
-            tr.set_recv_timeout(t);
-            Ok(())
-        })
+        set_timeout(py, &self.core, &self.deadline, seconds)
     }
 
     /// The counters, as a dict.
@@ -388,7 +489,9 @@ impl Transport {
         not_in_fill("split")?;
         let t = py.detach(|| lock(&self.core).take()).map_err(|b| errors::busy(b, "split"))?;
         let halves = py.detach(|| t.split()).map_err(errors::transport)?;
-        Ok((Sender::new(halves.sender, self.frame_size), Receiver::new(halves.receiver)))
+        let d = lock(&self.deadline);
+        let deadline = Mutex::new(Deadline { user: d.user, polling: d.polling });
+        Ok((Sender::new(halves.sender, self.frame_size), Receiver::new(halves.receiver, deadline)))
     }
 
     /// Closes the transport (at once, or when its lent frame is released).
@@ -499,11 +602,13 @@ impl Sender {
 #[derive(Debug)]
 pub struct Receiver {
     core: Core<dyn FrameReceiver>,
+    deadline: Arc<Mutex<Deadline>>,
 }
 
 impl Receiver {
-    fn new(r: Box<dyn FrameReceiver>) -> Self {
-        Self { core: Arc::new(Mutex::new(Lender::new(r))) }
+    /// The receiving half, its deadline as the whole transport's was.
+    fn new(r: Box<dyn FrameReceiver>, deadline: Mutex<Deadline>) -> Self {
+        Self { core: Arc::new(Mutex::new(Lender::new(r))), deadline: Arc::new(deadline) }
     }
 }
 
@@ -517,21 +622,43 @@ impl Receiver {
 
     /// See `Transport.recv_prev`.
     fn recv_prev(&self, py: Python<'_>) -> PyResult<Frame> {
-        recv_prev(py, &self.core)
+        recv_prev(py, &self.core, &self.deadline, false)?.ok_or_else(|| errors::Error::new_err("no frame lent"))
     }
 
-    /// See `Transport.recv_prev_into`.
+    /// Receives the next frame into `buf` (a writable buffer); returns its
+    /// length and kind.
     fn recv_prev_into(&self, py: Python<'_>, buf: &Bound<'_, PyAny>) -> PyResult<(usize, FrameKind)> {
-        recv_into(py, &self.core, buf)
+        recv_into(py, &self.core, &self.deadline, buf, false)?.ok_or_else(|| errors::Error::new_err("no frame"))
     }
 
-    /// See `Transport.set_recv_timeout`.
+    /// As `recv_prev`, but never waits: the frame that has arrived, or
+    /// None when none is complete (then wait for `fileno()` to be readable).
+    fn try_recv_prev(&self, py: Python<'_>) -> PyResult<Option<Frame>> {
+        recv_prev(py, &self.core, &self.deadline, true)
+    }
+
+    /// As `recv_prev_into`, but never waits: None when no frame is complete.
+    fn try_recv_prev_into(&self, py: Python<'_>, buf: &Bound<'_, PyAny>) -> PyResult<Option<(usize, FrameKind)>> {
+        recv_into(py, &self.core, &self.deadline, buf, true)
+    }
+
+    /// A descriptor for event loops (`select`, `loop.add_reader`): after a
+    /// `try_recv_prev` returned None, it becomes readable when a receive
+    /// may make progress (it may also be readable when the next try finds
+    /// nothing: try again). Owned by the transport: valid until `close()`.
+    fn fileno(&self, py: Python<'_>) -> PyResult<RawFd> {
+        fileno(py, &self.core)
+    }
+
+    /// The receive deadline in seconds (None: none).
+    #[getter]
+    fn recv_timeout(&self) -> Option<f64> {
+        lock(&self.deadline).user.map(|d| d.as_secs_f64())
+    }
+
+    /// Sets the receive deadline in seconds (None: wait for ever).
     fn set_recv_timeout(&self, py: Python<'_>, seconds: Option<f64>) -> PyResult<()> {
-        let t = timeout(seconds)?;
-        call(py, &self.core, "set_recv_timeout", |r| {
-            r.set_timeout(t);
-            Ok(())
-        })
+        set_timeout(py, &self.core, &self.deadline, seconds)
     }
 
     /// The transport's counters (both halves).

@@ -76,3 +76,5 @@ __all__ = [
     "frame_len",
     "open",
 ]
+
+from . import aio  # noqa: E402  (the asyncio interface, leap.aio)
