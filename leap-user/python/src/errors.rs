@@ -163,6 +163,13 @@ pub fn busy(b: Busy, what: &str) -> PyErr {
             ),
             &[],
         ),
+        Busy::Begun => raise::<FrameLent>(
+            format!(
+                "{what}: a frame begun with `with send_next_with(n) as out` is not sent yet; \
+                 leave its with block (or out.commit()) first"
+            ),
+            &[],
+        ),
         Busy::Closed => raise::<Closed>(format!("{what}: the transport is closed (or was split into halves)"), &[]),
     }
 }

@@ -244,20 +244,44 @@ impl Drop for Frame {
     }
 }
 
-/// The memory the next frame is written into, in place (the argument of
-/// `send_next_with`'s `fill`): writable through the buffer protocol
-/// (`np.frombuffer(out, np.float32)`, `memoryview(out)`, `out[:] = ...`)
-/// until `fill` returns. Keep no view of it past that: the frame is sent
-/// from this memory, and later frames reuse it.
+/// Ends a frame begun in a transport's memory (the `with` form of
+/// `send_next_with`).
+pub trait Finish: Send + Sync {
+    /// Sends the frame (`commit`), or leaves it for the library to discard.
+    ///
+    /// # Errors
+    ///
+    /// What the send reported, or `Closed`.
+    fn finish(&self, py: Python<'_>, commit: bool) -> PyResult<()>;
+}
+
+/// The memory the next frame is written into, in place, in the transport:
+/// writable through the buffer protocol (`np.frombuffer(out, np.float32)`,
+/// `memoryview(out)`).
+///
+/// From `send_next_with(length, fill)` it is `fill`'s argument, valid until
+/// fill returns. From `with t.send_next_with(length) as out:` it is valid
+/// until the block ends, where the frame is sent (`commit()`); an
+/// exception in the block sends nothing. `commit()` while views of `out`
+/// are alive raises `BufferError` and sends nothing yet (delete them and
+/// commit again); until then the transport refuses other calls
+/// (`FrameLent`). Collected uncommitted, the frame is not sent.
 #[pyclass(module = "leap", frozen)]
-#[derive(Debug)]
 pub struct SendBuffer {
     mem: Exported,
     state: Mutex<Exports>,
+    /// The transport, for the `with` form.
+    begun: Option<Arc<dyn Finish>>,
+}
+
+impl std::fmt::Debug for SendBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendBuffer").field("mem", &self.mem).field("state", &self.state).finish_non_exhaustive()
+    }
 }
 
 impl SendBuffer {
-    /// Memory the transport lends for one frame.
+    /// Memory the transport lends for one frame, to `fill`.
     ///
     /// # Safety
     ///
@@ -267,7 +291,19 @@ impl SendBuffer {
     pub unsafe fn new(buf: &mut [u8]) -> Self {
         // SAFETY: the caller keeps `buf` valid (this function's contract).
         let mem = unsafe { Exported::new(buf.as_mut_ptr(), buf.len(), true) };
-        Self { mem, state: Mutex::new(Exports::default()) }
+        Self { mem, state: Mutex::new(Exports::default()), begun: None }
+    }
+
+    /// Memory a transport began a frame in, at `ptr` for `len` bytes.
+    ///
+    /// # Safety
+    ///
+    /// The memory stays valid and untouched by Rust until `owner.finish`,
+    /// which this object calls only once no view of it is alive.
+    pub unsafe fn begun(ptr: *mut u8, len: usize, owner: Arc<dyn Finish>) -> Self {
+        // SAFETY: valid until `finish` (this function's contract).
+        let mem = unsafe { Exported::new(ptr, len, true) };
+        Self { mem, state: Mutex::new(Exports::default()), begun: Some(owner) }
     }
 
     /// `fill` returned: no new buffers of this memory. Returns how many
@@ -277,16 +313,61 @@ impl SendBuffer {
         s.released = true;
         s.live
     }
+
+    fn end(&self, py: Python<'_>, commit: bool) -> PyResult<()> {
+        let Some(owner) = &self.begun else {
+            return Err(PyValueError::new_err("this send buffer is fill's: the frame is sent when fill returns"));
+        };
+        let mut s = lock(&self.state);
+        if s.released {
+            return if commit {
+                Err(PyValueError::new_err("the frame was already sent (or abandoned)"))
+            } else {
+                Ok(())
+            };
+        }
+        if s.live > 0 {
+            return Err(PyBufferError::new_err(format!(
+                "{} view(s) of the send buffer are alive (numpy arrays, memoryviews): delete them, then commit()",
+                s.live
+            )));
+        }
+        s.released = true;
+        drop(s);
+        owner.finish(py, commit)
+    }
 }
 
 #[pymethods]
 impl SendBuffer {
     fn __len__(&self) -> usize {
-        self.mem_len()
+        self.mem.len()
     }
 
     fn __repr__(&self) -> String {
-        format!("<leap.SendBuffer {} bytes>", self.mem_len())
+        format!("<leap.SendBuffer {} bytes>", self.mem.len())
+    }
+
+    /// Sends the frame (the `with` form; at the end of the block).
+    fn commit(&self, py: Python<'_>) -> PyResult<()> {
+        self.end(py, true)
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (exc_type, _exc = None, _tb = None))]
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        exc_type: Option<&Bound<'_, PyAny>>,
+        _exc: Option<&Bound<'_, PyAny>>,
+        _tb: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        let failed = exc_type.is_some_and(|t| !t.is_none());
+        self.end(py, !failed)?;
+        Ok(false)
     }
 
     /// # Safety
@@ -297,11 +378,11 @@ impl SendBuffer {
         let mut s = lock(&this.state);
         if s.released {
             return Err(PyBufferError::new_err(
-                "the send buffer is gone: the frame was sent when fill returned; write it inside fill",
+                "the send buffer is gone: its frame was sent (write it inside fill or the with block)",
             ));
         }
         // SAFETY: `view` is Python's, passed to this `__getbuffer__`; the
-        // memory is valid until `close` (see `new`).
+        // memory is valid until `close` or `finish` (see `new`, `begun`).
         unsafe { this.mem.fill(slf.as_any(), view, flags) }?;
         s.live += 1;
         Ok(())
@@ -316,8 +397,14 @@ impl SendBuffer {
     }
 }
 
-impl SendBuffer {
-    fn mem_len(&self) -> usize {
-        self.mem.len()
+impl Drop for SendBuffer {
+    fn drop(&mut self) {
+        // Collected while begun (no view is alive: each holds a reference):
+        // nothing is sent; the transport is usable again.
+        if self.begun.is_some() && !lock(&self.state).released {
+            Python::attach(|py| {
+                let _ = self.end(py, false);
+            });
+        }
     }
 }

@@ -14,6 +14,9 @@ use leap::transport::{FrameKind, Lent, Result, TransportError};
 pub enum Busy {
     /// A frame it lent has not been given back.
     Lent,
+    /// A frame begun with `send_next_with` (the `with` form) is not
+    /// committed yet.
+    Begun,
     /// It was closed (or split into halves).
     Closed,
 }
@@ -53,6 +56,31 @@ impl LentBytes {
     }
 }
 
+/// Where a begun frame is written: valid until [`Lender::finish`], which
+/// the caller does only once nothing writes it any more.
+#[derive(Clone, Copy, Debug)]
+pub struct BegunBytes {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: an address and a length; the memory is the `Lender`'s (`Send`),
+// written only by Python through buffers of the one `SendBuffer` that owns
+// this address, never by Rust until `finish`.
+unsafe impl Send for BegunBytes {}
+
+impl BegunBytes {
+    /// The first byte.
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// The frame's length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+}
+
 /// A transport (or the receiving half of one) that may have lent a frame.
 ///
 /// `T` is `dyn Transport` or `dyn FrameReceiver`, owned through a pointer
@@ -71,6 +99,9 @@ pub struct Lender<T: ?Sized + 'static> {
     /// Memory of the transport may still be written through a view that
     /// outlived `send_next_with`'s fill: never free it.
     pinned: bool,
+    /// A frame to send was begun in the transport's memory and is written
+    /// by Python: nothing touches the transport until [`Self::finish`].
+    begun: bool,
 }
 
 // SAFETY: the Lender owns `*owner` (like a `Box<T>`, and `T: Send`), and
@@ -86,6 +117,7 @@ impl<T: ?Sized + 'static> std::fmt::Debug for Lender<T> {
             .field("lent", &self.lent)
             .field("closing", &self.closing)
             .field("pinned", &self.pinned)
+            .field("begun", &self.begun)
             .finish()
     }
 }
@@ -93,7 +125,7 @@ impl<T: ?Sized + 'static> std::fmt::Debug for Lender<T> {
 impl<T: ?Sized + 'static> Lender<T> {
     /// Owns `owner`.
     pub fn new(owner: Box<T>) -> Self {
-        Self { owner: Some(NonNull::from(Box::leak(owner))), lent: None, closing: false, pinned: false }
+        Self { owner: Some(NonNull::from(Box::leak(owner))), lent: None, closing: false, pinned: false, begun: false }
     }
 
     /// Whether a frame is lent.
@@ -111,10 +143,14 @@ impl<T: ?Sized + 'static> Lender<T> {
         if self.lent.is_some() {
             return Err(Busy::Lent);
         }
+        if self.begun {
+            return Err(Busy::Begun);
+        }
         // SAFETY: `owner` came from `Box::into_raw` and is not freed while
-        // it is `Some`; no frame borrows from it (checked above), and the
-        // returned borrow is tied to `&mut self`, so it is the only
-        // reference to `*owner` while it lives.
+        // it is `Some`; no frame borrows from it and no begun frame is
+        // written (both checked above), and the returned borrow is tied to
+        // `&mut self`, so it is the only reference to `*owner` while it
+        // lives.
         Ok(unsafe { &mut *owner.as_ptr() })
     }
 
@@ -137,6 +173,9 @@ impl<T: ?Sized + 'static> Lender<T> {
         if self.lent.is_some() {
             return Err(Ok(Busy::Lent));
         }
+        if self.begun {
+            return Err(Ok(Busy::Begun));
+        }
         // SAFETY: as in `get`: `*owner` is alive and nothing else refers to
         // it. The borrow is made `'static` so that the frame can be kept in
         // `self.lent`; it really lasts until that frame is dropped, and
@@ -148,6 +187,51 @@ impl<T: ?Sized + 'static> Lender<T> {
         let bytes = LentBytes { ptr: NonNull::from(frame.bytes()).cast(), len: frame.len(), kind: frame.kind() };
         self.lent = Some(frame);
         Ok(Some(bytes))
+    }
+
+    /// Begins a frame to send: `begin` returns the memory to write it in,
+    /// in the transport, which Python writes until [`Self::finish`];
+    /// meanwhile every other use of the transport is refused.
+    ///
+    /// # Errors
+    ///
+    /// `Err(Ok(busy))` when the transport cannot be used, `Err(Err(e))`
+    /// what `begin` reported.
+    pub fn begin<F>(&mut self, begin: F) -> std::result::Result<BegunBytes, std::result::Result<Busy, TransportError>>
+    where
+        F: FnOnce(&mut T) -> Result<&mut [u8]>,
+    {
+        let t = self.get().map_err(Ok)?;
+        let buf = begin(t).map_err(Err)?;
+        let mem = BegunBytes { ptr: NonNull::from(&mut *buf).cast::<u8>(), len: buf.len() };
+        // The borrow of the transport ends here; the memory stays the
+        // transport's, written by Python through the address until
+        // `finish` (no reference to `*owner` is made meanwhile: `begun`).
+        self.begun = true;
+        Ok(mem)
+    }
+
+    /// Ends a frame begun with [`Self::begin`]: `end` commits it (or does
+    /// nothing, to leave it for the library to discard at the next send).
+    /// The caller makes sure nothing writes the memory any more. Closes
+    /// the transport if that was asked meanwhile.
+    ///
+    /// # Errors
+    ///
+    /// What `end` reported; [`Busy::Closed`] if closed meanwhile (the
+    /// frame is not sent).
+    pub fn finish<F>(&mut self, end: F) -> std::result::Result<(), std::result::Result<Busy, TransportError>>
+    where
+        F: FnOnce(&mut T) -> Result<()>,
+    {
+        if !std::mem::take(&mut self.begun) {
+            return Ok(());
+        }
+        if self.closing {
+            self.drop_owner();
+            return Err(Ok(Busy::Closed));
+        }
+        end(self.get().map_err(Ok)?).map_err(Err)
     }
 
     /// Gives the lent frame back to the transport (the kernel module's
@@ -166,7 +250,7 @@ impl<T: ?Sized + 'static> Lender<T> {
         if self.owner.is_none() || self.closing {
             return false;
         }
-        if self.lent.is_some() {
+        if self.lent.is_some() || self.begun {
             self.closing = true;
         } else {
             self.drop_owner();

@@ -15,7 +15,7 @@ use pyo3::types::{PyDict, PyTuple};
 use crate::buffer::Held;
 use crate::control::Control;
 use crate::errors;
-use crate::frame::{Frame, FrameKind, Owner, SendBuffer, lock};
+use crate::frame::{Finish, Frame, FrameKind, Owner, SendBuffer, lock};
 use crate::lending::{Busy, Lender};
 
 thread_local! {
@@ -38,6 +38,8 @@ fn not_in_fill(what: &str) -> PyResult<()> {
 pub trait Sends: Send {
     fn send_parts(&mut self, kind: Kind, head: &[u8], tail: &[u8]) -> leap::transport::Result<()>;
     fn send_with(&mut self, kind: Kind, len: usize, fill: &mut dyn FnMut(&mut [u8])) -> leap::transport::Result<()>;
+    fn begin(&mut self, kind: Kind, len: usize) -> leap::transport::Result<&mut [u8]>;
+    fn commit(&mut self) -> leap::transport::Result<()>;
     fn counters(&self) -> Stats;
 }
 
@@ -56,6 +58,12 @@ impl Sends for dyn Rust {
     fn send_with(&mut self, kind: Kind, len: usize, fill: &mut dyn FnMut(&mut [u8])) -> leap::transport::Result<()> {
         self.send_next_with(kind, len, fill)
     }
+    fn begin(&mut self, kind: Kind, len: usize) -> leap::transport::Result<&mut [u8]> {
+        self.send_next_begin(kind, len)
+    }
+    fn commit(&mut self) -> leap::transport::Result<()> {
+        self.send_next_commit()
+    }
     fn counters(&self) -> Stats {
         self.stats()
     }
@@ -67,6 +75,12 @@ impl Sends for dyn FrameSender {
     }
     fn send_with(&mut self, kind: Kind, len: usize, fill: &mut dyn FnMut(&mut [u8])) -> leap::transport::Result<()> {
         self.send_next_with(kind, len, fill)
+    }
+    fn begin(&mut self, kind: Kind, len: usize) -> leap::transport::Result<&mut [u8]> {
+        self.send_next_begin(kind, len)
+    }
+    fn commit(&mut self) -> leap::transport::Result<()> {
+        self.send_next_commit()
     }
     fn counters(&self) -> Stats {
         self.stats()
@@ -163,6 +177,37 @@ fn send_multipart<T: ?Sized + Sends + 'static>(
     let (h, p) = (Held::new(header, false, "the header")?, Held::new(payload, false, "the payload")?);
     let (h, p) = (h.bytes(), p.bytes());
     call(py, core, "send_multipart_next", |t| t.send_parts(Kind::Data, h, p))
+}
+
+impl<T: ?Sized + Sends + 'static> Finish for Mutex<Lender<T>> {
+    fn finish(&self, py: Python<'_>, commit: bool) -> PyResult<()> {
+        let r = py.detach(|| lock(self).finish(|t| if commit { t.commit() } else { Ok(()) }));
+        match r {
+            Ok(()) => Ok(()),
+            Err(Ok(b)) => Err(errors::busy(b, "commit")),
+            Err(Err(e)) => Err(errors::transport(e)),
+        }
+    }
+}
+
+/// The `with` form of `send_next_with`: begins the frame in the
+/// transport's memory and returns it for the block to write.
+fn begin<T: ?Sized + Sends + 'static>(
+    py: Python<'_>,
+    core: &Core<T>,
+    length: usize,
+    kind: FrameKind,
+) -> PyResult<SendBuffer> {
+    not_in_fill("send_next_with")?;
+    let r = py.detach(|| lock(core).begin(|t| t.begin(kind.into(), length)));
+    match r {
+        // SAFETY: the memory stays the transport's and untouched by Rust
+        // until `finish` (`Lender::begin`), which the buffer calls only
+        // with no view alive.
+        Ok(mem) => Ok(unsafe { SendBuffer::begun(mem.ptr(), mem.len(), Arc::clone(core) as Arc<dyn Finish>) }),
+        Err(Ok(b)) => Err(errors::busy(b, "send_next_with")),
+        Err(Err(e)) => Err(errors::transport(e)),
+    }
 }
 
 fn send_with<T: ?Sized + Sends + 'static>(
@@ -417,15 +462,29 @@ impl Transport {
         send_multipart(py, &self.core, header, payload)
     }
 
-    /// Sends a frame of `length` bytes that `fill(out)` writes in place,
-    /// into the memory the transport sends from. `out` is a writable
-    /// buffer of exactly `length` bytes holding whatever an earlier frame
-    /// left: fill writes all of it. Keep no view of `out` after fill
-    /// returns. If fill raises, the frame is sent as fill left it and the
-    /// exception propagates.
-    #[pyo3(signature = (length, fill, kind = FrameKind::Data))]
-    fn send_next_with(&self, py: Python<'_>, length: usize, fill: Py<PyAny>, kind: FrameKind) -> PyResult<()> {
-        send_with(py, &self.core, length, &fill, kind)
+    /// Sends a frame of `length` bytes written in place, into the memory
+    /// the transport sends from, a writable buffer of exactly `length`
+    /// bytes holding whatever an earlier frame left (write all of it).
+    ///
+    /// `send_next_with(length, fill)` calls `fill(out)` and sends the frame
+    /// when it returns; keep no view of `out` after that. If fill raises,
+    /// the frame is sent as fill left it and the exception propagates.
+    ///
+    /// `with send_next_with(length) as out:` sends the frame at the end of
+    /// the block (nothing if it raises); views of `out` must be gone by
+    /// then (`BufferError`, see `leap.SendBuffer`).
+    #[pyo3(signature = (length, fill = None, kind = FrameKind::Data))]
+    fn send_next_with(
+        &self,
+        py: Python<'_>,
+        length: usize,
+        fill: Option<Py<PyAny>>,
+        kind: FrameKind,
+    ) -> PyResult<Option<SendBuffer>> {
+        match fill {
+            Some(fill) => send_with(py, &self.core, length, &fill, kind).map(|()| None),
+            None => begin(py, &self.core, length, kind).map(Some),
+        }
     }
 
     /// Sends a control message (a `leap.Control` or a dict of its fields)
@@ -560,9 +619,18 @@ impl Sender {
     }
 
     /// See `Transport.send_next_with`.
-    #[pyo3(signature = (length, fill, kind = FrameKind::Data))]
-    fn send_next_with(&self, py: Python<'_>, length: usize, fill: Py<PyAny>, kind: FrameKind) -> PyResult<()> {
-        send_with(py, &self.core, length, &fill, kind)
+    #[pyo3(signature = (length, fill = None, kind = FrameKind::Data))]
+    fn send_next_with(
+        &self,
+        py: Python<'_>,
+        length: usize,
+        fill: Option<Py<PyAny>>,
+        kind: FrameKind,
+    ) -> PyResult<Option<SendBuffer>> {
+        match fill {
+            Some(fill) => send_with(py, &self.core, length, &fill, kind).map(|()| None),
+            None => begin(py, &self.core, length, kind).map(Some),
+        }
     }
 
     /// See `Transport.send_control`.

@@ -257,3 +257,54 @@ def test_control_messages_travel_padded_and_decode(kind):
         frame = chain.encode(LEN)
         assert len(frame) == LEN and leap.Control.decode(frame) == chain
         assert chain.to_dict()["ranges"] == [(0, 4, False), (4, 8, True)]
+
+
+def test_the_with_form_sends_at_the_end_of_the_block_and_nothing_on_an_exception(kind):
+    a, b = pair(kind, frame_size=LEN, recv_timeout_ms=300)
+    with a, b:
+        with a.send_next_with(LEN) as out:
+            np.frombuffer(out, np.float32)[:] = 8.0
+        with b.recv_prev() as f:
+            assert np.frombuffer(f, np.float32)[11] == 8.0
+        with pytest.raises(KeyError):
+            with a.send_next_with(LEN) as out:
+                memoryview(out)[:] = bytes(LEN)
+                raise KeyError("compute failed")
+        with pytest.raises(leap.Timeout):  # nothing was sent
+            b.recv_prev()
+        a.send_next(np.full(LEN // 4, 1.5, np.float32))  # and the transport goes on
+        with b.recv_prev() as f:
+            assert np.frombuffer(f, np.float32)[0] == 1.5
+        if kind == "tcp":
+            assert a.stats()["copied_bytes"] == 0
+
+
+def test_the_with_form_commits_only_once_no_view_is_alive(kind):
+    a, b = pair(kind, frame_size=LEN, recv_timeout_ms=300)
+    with a, b:
+        x = None
+        with pytest.raises(BufferError, match="delete them, then commit"):
+            with a.send_next_with(LEN) as out:
+                x = np.frombuffer(out, np.float32)
+                x[:] = 2.5
+        with pytest.raises(leap.FrameLent, match="not sent yet"):
+            a.send_next(b"x")
+        x[0] = 3.5  # still the transport's memory, still valid
+        del x
+        out.commit()
+        with pytest.raises(ValueError, match="already sent"):
+            out.commit()
+        with pytest.raises(BufferError, match="gone"):
+            memoryview(out)
+        with b.recv_prev() as f:
+            y = np.frombuffer(f, np.float32)
+            assert y[0] == 3.5 and y[1] == 2.5
+            del y
+        # Begun and collected without a commit: nothing sent, usable again.
+        out = a.send_next_with(LEN)
+        del out
+        gc.collect()
+        with pytest.raises(leap.Timeout):
+            b.recv_prev()
+        a.send_next(bytes(LEN))
+        assert len(b.recv_prev()) == LEN
