@@ -262,7 +262,9 @@ pub fn run_ci(args: Args) -> Result<()> {
             .arg("async_pipeline"))?;
         // The Python package, its wheel built and installed from scratch,
         // and its loopback tests (the numpy pipeline among them).
-        crate::python::setup()?.pytest(crate::python::LOOPBACK, &[])?;
+        let python = crate::python::setup()?;
+        python.stubtest()?;
+        python.pytest(crate::python::LOOPBACK, &[])?;
         if require_root("smoke (namespaces)")? {
             for t in ["tcp", "udp"] {
                 ring_smoke(&leap, t, "--netns", 2000)?;

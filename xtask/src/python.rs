@@ -24,8 +24,8 @@ pub struct Args {
     markers: Option<String>,
 }
 
-/// What PyPI gives the venv.
-const PIP_PACKAGES: &[&str] = &["maturin>=1.9.4,<2", "numpy", "pytest"];
+/// What PyPI gives the venv (mypy checks the type stubs against the module).
+const PIP_PACKAGES: &[&str] = &["maturin>=1.9.4,<2", "numpy", "pytest", "mypy"];
 
 /// pytest markers of the tests that need root (see `tests/conftest.py`).
 pub const LOOPBACK: &str = "not netns and not xdp";
@@ -47,6 +47,16 @@ impl Venv {
         let mut c = Command::new(self.python());
         c.current_dir(util::root()).env("VIRTUAL_ENV", &self.dir).env_remove("PYTHONPATH");
         c
+    }
+
+    /// Checks the type stubs (`leap/*.pyi`) against the installed module
+    /// (mypy's stubtest: every name, signature and class as at run time).
+    ///
+    /// # Errors
+    ///
+    /// A stub that does not match.
+    pub fn stubtest(&self) -> Result<()> {
+        run(self.command().args(["-m", "mypy.stubtest", "leap"]).current_dir(std::env::temp_dir()))
     }
 
     /// Runs the tests `markers` selects (`-x`: stop at the first failure).
@@ -73,6 +83,9 @@ impl Venv {
 pub fn run_python(args: Args) -> Result<()> {
     let venv = setup()?;
     if args.test {
+        if args.markers.is_none() {
+            venv.stubtest()?;
+        }
         venv.pytest(args.markers.as_deref().unwrap_or(LOOPBACK), &[])?;
     }
     Ok(())
@@ -95,7 +108,8 @@ pub fn setup() -> Result<&'static Venv> {
         create_venv(&dir)?;
     }
     let venv = Venv { dir };
-    let have_deps = venv.command().args(["-c", "import numpy, pytest"]).output().is_ok_and(|o| o.status.success());
+    let have_deps =
+        venv.command().args(["-c", "import numpy, pytest, mypy"]).output().is_ok_and(|o| o.status.success());
     if !have_deps || !venv.dir.join("bin/maturin").is_file() {
         run(venv.command().args(["-m", "pip", "install", "-q", "--disable-pip-version-check"]).args(PIP_PACKAGES))?;
     }
