@@ -3,6 +3,7 @@ tanh(x @ W_i) to what it receives, the head checks every frame that comes
 back against the same computation done locally; on loopback (threads), in
 network namespaces (one process per node) over tcp and udp, and over xdp."""
 
+import json
 import os
 import subprocess
 import sys
@@ -65,3 +66,12 @@ def test_pipeline_over_xdp_in_network_namespaces(netns_ring):
     options = {i: [f"interface={netns_ring.rx(i)}", f"xdp_object={obj}"] for i in range(3)}
     out = ring_of_processes(netns_ring, "xdp", options)
     assert f"head: {FRAMES} frames over xdp checked" in out
+
+
+def test_the_latency_ring_runs_as_three_processes(kind):
+    # examples/ring_latency.py, the figure to compare with `leap ring`.
+    r = subprocess.run([sys.executable, str(EXAMPLES / "ring_latency.py"), kind, "--frames", "200", "--json"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["frames"] == 200 and 0 < out["p50_us"] < 100_000
