@@ -121,17 +121,25 @@ impl Frame {
         Ok(())
     }
 
-    /// The bytes while the frame is lent, for reading in Rust.
+    /// The bytes while the frame is lent, for reading in Rust. `f` may
+    /// call into Python (allocate, run a collection that releases buffers
+    /// of this frame): the read counts as one more export instead of
+    /// holding the lock, so the frame cannot be given back meanwhile.
     pub fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> PyResult<R> {
-        let e = lock(&self.exports);
-        if e.released {
-            return Err(released());
+        {
+            let mut e = lock(&self.exports);
+            if e.released {
+                return Err(released());
+            }
+            e.live += 1;
         }
         // SAFETY: the frame is lent (not released) and cannot be released
-        // while `e` (the lock that `give_back` takes) is held, so the
+        // while `live` counts this read (`give_back` refuses), so the
         // transport keeps the bytes where `LentBytes` says.
         let bytes = unsafe { std::slice::from_raw_parts(self.bytes.ptr(), self.bytes.len()) };
-        Ok(f(bytes))
+        let r = f(bytes);
+        lock(&self.exports).live -= 1;
+        Ok(r)
     }
 }
 

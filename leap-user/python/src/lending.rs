@@ -84,7 +84,7 @@ impl BegunBytes {
 /// A transport (or the receiving half of one) that may have lent a frame.
 ///
 /// `T` is `dyn Transport` or `dyn FrameReceiver`, owned through a pointer
-/// from [`Box::into_raw`] rather than a `Box`, so that no move of the owner
+/// from [`Box::leak`] rather than a `Box`, so that no move of the owner
 /// asserts unique access while the frame still borrows from it.
 pub struct Lender<T: ?Sized + 'static> {
     /// The transport; `None` once closed or taken. Freed only in
@@ -146,7 +146,7 @@ impl<T: ?Sized + 'static> Lender<T> {
         if self.begun {
             return Err(Busy::Begun);
         }
-        // SAFETY: `owner` came from `Box::into_raw` and is not freed while
+        // SAFETY: `owner` came from `Box::leak` and is not freed while
         // it is `Some`; no frame borrows from it and no begun frame is
         // written (both checked above), and the returned borrow is tied to
         // `&mut self`, so it is the only reference to `*owner` while it
@@ -272,7 +272,7 @@ impl<T: ?Sized + 'static> Lender<T> {
     pub fn take(&mut self) -> std::result::Result<Box<T>, Busy> {
         self.get()?;
         let owner = self.owner.take().ok_or(Busy::Closed)?;
-        // SAFETY: `owner` came from `Box::into_raw` (`Box::leak`) and is
+        // SAFETY: `owner` came from `Box::leak` and is
         // taken out of `self`, so it is turned back into a Box once; no
         // frame borrows from it (`get` checked).
         Ok(unsafe { Box::from_raw(owner.as_ptr()) })
@@ -292,7 +292,7 @@ impl<T: ?Sized + 'static> Lender<T> {
             // was reported (BufferError) when it happened.
             return;
         }
-        // SAFETY: `owner` came from `Box::into_raw` (`Box::leak`) and is
+        // SAFETY: `owner` came from `Box::leak` and is
         // taken out of `self`, so it is freed once; no frame borrows from
         // it (every caller dropped `lent` first).
         drop(unsafe { Box::from_raw(owner.as_ptr()) });
