@@ -155,7 +155,8 @@ fn create_venv(dir: &Path) -> Result<()> {
     if first.status.success() {
         return Ok(());
     }
-    let why = String::from_utf8_lossy(&first.stderr).into_owned();
+    // Debian's python says what is missing on stdout.
+    let why = format!("{}{}", String::from_utf8_lossy(&first.stdout), String::from_utf8_lossy(&first.stderr));
     if why.contains("ensurepip") || why.contains("python3-venv") || why.contains("No module named venv") {
         if !is_root() {
             bail!("{python} -m venv failed: install python3-venv (`sudo apt-get install python3-venv`)\n{why}");
