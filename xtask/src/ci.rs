@@ -264,6 +264,11 @@ pub fn run_ci(args: Args) -> Result<()> {
         crate::capi::loopback(&crate::capi::prepare(None)?)?;
         // The C++ drop-in for the original engine, over the installed library.
         crate::cpp::loopback(&crate::cpp::prepare(None)?)?;
+        // The Python package, its wheel built and installed from scratch,
+        // and its loopback tests (the numpy pipeline among them).
+        let python = crate::python::setup()?;
+        python.stubtest()?;
+        python.pytest(crate::python::LOOPBACK, &[])?;
         if require_root("smoke (namespaces)")? {
             for t in ["tcp", "udp"] {
                 ring_smoke(&leap, t, "--netns", 2000)?;
@@ -282,6 +287,7 @@ pub fn run_ci(args: Args) -> Result<()> {
             }
             run(&mut ignored_test(&t))?;
         }
+        crate::python::setup()?.pytest("netns", &[])?;
         // Busy polling under the unit's capabilities (a few hundred frames).
         let obj = crate::ebpf::build_ebpf(true)?;
         run(cargo().args(["build", "--release", "--locked", "-p", "leap", "--bin", "leap"]))?;
@@ -297,6 +303,7 @@ pub fn run_ci(args: Args) -> Result<()> {
         for t in privileged_tests(&root)?.into_iter().filter(|t| t.starts_with("xdp_")) {
             run(ignored_test(&t).env("LEAP_XDP_OBJECT", &obj))?;
         }
+        crate::python::setup()?.pytest("xdp", &[("LEAP_XDP_OBJECT", &obj)])?;
         run(cargo().args(["build", "--release", "--locked", "-p", "leap", "--bin", "leap"]))?;
         jumbo_rings(&root.join("target/release/leap"), &obj)?;
         crate::capi::xdp(&crate::capi::prepare(Some(&obj))?, &obj)?;

@@ -7,6 +7,7 @@ mod ci;
 mod cpp;
 mod ebpf;
 mod kmod;
+mod python;
 mod util;
 mod vm;
 
@@ -52,6 +53,8 @@ enum Cmd {
     },
     /// The main job: build everything, benchmark every transport (host and VM), write one report.
     Bench(bench::Args),
+    /// Set up the Python package: a venv under target/python, the abi3 wheel built and installed (`--test` runs its tests).
+    Python(python::Args),
     /// Boot Debian's 6.1 and 6.12 kernels in qemu with the module and run the kmod suite (or `-- CMD...`).
     Vm(vm::Args),
 }
@@ -72,5 +75,6 @@ fn main() -> Result<()> {
         }
         Cmd::BuildKmod { kernel_dir } => kmod::build(kernel_dir.as_deref()).map(drop),
         Cmd::Vm(args) => vm::run(args),
+        Cmd::Python(args) => python::run_python(args),
     }
 }
