@@ -177,14 +177,14 @@ namespace Inference::leap_detail {
             }
             leap_config_free(c);
             tcp_ = kind == "tcp";
-            if (packet_size > 0) set_frame_len(packet_size);
+            if (packet_size > 0) set_frame_len(packet_size, "initialize");
         }
 
         // set_packet_size(): the length of the frames to come (TCP reads
         // exactly that; the datagram paths check it against frame_size).
-        void set_frame_len(size_t len) {
+        void set_frame_len(size_t len, const char *method = "set_packet_size") {
             if (t_ == nullptr || len == 0 || len == frame_len_) return;
-            check(leap_set_frame_len(t_, len), "set_packet_size");
+            check(leap_set_frame_len(t_, len), method);
             frame_len_ = len;
         }
 
@@ -222,7 +222,7 @@ namespace Inference::leap_detail {
         void recv(void *data, size_t size) {
             leap_transport *t = open_t("recv_prev");
             if (size == 0) return;
-            set_frame_len(size);
+            set_frame_len(size, "recv_prev");
             size_t len = 0;
             leap_status s = leap_recv_prev(t, data, size, &len, nullptr);
             if (s == LEAP_ERR_PEER_CLOSED) s = leap_recv_prev(t, data, size, &len, nullptr);

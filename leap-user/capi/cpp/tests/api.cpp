@@ -301,6 +301,8 @@ namespace {
         CHECK(got == f, "udp: a whole packet after it arrives intact");
         // Beyond the largest frame (LEAP_OPTIONS frame_size): refused when set.
         THROWS(b->set_packet_size(200000), "set_packet_size: frame_size: frames of 200000 bytes are beyond");
+        std::vector<unsigned char> huge(200000);
+        THROWS(b->recv_prev(huge.data(), huge.size()), "UdpTransport::recv_prev: frame_size: frames of 200000");
     }
 } // namespace
 
