@@ -117,7 +117,12 @@ pub fn build_ebpf(install: bool) -> Result<PathBuf> {
     let built = crate_dir.join("target").join(TARGET).join("release").join("leap-xdp");
     let dest = root().join(OBJECT_PATH);
     std::fs::create_dir_all(dest.parent().expect("OBJECT_PATH has a parent"))?;
-    std::fs::copy(&built, &dest).with_context(|| format!("copy {} to {}", built.display(), dest.display()))?;
+    // An unchanged object keeps its mtime: `leap`'s build script watches
+    // it, and a new mtime rebuilds `leap` (minutes, in release).
+    let object = std::fs::read(&built).with_context(|| format!("reading {}", built.display()))?;
+    if std::fs::read(&dest).ok().as_deref() != Some(object.as_slice()) {
+        std::fs::write(&dest, &object).with_context(|| format!("writing {}", dest.display()))?;
+    }
     check_object(&dest)?;
     eprintln!("build-ebpf: {}", dest.display());
     Ok(dest)
