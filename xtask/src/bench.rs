@@ -1,15 +1,16 @@
 //! `cargo xtask bench`: the README's main job. Builds what it needs, runs
 //! `leap bench` on the host (tcp, udp, xdp, xdp-ringbuf over veth between
-//! namespaces) and inside the VM (kmod next to udp and xdp on the same 6.1
-//! kernel, for a fair comparison), and merges both into one report.
+//! namespaces) and inside the VM on Debian's 6.1 and 6.12 kernels (kmod next
+//! to tcp, udp and xdp on the same kernel, for a fair comparison), and
+//! merges them into one report, whatever guest failed.
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 
+use crate::tools::{self, Tool};
 use crate::util::{self, is_root, run};
+use crate::vm;
 
 /// Arguments of `cargo xtask bench`.
 #[derive(clap::Args, Debug)]
@@ -42,11 +43,16 @@ pub struct Args {
 const BEGIN: &str = "LEAP_BENCH_JSON_BEGIN";
 const END: &str = "LEAP_BENCH_JSON_END";
 
-/// Runs the benchmark.
+/// What `leap bench` runs on the host as root: namespaces and veth pairs.
+const HOST_TOOLS: &[Tool] = &[Tool::Ip, Tool::Nft, Tool::Sysctl];
+
+/// Runs the benchmark. A failing guest leaves the host figures and the
+/// other guests' in the merged report.
 ///
 /// # Errors
 ///
-/// A failed build or run.
+/// A failed build or host run; a failed guest, after the report is
+/// written, as one line naming it.
 pub fn run_bench(args: Args) -> Result<()> {
     let root = util::root();
     let out = if args.out.is_absolute() { args.out.clone() } else { root.join(&args.out) };
@@ -55,10 +61,11 @@ pub fn run_bench(args: Args) -> Result<()> {
     let mut notes = Vec::new();
     let mut parts = Vec::new();
     if is_root() {
+        tools::ensure(HOST_TOOLS)?;
         // The XDP object (toolchain installed if missing), then leap with it.
         crate::ebpf::build(true, true)?;
     } else {
-        run(Command::new("cargo").current_dir(&root).args([
+        run(tools::cargo()?.current_dir(&root).args([
             "build",
             "--release",
             "--locked",
@@ -74,12 +81,12 @@ pub fn run_bench(args: Args) -> Result<()> {
         );
     }
     let host = out.join("host");
-    let mut cmd = Command::new(&leap);
+    let mut cmd = tools::built(&leap);
     cmd.args(["bench", "--site", "host", "--out"]).arg(&host);
     if is_root() {
         cmd.args(["--transports", "tcp,udp,xdp,xdp-ringbuf"]);
         // The profile says where the CPU goes; without perf the figures still count.
-        match util::apt_install(&["linux-perf"]) {
+        match tools::ensure(&[Tool::Perf]) {
             Ok(()) => {
                 cmd.arg("--profile");
             }
@@ -103,21 +110,30 @@ pub fn run_bench(args: Args) -> Result<()> {
     if let Some(m) = args.mtu {
         cmd.args(["--mtu", &m.to_string()]);
     }
-    run(&mut cmd)?;
+    util::run_for(&mut cmd, HOST_LIMIT)?;
     parts.push(host.join("report.json"));
+    let mut failures = Vec::new();
     if is_root() && !args.no_vm {
-        let vm_json = out.join("vm.json");
-        vm_bench(args.quick, &vm_json)?;
-        parts.push(vm_json);
-        notes.push(
-            "figures marked `vm` come from a qemu guest under software emulation (TCG): compare them only with each \
-             other, never with `host` figures"
-                .into(),
-        );
+        let guests = vm_bench(args.quick, &out);
+        for (kernel, report) in &guests.reports {
+            parts.push(report.clone());
+            eprintln!("bench: guest figures of {kernel} in {}", report.display());
+        }
+        failures = guests.failures;
+        if !guests.reports.is_empty() {
+            notes.push(
+                "figures of sites `vm-*` come from a qemu guest (Debian's kernel of that version) under software \
+                 emulation (TCG): compare them only with each other, never with `host` figures"
+                    .into(),
+            );
+        }
+        for f in &failures {
+            notes.push(format!("no guest figures from {f}"));
+        }
     } else if !args.no_vm {
         notes.push("the kernel module was not measured: the VM needs root (apt, qemu)".into());
     }
-    let mut merge = Command::new(&leap);
+    let mut merge = tools::built(&leap);
     merge.arg("bench").arg("--out").arg(&out);
     for p in &parts {
         merge.arg("--merge").arg(p);
@@ -127,48 +143,94 @@ pub fn run_bench(args: Args) -> Result<()> {
     }
     run(&mut merge)?;
     eprintln!("bench: report in {}/report.md (and .json, .svg)", out.display());
+    if !failures.is_empty() {
+        bail!("bench: the guest part failed: {}; the report keeps the figures measured", failures.join("; "));
+    }
     Ok(())
 }
 
-/// Runs `leap bench` inside the VM and extracts its report.json from the
-/// console.
-fn vm_bench(quick: bool, dest: &std::path::Path) -> Result<()> {
+/// The host's `leap bench`: every transport, size and mode, rounds, profiles.
+const HOST_LIMIT: std::time::Duration = std::time::Duration::from_secs(60 * 60);
+
+/// What the guests measured.
+#[derive(Debug, Default)]
+struct GuestReports {
+    /// `(kernel, report.json)` of every guest that produced one.
+    reports: Vec<(String, PathBuf)>,
+    /// `kernel: why`, on one line each, for every guest that did not.
+    failures: Vec<String>,
+}
+
+/// Runs `leap bench` inside each of Debian's LTS kernels in the VM and
+/// keeps each guest's report.json as `out/vm-<kernel>.json`; a guest that
+/// fails costs only its own figures.
+fn vm_bench(quick: bool, out: &Path) -> GuestReports {
     let sizes = if quick { "16392,262152" } else { "16392,32776,262152" };
     // One round under the normal scheduler, as before rounds and real-time
-    // threads: emulated figures are compared only with each other.
+    // threads: emulated figures are compared only with each other. The
+    // site names the kernel (vm-6.1, vm-6.12); the report on one line.
     let script = format!(
-        "leap bench --site vm --transports tcp,kmod,udp,xdp --sizes {sizes} --repeat 1 --sched normal --quick \
-         --out /tmp/vb >/dev/null \
-         && echo {BEGIN} && cat /tmp/vb/report.json && echo && echo {END}"
+        "leap bench --site vm-$(uname -r | cut -d. -f1,2) --transports tcp,kmod,udp,xdp --sizes {sizes} --repeat 1 \
+         --sched normal --quick --out /tmp/vb >/dev/null \
+         && echo {BEGIN} && tr -d '\\n' </tmp/vb/report.json && echo && echo {END}"
     );
-    let object = crate::ebpf::build_ebpf(true)?;
-    let mut child = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .current_dir(util::root())
-        .args(["run", "--quiet", "--release", "--package", "xtask", "--", "vm", "--", "sh", "-c", &script])
-        .env(crate::ebpf::OBJECT_ENV, &object)
-        .stdout(Stdio::piped())
-        .spawn()
-        .context("starting the VM")?;
-    let mut json = String::new();
-    let mut inside = false;
-    for line in BufReader::new(child.stdout.take().context("VM output")?).lines() {
-        let line = line?;
-        let t = line.trim_end_matches('\r');
-        if t.contains(BEGIN) {
-            inside = true;
-        } else if t.contains(END) {
-            inside = false;
-        } else if inside {
-            json.push_str(t);
-            json.push('\n');
-        } else {
-            println!("{t}");
+    let mut got = GuestReports::default();
+    let guests = match vm::run_guests(&vm::Args::parse_words(&["--", "sh", "-c", &script])) {
+        Ok(g) => g,
+        Err(e) => {
+            got.failures.push(format!("the VM: {}", first_line(&format!("{e:#}"))));
+            return got;
+        }
+    };
+    for g in guests {
+        let report = g.outcome.and_then(|console| match between_markers(&console.lines) {
+            Some(json) => Ok(json),
+            None => console.verdict().and_then(|_| bail!("the guest printed no report")),
+        });
+        let written = report.and_then(|json| {
+            let dest = out.join(format!("vm-{}.json", g.kernel));
+            std::fs::write(&dest, json)?;
+            Ok(dest)
+        });
+        match written {
+            Ok(dest) => got.reports.push((g.kernel, dest)),
+            Err(e) => got.failures.push(format!("{}: {}", g.kernel, first_line(&format!("{e:#}")))),
         }
     }
-    let status = child.wait()?;
-    if !status.success() || json.trim().is_empty() {
-        bail!("the VM benchmark failed ({status}); run `cargo xtask vm -- leap bench --quick` to see why");
+    got
+}
+
+/// The lines between [`BEGIN`] and [`END`] (the guest's report.json).
+fn between_markers(lines: &[String]) -> Option<String> {
+    let begin = lines.iter().position(|l| l.trim() == BEGIN)?;
+    let len = lines[begin + 1..].iter().position(|l| l.trim() == END)?;
+    let json = lines[begin + 1..begin + 1 + len].join("\n");
+    (!json.trim().is_empty()).then_some(json)
+}
+
+/// The first line of a message (an error may carry a command's stderr).
+fn first_line(s: &str) -> &str {
+    s.lines().next().unwrap_or(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_guest_report_is_taken_from_between_the_markers() {
+        let lines: Vec<String> =
+            ["LEAP_VM: booted 6.1.0-57-amd64, 2 cpus", BEGIN, "{\"rows\":[]}", "", END, "LEAP_VM_EXIT=0"]
+                .map(String::from)
+                .into();
+        assert_eq!(between_markers(&lines).as_deref(), Some("{\"rows\":[]}\n"));
+        // The guest died while printing: no report rather than half of one.
+        assert_eq!(between_markers(&lines[..3]), None);
+        assert_eq!(between_markers(&[BEGIN.to_string(), END.to_string()]), None);
     }
-    std::fs::write(dest, json)?;
-    Ok(())
+
+    #[test]
+    fn a_failure_is_reported_on_one_line() {
+        assert_eq!(first_line("make failed: exit status: 2\nstderr..."), "make failed: exit status: 2");
+    }
 }

@@ -9,6 +9,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
+use crate::tools::{self, Tool};
 use crate::util::{output, root, run};
 
 /// The library's version (the workspace's) and its ABI major (the SONAME).
@@ -35,15 +36,16 @@ impl Installed {
 
     /// `pkg-config ARGS leap` against this prefix.
     pub fn pkg_config(&self, args: &[&str]) -> Result<Vec<String>> {
-        let out = output(Command::new("pkg-config").args(args).arg("leap").env("PKG_CONFIG_PATH", self.pkgconfig()))?;
+        let out =
+            output(tools::command(Tool::PkgConfig)?.args(args).arg("leap").env("PKG_CONFIG_PATH", self.pkgconfig()))?;
         Ok(out.split_whitespace().map(str::to_string).collect())
     }
 }
 
-fn cargo() -> Command {
-    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+fn cargo() -> Result<Command> {
+    let mut c = tools::cargo()?;
     c.current_dir(root());
-    c
+    Ok(c)
 }
 
 /// The `.pc` file for `prefix`.
@@ -67,7 +69,7 @@ fn pc_file(prefix: &Path) -> String {
 ///
 /// A failed build or copy.
 pub fn install(prefix: &Path, object: Option<&Path>) -> Result<Installed> {
-    let mut build = cargo();
+    let mut build = cargo()?;
     build.args(["build", "--release", "--locked", "-p", "leap-capi"]);
     if let Some(o) = object {
         build.env(crate::ebpf::OBJECT_ENV, o);
@@ -95,7 +97,7 @@ pub fn install(prefix: &Path, object: Option<&Path>) -> Result<Installed> {
     }
     std::fs::write(pc.join("leap.pc"), pc_file(prefix)).context("writing leap.pc")?;
     if ["/usr/local", "/usr"].iter().any(|p| Path::new(p) == prefix) {
-        run(&mut Command::new("ldconfig"))?;
+        run(&mut tools::command(Tool::Ldconfig)?)?;
     }
     eprintln!("capi: installed {real}, libleap.a, include/leap.h and lib/pkgconfig/leap.pc under {}", prefix.display());
     Ok(inst)
@@ -123,7 +125,8 @@ pub struct Programs {
 ///
 /// A compiler error, or pkg-config not finding the library.
 pub fn build_programs(inst: &Installed, out: &Path) -> Result<Programs> {
-    crate::util::apt_install(&["gcc", "libc6-dev", "pkg-config"])?;
+    tools::ensure(&[Tool::Gcc, Tool::PkgConfig])?;
+    tools::apt_install(&["libc6-dev"])?;
     std::fs::create_dir_all(out)?;
     let src = root().join("leap-user/capi");
     let shared = inst.pkg_config(&["--cflags", "--libs"])?;
@@ -132,7 +135,7 @@ pub fn build_programs(inst: &Installed, out: &Path) -> Result<Programs> {
     let rpath = format!("-Wl,-rpath,{}", inst.libdir().display());
     let cc = |source: &str, name: &str, asan: bool| -> Result<PathBuf> {
         let bin = out.join(name);
-        let mut c = Command::new("gcc");
+        let mut c = tools::command(Tool::Gcc)?;
         c.args(["-std=c11", "-O2", "-g", "-Wall", "-Wextra", "-Werror", "-pthread"])
             .arg(src.join(source))
             .arg("-o")
@@ -181,7 +184,7 @@ pub fn prepare(object: Option<&Path>) -> Result<Programs> {
 /// with `filter`, with the C programs (and the XDP object) in their
 /// environment.
 fn ring_tests(p: &Programs, filter: &str, object: Option<&Path>) -> Result<()> {
-    let mut c = cargo();
+    let mut c = cargo()?;
     c.args(["test", "--release", "--locked", "-p", "leap-capi", "--test", "c_ring", "--", "--ignored"])
         .args(["--test-threads=1", filter])
         .env("LEAP_C_RING", &p.ring)
@@ -202,10 +205,10 @@ fn ring_tests(p: &Programs, filter: &str, object: Option<&Path>) -> Result<()> {
 /// The first failing program.
 pub fn loopback(p: &Programs) -> Result<()> {
     for kind in ["udp", "tcp"] {
-        run(Command::new(&p.api).arg(kind))?;
-        run(Command::new(&p.alloc).arg(kind))?;
+        run(tools::built(&p.api).arg(kind))?;
+        run(tools::built(&p.alloc).arg(kind))?;
     }
-    run(Command::new(&p.api_asan).arg("udp").env("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=1"))?;
+    run(tools::built(&p.api_asan).arg("udp").env("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=1"))?;
     ring_tests(p, "loopback_", None)
 }
 

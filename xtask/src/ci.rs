@@ -4,11 +4,12 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::util::{self, apt_install, in_ci, is_root, run};
+use crate::tools::{self, Tool};
+use crate::util::{self, in_ci, is_root, run, run_for};
 
 /// The stages, in the order they run.
 pub const STAGES: &[&str] = &["deps", "fmt", "clippy", "test", "fuzz", "smoke", "privileged", "ebpf", "vm"];
@@ -21,10 +22,18 @@ pub struct Args {
     stage: Vec<String>,
 }
 
-fn cargo() -> Command {
-    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+/// What `leap` and the privileged tests run on the host (namespaces, veth,
+/// loss injection, the unit's capabilities).
+const HOST_TOOLS: &[Tool] = &[Tool::Ip, Tool::Nft, Tool::Sysctl, Tool::Setpriv, Tool::Nsenter];
+
+/// For commands that compile the workspace from nothing on a fresh machine
+/// (clippy, the tests); every other command gets [`util::DEFAULT_LIMIT`].
+const BUILD_LIMIT: Duration = Duration::from_secs(40 * 60);
+
+fn cargo() -> Result<Command> {
+    let mut c = tools::cargo()?;
     c.current_dir(util::root());
-    c
+    Ok(c)
 }
 
 /// Privileged test targets: `leap-user/tests/{netns,xdp}_*.rs`.
@@ -43,10 +52,10 @@ fn privileged_tests(root: &Path) -> Result<Vec<String>> {
 }
 
 /// `cargo test` of one privileged test file, its ignored tests one at a time.
-fn ignored_test(test: &str) -> Command {
-    let mut c = cargo();
+fn ignored_test(test: &str) -> Result<Command> {
+    let mut c = cargo()?;
     c.args(["test", "--release", "--locked", "-p", "leap", "--test", test, "--", "--ignored", "--test-threads=1"]);
-    c
+    Ok(c)
 }
 
 /// Needs root for namespaces, XDP and apt: outside CI, say so and skip;
@@ -76,7 +85,7 @@ fn ring_smoke_with(
     frames: u64,
     extra: &[&str],
 ) -> Result<(String, String)> {
-    let mut cmd = Command::new(leap);
+    let mut cmd = tools::built(leap);
     cmd.args([
         "ring",
         "--transport",
@@ -91,7 +100,8 @@ fn ring_smoke_with(
         "--json",
     ])
     .args(extra);
-    let res = cmd.output().with_context(|| format!("cannot start {}", util::show(&cmd)))?;
+    eprintln!("+ {}", util::show(&cmd));
+    let res = util::capture(&mut cmd, util::DEFAULT_LIMIT)?;
     let (out, log) = (String::from_utf8_lossy(&res.stdout), String::from_utf8_lossy(&res.stderr).into_owned());
     if !res.status.success() {
         bail!("{} failed: {}\n{log}", util::show(&cmd), res.status);
@@ -170,8 +180,8 @@ const BINARY_ONLY: &[&str] = &["clap", "indicatif", "env_logger", "toml", "anyho
 /// The library without its `cli` feature builds and depends on none of
 /// [`BINARY_ONLY`]: an embedder gets the transport alone.
 fn core_library() -> Result<()> {
-    run(cargo().args(["build", "-p", "leap", "--no-default-features", "--locked"]))?;
-    let tree = util::output(cargo().args([
+    run(cargo()?.args(["build", "-p", "leap", "--no-default-features", "--locked"]))?;
+    let tree = util::output(cargo()?.args([
         "tree",
         "-p",
         "leap",
@@ -226,38 +236,46 @@ pub fn run_ci(args: Args) -> Result<()> {
     };
     stage("deps", &mut || {
         if require_root("deps")? {
-            apt_install(&["iproute2", "nftables", "procps", "gcc", "g++", "libc6-dev", "pkg-config"])?;
+            tools::ensure(HOST_TOOLS)?;
+            tools::ensure(&[Tool::Cc, Tool::Gxx, Tool::PkgConfig])?;
+            tools::apt_install(&["libc6-dev"])?;
         }
         Ok(())
     })?;
-    stage("fmt", &mut || run(cargo().args(["fmt", "--all", "--check"])))?;
+    stage("fmt", &mut || run(cargo()?.args(["fmt", "--all", "--check"])))?;
     stage("clippy", &mut || {
         // With the async layer (feature `tokio`), so that it and its example
         // are checked too.
         let all = ["clippy", "--workspace", "--all-targets", "--locked", "--features", "leap/tokio"];
-        run(cargo().args(all).args(["--", "-D", "warnings"]))
+        run_for(cargo()?.args(all).args(["--", "-D", "warnings"]), BUILD_LIMIT)
     })?;
     stage("test", &mut || {
-        run(cargo().args(["test", "--workspace", "--locked", "--features", "leap/tokio"]))?;
+        // leap-common's ABI test compiles a C program.
+        tools::ensure(&[Tool::Cc])?;
+        tools::apt_install(&["libc6-dev"])?;
+        run_for(cargo()?.args(["test", "--workspace", "--locked", "--features", "leap/tokio"]), BUILD_LIMIT)?;
         core_library()
     })?;
     stage("fuzz", &mut || {
         // Bounded: 20 s per target (chunk parser, reassembly, control decoder).
-        run(cargo()
-            .args(["test", "--release", "--locked", "-p", "leap", "--test", "fuzz", "--", "--nocapture"])
-            .env("LEAP_FUZZ_SECS", "20"))
+        run_for(
+            cargo()?
+                .args(["test", "--release", "--locked", "-p", "leap", "--test", "fuzz", "--", "--nocapture"])
+                .env("LEAP_FUZZ_SECS", "20"),
+            BUILD_LIMIT,
+        )
     })?;
     stage("smoke", &mut || {
-        run(cargo().args(["build", "--release", "--locked", "-p", "leap", "--bin", "leap"]))?;
+        run(cargo()?.args(["build", "--release", "--locked", "-p", "leap", "--bin", "leap"]))?;
         let leap = root.join("target/release/leap");
         for t in ["tcp", "udp"] {
             ring_smoke(&leap, t, "--loopback", 2000)?;
             // The embedding example: a toy 3-stage pipeline through the
             // lending API and split halves.
-            run(cargo().args(["run", "--release", "--locked", "-p", "leap", "--example", "pipeline", "--", t]))?;
+            run(cargo()?.args(["run", "--release", "--locked", "-p", "leap", "--example", "pipeline", "--", t]))?;
         }
         // The same pipeline on tokio.
-        run(cargo()
+        run(cargo()?
             .args(["run", "--release", "--locked", "-p", "leap", "--features", "tokio", "--example"])
             .arg("async_pipeline"))?;
         // The C library, installed, under its C tests.
@@ -270,6 +288,7 @@ pub fn run_ci(args: Args) -> Result<()> {
         python.stubtest()?;
         python.pytest(crate::python::LOOPBACK, &[])?;
         if require_root("smoke (namespaces)")? {
+            tools::ensure(HOST_TOOLS)?;
             for t in ["tcp", "udp"] {
                 ring_smoke(&leap, t, "--netns", 2000)?;
             }
@@ -280,17 +299,18 @@ pub fn run_ci(args: Args) -> Result<()> {
         if !require_root("privileged")? {
             return Ok(());
         }
+        tools::ensure(HOST_TOOLS)?;
         for t in privileged_tests(&root)? {
             if t.starts_with("xdp_") {
                 // Needs the BPF object: run in the ebpf stage.
                 continue;
             }
-            run(&mut ignored_test(&t))?;
+            run(&mut ignored_test(&t)?)?;
         }
         crate::python::setup()?.pytest("netns", &[])?;
         // Busy polling under the unit's capabilities (a few hundred frames).
         let obj = crate::ebpf::build_ebpf(true)?;
-        run(cargo().args(["build", "--release", "--locked", "-p", "leap", "--bin", "leap"]))?;
+        run(cargo()?.args(["build", "--release", "--locked", "-p", "leap", "--bin", "leap"]))?;
         busy_poll_rings(&root.join("target/release/leap"), &obj)?;
         crate::capi::namespaces(&crate::capi::prepare(None)?)?;
         crate::cpp::namespaces(&crate::cpp::prepare(None)?)
@@ -299,12 +319,13 @@ pub fn run_ci(args: Args) -> Result<()> {
         if !require_root("ebpf")? {
             return Ok(());
         }
+        tools::ensure(HOST_TOOLS)?;
         let obj = crate::ebpf::build_ebpf(true)?;
         for t in privileged_tests(&root)?.into_iter().filter(|t| t.starts_with("xdp_")) {
-            run(ignored_test(&t).env("LEAP_XDP_OBJECT", &obj))?;
+            run(ignored_test(&t)?.env("LEAP_XDP_OBJECT", &obj))?;
         }
         crate::python::setup()?.pytest("xdp", &[("LEAP_XDP_OBJECT", &obj)])?;
-        run(cargo().args(["build", "--release", "--locked", "-p", "leap", "--bin", "leap"]))?;
+        run(cargo()?.args(["build", "--release", "--locked", "-p", "leap", "--bin", "leap"]))?;
         jumbo_rings(&root.join("target/release/leap"), &obj)?;
         crate::capi::xdp(&crate::capi::prepare(Some(&obj))?, &obj)?;
         crate::cpp::xdp(&crate::cpp::prepare(Some(&obj))?, &obj)
@@ -313,13 +334,8 @@ pub fn run_ci(args: Args) -> Result<()> {
         if !require_root("vm")? {
             return Ok(());
         }
-        /// The VM's defaults, as `cargo xtask vm` with no arguments.
-        #[derive(clap::Parser)]
-        struct VmDefaults {
-            #[command(flatten)]
-            args: crate::vm::Args,
-        }
-        crate::vm::run(<VmDefaults as clap::Parser>::parse_from(["vm"]).args)
+        // As `cargo xtask vm` with no arguments.
+        crate::vm::run(crate::vm::Args::parse_words(&[]))
     })?;
     eprintln!("ci: all stages passed in {:.0} s", started.elapsed().as_secs_f64());
     println!("ci: {passed} passed, 0 failed");

@@ -10,11 +10,11 @@
 //! ebpf stage).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use anyhow::Result;
 
 use crate::capi::Installed;
+use crate::tools::{self, Tool};
 use crate::util::{root, run};
 
 /// The C++ programs of the tests.
@@ -41,7 +41,7 @@ const SOURCES: &[&str] = &["TcpTransport.cpp", "UdpTransport.cpp", "KernelTransp
 /// A compiler error (warnings are errors), or pkg-config not finding the
 /// library.
 pub fn build_programs(inst: &Installed, out: &Path) -> Result<Programs> {
-    crate::util::apt_install(&["g++", "pkg-config"])?;
+    tools::ensure(&[Tool::Gxx, Tool::PkgConfig])?;
     std::fs::create_dir_all(out)?;
     let dir = root().join("leap-user/capi/cpp");
     let shared = inst.pkg_config(&["--cflags", "--libs"])?;
@@ -50,7 +50,7 @@ pub fn build_programs(inst: &Installed, out: &Path) -> Result<Programs> {
     let rpath = format!("-Wl,-rpath,{}", inst.libdir().display());
     let cxx = |source: &str, name: &str, flags: &[&str], asan: bool| -> Result<PathBuf> {
         let bin = out.join(name);
-        let mut c = Command::new("g++");
+        let mut c = tools::command(Tool::Gxx)?;
         c.args(["-std=c++20", "-Wall", "-Wextra", "-Werror", "-pthread"])
             .args(flags)
             .arg("-I")
@@ -95,7 +95,7 @@ pub fn prepare(object: Option<&Path>) -> Result<Programs> {
 /// The ring tests of `leap-user/tests/cpp_engine.rs` whose names start with
 /// `filter`, with the example (and the XDP object) in their environment.
 fn ring_tests(p: &Programs, filter: &str, object: Option<&Path>) -> Result<()> {
-    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    let mut c = tools::cargo()?;
     c.current_dir(root())
         .args(["test", "--release", "--locked", "-p", "leap", "--test", "cpp_engine", "--", "--ignored"])
         .args(["--test-threads=1", filter])
@@ -115,9 +115,9 @@ fn ring_tests(p: &Programs, filter: &str, object: Option<&Path>) -> Result<()> {
 ///
 /// The first failing program or ring.
 pub fn loopback(p: &Programs) -> Result<()> {
-    run(&mut Command::new(&p.original_api))?;
-    run(&mut Command::new(&p.api))?;
-    run(Command::new(&p.api_asan).env("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=1"))?;
+    run(&mut tools::built(&p.original_api))?;
+    run(&mut tools::built(&p.api))?;
+    run(tools::built(&p.api_asan).env("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=1"))?;
     ring_tests(p, "loopback_", None)
 }
 

@@ -15,11 +15,12 @@
 //! Otherwise the error names exactly what is missing.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-use crate::util::{apt_install, have, in_ci, output, root, run};
+use crate::tools::{self, Tool, apt_install};
+use crate::util::{in_ci, output, root, run, run_for};
 
 /// Where `build-ebpf` leaves the object, relative to the workspace root.
 pub const OBJECT_PATH: &str = "target/bpf/leap-xdp.o";
@@ -28,11 +29,13 @@ pub const OBJECT_ENV: &str = "LEAP_XDP_OBJECT";
 
 const TARGET: &str = "bpfel-unknown-none";
 /// Debian packages of the prebuilt-`core` route and of bpf-linker's LLVM.
+/// ([`Tool::DebianRustc`] is rustc-web's.)
 const APT_PACKAGES: &[&str] = &["rustc-web", "cargo-web", "libstd-rust-web-dev-bpf", "llvm-22-dev", "libpolly-22-dev"];
-const DEBIAN_RUSTC: &str = "/usr/bin/rustc";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 const LLVM_FEATURE: &str = "llvm-22";
 const BPF_LINKER_VERSION: &str = "~0.13";
+/// Building bpf-linker takes 2-4 minutes alone, much longer on a busy machine.
+const BPF_LINKER_BUILD_LIMIT: Duration = Duration::from_secs(45 * 60);
 
 /// A compiler able to build for `bpfel-unknown-none`.
 #[derive(Debug)]
@@ -54,8 +57,8 @@ impl Toolchain {
     /// LLVM major version of the compiler.
     fn llvm_major(&self) -> Result<u32> {
         let out = match self {
-            Self::NightlyBuildStd => output(Command::new("rustc").args(["+nightly", "-vV"]))?,
-            Self::Prebuilt { rustc } => output(Command::new(rustc).arg("-vV"))?,
+            Self::NightlyBuildStd => output(tools::command(Tool::Rustc)?.args(["+nightly", "-vV"]))?,
+            Self::Prebuilt { rustc } => output(tools::command_at(Tool::Rustc, rustc).arg("-vV"))?,
         };
         llvm_major_of_rustc(&out).with_context(|| format!("no LLVM version in `rustc -vV` of {}", self.describe()))
     }
@@ -74,7 +77,8 @@ pub fn build_ebpf(install: bool) -> Result<PathBuf> {
     let linker_dir = ensure_bpf_linker(&toolchain, install)?;
 
     let crate_dir = root().join("leap-ebpf");
-    let mut cmd = Command::new("cargo");
+    // rustup's proxy by name, not `$CARGO`: RUSTUP_TOOLCHAIN below must pick the toolchain.
+    let mut cmd = tools::command(Tool::Cargo)?;
     cmd.current_dir(&crate_dir);
     // Whatever cargo and rustup told xtask must not leak into the BPF build.
     for var in [
@@ -113,7 +117,12 @@ pub fn build_ebpf(install: bool) -> Result<PathBuf> {
     let built = crate_dir.join("target").join(TARGET).join("release").join("leap-xdp");
     let dest = root().join(OBJECT_PATH);
     std::fs::create_dir_all(dest.parent().expect("OBJECT_PATH has a parent"))?;
-    std::fs::copy(&built, &dest).with_context(|| format!("copy {} to {}", built.display(), dest.display()))?;
+    // An unchanged object keeps its mtime: `leap`'s build script watches
+    // it, and a new mtime rebuilds `leap` (minutes, in release).
+    let object = std::fs::read(&built).with_context(|| format!("reading {}", built.display()))?;
+    if std::fs::read(&dest).ok().as_deref() != Some(object.as_slice()) {
+        std::fs::write(&dest, &object).with_context(|| format!("writing {}", dest.display()))?;
+    }
     check_object(&dest)?;
     eprintln!("build-ebpf: {}", dest.display());
     Ok(dest)
@@ -126,7 +135,7 @@ pub fn build_ebpf(install: bool) -> Result<PathBuf> {
 /// As [`build_ebpf`], or when cargo fails.
 pub fn build(install: bool, release: bool) -> Result<()> {
     let object = build_ebpf(install)?;
-    let mut cmd = Command::new("cargo");
+    let mut cmd = tools::cargo()?;
     cmd.current_dir(root()).args(["build", "--locked", "-p", "leap", "--bin", "leap"]);
     if release {
         cmd.arg("--release");
@@ -170,10 +179,14 @@ fn find_toolchain(install: bool) -> Result<Toolchain> {
         if let Some(rustc) = prebuilt_rustc() {
             return Ok(Toolchain::Prebuilt { rustc });
         }
-        bail!("installed {} but {DEBIAN_RUSTC} still has no core for {TARGET}", APT_PACKAGES.join(" "));
+        bail!(
+            "installed {} but {} still has no core for {TARGET}",
+            APT_PACKAGES.join(" "),
+            Tool::DebianRustc.program()
+        );
     }
     let mut missing = Vec::new();
-    if have("rustup") {
+    if tools::find(Tool::Rustup).is_some() {
         missing.push("`rustup toolchain install nightly --component rust-src`".to_string());
     } else {
         missing.push("rustup with a nightly toolchain and rust-src".to_string());
@@ -187,20 +200,22 @@ fn find_toolchain(install: bool) -> Result<Toolchain> {
 
 /// Whether rustup's nightly toolchain has the rust-src component.
 fn nightly_has_rust_src() -> bool {
-    have("rustup")
-        && Command::new("rustup").args(["+nightly", "component", "list", "--installed"]).output().is_ok_and(|o| {
-            o.status.success() && String::from_utf8_lossy(&o.stdout).lines().any(|l| l.starts_with("rust-src"))
-        })
+    tools::find(Tool::Rustup).is_some()
+        && tools::command(Tool::Rustup)
+            .and_then(|mut c| output(c.args(["+nightly", "component", "list", "--installed"])))
+            .is_ok_and(|out| out.lines().any(|l| l.starts_with("rust-src")))
 }
 
 /// A rustc with `core` for the BPF target in its sysroot: `$LEAP_BPF_RUSTC`
 /// or Debian's.
 fn prebuilt_rustc() -> Option<PathBuf> {
-    let candidates =
-        std::env::var_os("LEAP_BPF_RUSTC").map(PathBuf::from).into_iter().chain([PathBuf::from(DEBIAN_RUSTC)]);
+    let candidates = std::env::var_os("LEAP_BPF_RUSTC")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([PathBuf::from(Tool::DebianRustc.program())]);
     candidates.into_iter().find(|rustc| {
         rustc.is_file()
-            && output(Command::new(rustc).args(["--print", "sysroot"])).is_ok_and(|sysroot| {
+            && output(tools::command_at(Tool::Rustc, rustc).args(["--print", "sysroot"])).is_ok_and(|sysroot| {
                 let lib = Path::new(sysroot.trim()).join("lib/rustlib").join(TARGET).join("lib");
                 std::fs::read_dir(lib).is_ok_and(|mut d| {
                     d.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().starts_with("libcore-")))
@@ -213,8 +228,8 @@ fn prebuilt_rustc() -> Option<PathBuf> {
 /// directory to put first on PATH when it is not on PATH already.
 fn ensure_bpf_linker(toolchain: &Toolchain, install: bool) -> Result<Option<PathBuf>> {
     let need = toolchain.llvm_major()?;
-    let installed = cargo_bin_dir().join("bpf-linker");
-    let found = which("bpf-linker").or_else(|| installed.is_file().then(|| installed.clone()));
+    let installed = cargo_bin_dir().join(Tool::BpfLinker.program());
+    let found = tools::find(Tool::BpfLinker).or_else(|| installed.is_file().then(|| installed.clone()));
     if let Some(linker) = &found {
         match linker_llvm_major(linker) {
             Some(have) if have >= need => return Ok(linker.parent().map(Path::to_path_buf)),
@@ -239,13 +254,13 @@ fn ensure_bpf_linker(toolchain: &Toolchain, install: bool) -> Result<Option<Path
         bail!("the compiler uses LLVM {need}, newer than the LLVM 22 bpf-linker can be built against here");
     }
     apt_install(&["llvm-22-dev", "libpolly-22-dev"])?;
-    let mut cmd = Command::new("cargo");
+    let mut cmd = tools::command(Tool::Cargo)?;
     for var in ["RUSTC", "RUSTC_WRAPPER", "RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS", "CARGO_TARGET_DIR"] {
         cmd.env_remove(var);
     }
     cmd.args([
         "install",
-        "bpf-linker",
+        Tool::BpfLinker.cargo_crate().unwrap_or_default(),
         "--version",
         BPF_LINKER_VERSION,
         "--locked",
@@ -255,7 +270,7 @@ fn ensure_bpf_linker(toolchain: &Toolchain, install: bool) -> Result<Option<Path
         LLVM_FEATURE,
     ])
     .env("LLVM_PREFIX", LLVM_PREFIX);
-    run(&mut cmd)?;
+    run_for(&mut cmd, BPF_LINKER_BUILD_LIMIT)?;
     if !installed.is_file() {
         bail!("cargo install did not produce {}", installed.display());
     }
@@ -271,14 +286,9 @@ fn cargo_bin_dir() -> PathBuf {
         .join("bin")
 }
 
-fn which(program: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|d| d.join(program)).find(|p| p.is_file())
-}
-
 /// LLVM major version of a dynamically linked bpf-linker (from `ldd`).
 fn linker_llvm_major(linker: &Path) -> Option<u32> {
-    llvm_major_of_ldd(&output(Command::new("ldd").arg(linker)).ok()?)
+    llvm_major_of_ldd(&output(tools::command(Tool::Ldd).ok()?.arg(linker)).ok()?)
 }
 
 /// The LLVM major version in `rustc -vV` output.

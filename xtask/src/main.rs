@@ -8,8 +8,11 @@ mod cpp;
 mod ebpf;
 mod kmod;
 mod python;
+mod tools;
 mod util;
 mod vm;
+
+use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -47,9 +50,12 @@ enum Cmd {
     },
     /// Build the kernel module (target/kmod/<release>/leap_kmod.ko) against Debian's headers or `--kernel-dir`.
     BuildKmod {
-        /// Kernel build tree (default: /lib/modules/<Debian headers release>/build, installed if missing).
-        #[arg(long)]
+        /// Kernel build tree (default: Debian's headers of `--kernel`, installed or downloaded if missing).
+        #[arg(long, conflicts_with = "kernel")]
         kernel_dir: Option<std::path::PathBuf>,
+        /// Which of Debian's LTS kernels to build for.
+        #[arg(long, value_enum, default_value = "6.1")]
+        kernel: kmod::Lts,
     },
     /// The main job: build everything, benchmark every transport (host and VM), write one report.
     Bench(bench::Args),
@@ -59,10 +65,22 @@ enum Cmd {
     Vm(vm::Args),
 }
 
-fn main() -> Result<()> {
+fn main() -> ExitCode {
     let cli = Cli::parse();
+    util::signals::forward();
+    match run(cli.cmd) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // The causes on one line; no backtrace (RUST_BACKTRACE is often set in CI).
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cmd: Cmd) -> Result<()> {
     util::init_root()?;
-    match cli.cmd {
+    match cmd {
         Cmd::Ci(args) => ci::run_ci(args),
         Cmd::Bench(args) => bench::run_bench(args),
         Cmd::BuildEbpf { install } => ebpf::build_ebpf(install).map(drop),
@@ -73,7 +91,13 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
-        Cmd::BuildKmod { kernel_dir } => kmod::build(kernel_dir.as_deref()).map(drop),
+        Cmd::BuildKmod { kernel_dir, kernel } => {
+            let tree = match kernel_dir {
+                Some(dir) => dir,
+                None => kmod::tree(kernel)?,
+            };
+            kmod::build(&tree).map(drop)
+        }
         Cmd::Vm(args) => vm::run(args),
         Cmd::Python(args) => python::run_python(args),
     }

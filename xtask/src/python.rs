@@ -10,7 +10,8 @@ use std::sync::OnceLock;
 
 use anyhow::{Context, Result, bail};
 
-use crate::util::{self, apt_install, is_root, run};
+use crate::tools::{self, Tool};
+use crate::util::{self, is_root, run};
 
 /// Arguments of `cargo xtask python`.
 #[derive(clap::Args, Debug)]
@@ -44,7 +45,8 @@ impl Venv {
 
     /// A command of the venv's interpreter, run from the repository root.
     pub fn command(&self) -> Command {
-        let mut c = Command::new(self.python());
+        // The venv's interpreter: the project made it.
+        let mut c = tools::built(&self.python());
         c.current_dir(util::root()).env("VIRTUAL_ENV", &self.dir).env_remove("PYTHONPATH");
         c
     }
@@ -117,7 +119,8 @@ pub fn setup() -> Result<&'static Venv> {
     if wheels.is_dir() {
         std::fs::remove_dir_all(&wheels).with_context(|| format!("removing {}", wheels.display()))?;
     }
-    let mut build = Command::new(venv.dir.join("bin/maturin"));
+    // maturin from PyPI, in the venv the project made.
+    let mut build = tools::built(&venv.dir.join("bin/maturin"));
     build
         .current_dir(&root)
         .args(["build", "--release", "--locked", "--manifest-path", "leap-user/python/Cargo.toml", "--interpreter"])
@@ -145,13 +148,17 @@ pub fn setup() -> Result<&'static Venv> {
 /// the system Python lacks its venv module (Debian's `python3-venv`), that
 /// package is installed first (root).
 fn create_venv(dir: &Path) -> Result<()> {
-    let python = std::env::var("LEAP_PYTHON").unwrap_or_else(|_| "python3".into());
-    let venv = || {
-        let mut c = Command::new(&python);
+    let chosen = std::env::var_os("LEAP_PYTHON").map(PathBuf::from);
+    let python = chosen.as_ref().map_or_else(|| Tool::Python3.program().to_string(), |p| p.display().to_string());
+    let venv = || -> Result<Command> {
+        let mut c = match &chosen {
+            Some(p) => tools::command_at(Tool::Python3, p),
+            None => tools::command(Tool::Python3)?,
+        };
         c.args(["-m", "venv", "--clear"]).arg(dir);
-        c
+        Ok(c)
     };
-    let first = venv().output().with_context(|| format!("cannot run {python}: install python3 (>= 3.11)"))?;
+    let first = venv()?.output().with_context(|| format!("cannot run {python}: install python3 (>= 3.11)"))?;
     if first.status.success() {
         return Ok(());
     }
@@ -161,8 +168,8 @@ fn create_venv(dir: &Path) -> Result<()> {
         if !is_root() {
             bail!("{python} -m venv failed: install python3-venv (`sudo apt-get install python3-venv`)\n{why}");
         }
-        apt_install(&["python3-venv"])?;
-        return run(&mut venv());
+        tools::apt_install(&["python3-venv"])?;
+        return run(&mut venv()?);
     }
     bail!("{python} -m venv {} failed:\n{why}", dir.display())
 }

@@ -14,24 +14,15 @@
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::{kmod, util};
-
-/// Debian's LTS kernels the suite runs on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Lts {
-    /// Debian 12's own kernel (`linux-headers-amd64`).
-    #[value(name = "6.1")]
-    V6_1,
-    /// Debian 12's backported 6.12 (`linux-image-6.12.*+deb12-amd64`).
-    #[value(name = "6.12")]
-    V6_12,
-}
+use crate::kmod::{self, Lts};
+use crate::tools::{self, Tool};
+use crate::util;
 
 /// Arguments of `cargo xtask vm`.
 #[derive(clap::Args, Debug)]
@@ -62,7 +53,29 @@ pub struct Args {
 /// Host programs the guest gets in `/sbin` (ahead of busybox's applets on
 /// PATH): iproute2's `ip` has `ip netns`, which busybox's lacks.
 /// util-linux's `setpriv` runs the capability tests as an unprivileged user.
-const HOST_TOOLS: &[&str] = &["/bin/ip", "/usr/bin/setpriv"];
+const HOST_TOOLS: &[Tool] = &[Tool::Ip, Tool::Setpriv];
+
+/// What the host runs to build and boot the guest (kbuild's own tools are
+/// ensured per tree by [`kmod::build`]).
+const VM_TOOLS: &[Tool] = &[
+    Tool::Qemu,
+    Tool::Busybox,
+    Tool::Ip,
+    Tool::Setpriv,
+    Tool::Gcc,
+    Tool::Ldd,
+    Tool::Strip,
+    Tool::Xz,
+    Tool::Zstd,
+    Tool::AptGet,
+    Tool::AptCache,
+    Tool::DpkgDeb,
+    Tool::DpkgQuery,
+];
+
+/// Debian packages without a program of the table: the static C library
+/// for `original_abi`.
+const VM_PACKAGES: &[&str] = &["libc6-dev"];
 
 /// Extra modules of the Debian kernel the guest needs (with their deps).
 const GUEST_MODULES: &[&str] = &["veth"];
@@ -275,48 +288,107 @@ echo "$pass passed, $fail failed"
 if [ $fail = 0 ] && [ $pass -gt 0 ]; then echo "LEAP_VM_EXIT=0"; else echo "LEAP_VM_EXIT=1"; fi
 "#;
 
+impl Args {
+    /// The arguments of `cargo xtask vm WORDS...`, e.g. `["--", "sh", "-c",
+    /// script]`: the defaults, for `ci` and `bench`.
+    pub fn parse_words(words: &[&str]) -> Self {
+        #[derive(clap::Parser)]
+        struct Vm {
+            #[command(flatten)]
+            args: Args,
+        }
+        <Vm as clap::Parser>::parse_from(std::iter::once("vm").chain(words.iter().copied())).args
+    }
+}
+
 /// Runs `cargo xtask vm`.
 ///
 /// # Errors
 ///
 /// When something cannot be built or downloaded, the guest does not finish
-/// in time, or the suite (or CMD) fails.
+/// in time, or the suite (or CMD) fails on any kernel.
 pub fn run(args: Args) -> Result<()> {
-    util::apt_install(&["qemu-system-x86", "busybox-static", "iproute2", "util-linux", "gcc", "libc6-dev"])?;
+    let guests = run_guests(&args)?;
+    let mut failed = Vec::new();
+    for g in &guests {
+        match g.outcome.as_ref().map_err(|e| format!("{e:#}")).and_then(|c| c.verdict().map_err(|e| e.to_string())) {
+            Ok(summary) => eprintln!("vm: {}: {summary} ({:.0} s)", g.kernel, g.secs),
+            Err(e) => {
+                eprintln!("vm: {}: FAILED ({:.0} s): {e}", g.kernel, g.secs);
+                failed.push(g.kernel.clone());
+            }
+        }
+    }
+    if !failed.is_empty() {
+        bail!("the suite failed on {} (see `vm: ... FAILED` above)", failed.join(" and "));
+    }
+    Ok(())
+}
+
+/// One kernel's guest run.
+#[derive(Debug)]
+pub struct Guest {
+    /// `6.1`, `6.12`, or the `--kernel-dir` tree.
+    pub kernel: String,
+    /// Wall time: module build, initramfs, boot.
+    pub secs: f64,
+    /// What the guest printed, or why it did not boot or finish.
+    pub outcome: Result<Console>,
+}
+
+/// Builds what every guest needs, then for each kernel builds the module,
+/// boots the guest and runs the suite (or CMD). One kernel's failure does
+/// not keep the others from running.
+///
+/// # Errors
+///
+/// When a tool cannot be installed or the user-space binaries cannot be built.
+pub fn run_guests(args: &Args) -> Result<Vec<Guest>> {
+    tools::ensure(VM_TOOLS)?;
+    tools::apt_install(VM_PACKAGES)?;
+    check_static(Tool::Busybox)?;
     let mut user = if args.kmod_only { UserBinaries { bins: Vec::new(), xdp: false } } else { build_user_binaries()? };
     user.bins.push(("original_abi".into(), build_original_abi()?));
     user.bins.extend(args.bins.iter().cloned());
-    let trees: Vec<Option<PathBuf>> = match (&args.kernel_dir, args.kernels.as_slice()) {
-        (Some(dir), _) => vec![Some(dir.clone())],
-        (None, []) => vec![None, Some(kmod::debian_612_tree(&kmod::debian_612_release()?)?)],
-        (None, ks) => {
-            let mut trees = Vec::new();
-            for k in ks {
-                trees.push(match k {
-                    Lts::V6_1 => None,
-                    Lts::V6_12 => Some(kmod::debian_612_tree(&kmod::debian_612_release()?)?),
-                });
-            }
-            trees
-        }
+    let trees: Vec<(String, Option<Lts>)> = match (&args.kernel_dir, args.kernels.as_slice()) {
+        (Some(dir), _) => vec![(dir.display().to_string(), None)],
+        (None, []) => [Lts::V6_1, Lts::V6_12].map(|k| (k.name().to_owned(), Some(k))).into(),
+        (None, ks) => ks.iter().map(|k| (k.name().to_owned(), Some(*k))).collect(),
     };
-    let mut results = Vec::new();
-    for tree in &trees {
+    let mut guests = Vec::new();
+    for (kernel, lts) in trees {
         let started = Instant::now();
-        let module = kmod::build(tree.as_deref())?;
-        let outcome = run_on(&args, &module, &user);
+        let outcome = (|| {
+            let tree = match (lts, &args.kernel_dir) {
+                (Some(lts), _) => kmod::tree(lts)?,
+                (None, dir) => dir.clone().context("a kernel directory or an LTS kernel")?,
+            };
+            run_on(args, &kmod::build(&tree)?, &user)
+        })();
         let secs = started.elapsed().as_secs_f64();
-        eprintln!("vm: {}: {} in {secs:.0} s", module.release, if outcome.is_ok() { "passed" } else { "FAILED" });
-        results.push((module.release, secs, outcome));
+        let passed = outcome.as_ref().is_ok_and(|c| c.verdict().is_ok());
+        eprintln!("vm: {kernel}: {} in {secs:.0} s", if passed { "passed" } else { "FAILED" });
+        guests.push(Guest { kernel, secs, outcome });
     }
-    for (release, secs, outcome) in &results {
-        match outcome {
-            Ok(summary) => eprintln!("vm: {release}: {summary} ({secs:.0} s)"),
-            Err(e) => eprintln!("vm: {release}: FAILED ({secs:.0} s): {e:#}"),
-        }
-    }
-    if let Some((release, _, Err(e))) = results.iter().find(|r| r.2.is_err()) {
-        bail!("the suite failed on {release}: {e:#}");
+    Ok(guests)
+}
+
+/// Fails unless `tool` is statically linked (the guest has no libraries
+/// for it).
+fn check_static(tool: Tool) -> Result<()> {
+    let path = tools::find(tool).with_context(|| format!("{} is missing", tool.describe()))?;
+    let ldd = util::capture(tools::command(Tool::Ldd)?.arg(&path), util::DEFAULT_LIMIT)?;
+    let text = String::from_utf8_lossy(&ldd.stdout) + String::from_utf8_lossy(&ldd.stderr);
+    if !text.contains("not a dynamic executable") && !text.contains("statically linked") {
+        let pkg = match tool.source() {
+            tools::Source::Apt(p) => p,
+            _ => "a static build",
+        };
+        bail!(
+            "{} is dynamically linked and the guest has no libraries for it: `{}`",
+            path.display(),
+            tools::install_command(&[pkg])
+        );
     }
     Ok(())
 }
@@ -337,13 +409,15 @@ fn build_original_abi() -> Result<PathBuf> {
     let src = util::root().join("kmod/tests/original_abi.c");
     let out = util::root().join("target/vm/original_abi");
     std::fs::create_dir_all(util::root().join("target/vm"))?;
-    util::run(Command::new("gcc").args(["-static", "-O2", "-Wall", "-Wextra", "-Werror", "-o"]).arg(&out).arg(&src))?;
+    util::run(
+        tools::command(Tool::Gcc)?.args(["-static", "-O2", "-Wall", "-Wextra", "-Werror", "-o"]).arg(&out).arg(&src),
+    )?;
     Ok(out)
 }
 
 /// Boots Debian's image of `module.release` with the module and runs the
-/// suite (or CMD); returns the suite's `N passed, M failed` line.
-fn run_on(args: &Args, module: &kmod::BuiltModule, user: &UserBinaries) -> Result<String> {
+/// suite (or CMD); returns what the guest printed.
+fn run_on(args: &Args, module: &kmod::BuiltModule, user: &UserBinaries) -> Result<Console> {
     let kernel = debian_kernel(&module.release)?;
 
     let mut cpio = Cpio::default();
@@ -353,7 +427,12 @@ fn run_on(args: &Args, module: &kmod::BuiltModule, user: &UserBinaries) -> Resul
     for dir in ["proc", "sys", "dev", "tmp", "root", "run", "var"] {
         cpio.dir(dir)?;
     }
-    cpio.file("bin/busybox", 0o755, &std::fs::read("/bin/busybox").context("reading /bin/busybox")?)?;
+    let busybox = tools::find(Tool::Busybox).context("busybox is missing")?;
+    cpio.file(
+        "bin/busybox",
+        0o755,
+        &std::fs::read(&busybox).with_context(|| format!("reading {}", busybox.display()))?,
+    )?;
     cpio.file("lib/modules/leap_kmod.ko", 0o644, &std::fs::read(&module.ko)?)?;
     let mut load_order = Vec::new();
     for m in kernel.modules_with_deps(GUEST_MODULES)? {
@@ -364,10 +443,11 @@ fn run_on(args: &Args, module: &kmod::BuiltModule, user: &UserBinaries) -> Resul
     }
     cpio.file("etc/leap/modules", 0o644, load_order.join("\n").as_bytes())?;
     let mut libs = BTreeSet::new();
-    for tool in HOST_TOOLS {
-        let name = Path::new(tool).file_name().and_then(|n| n.to_str()).context("tool name")?;
-        cpio.file(&format!("sbin/{name}"), 0o755, &std::fs::read(tool).with_context(|| format!("reading {tool}"))?)?;
-        libs.extend(shared_libraries(Path::new(tool))?);
+    for &tool in HOST_TOOLS {
+        let path = tools::find(tool).with_context(|| format!("{} is missing", tool.describe()))?;
+        let data = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+        cpio.file(&format!("sbin/{}", tool.program()), 0o755, &data)?;
+        libs.extend(shared_libraries(&path)?);
     }
     if user.xdp {
         cpio.file("etc/leap/xdp", 0o644, b"1")?;
@@ -383,11 +463,36 @@ fn run_on(args: &Args, module: &kmod::BuiltModule, user: &UserBinaries) -> Resul
     let initrd = util::root().join(format!("target/vm/initrd-{}.cpio", module.release));
     std::fs::write(&initrd, cpio.finish())?;
 
-    let (code, summary) = boot(&kernel.vmlinuz, &initrd, Duration::from_secs(args.timeout))?;
-    if code != 0 {
-        bail!("the guest reported failure ({EXIT_MARKER}{code}); {}", summary.as_deref().unwrap_or("no summary"));
+    boot(&kernel.vmlinuz, &initrd, Duration::from_secs(args.timeout))
+}
+
+/// What a guest printed on its console.
+#[derive(Debug)]
+pub struct Console {
+    /// The code init printed after [`EXIT_MARKER`].
+    pub code: i32,
+    /// The suite's `N passed, M failed` line.
+    pub summary: Option<String>,
+    /// Every line.
+    pub lines: Vec<String>,
+}
+
+impl Console {
+    /// The summary when the guest reported success.
+    ///
+    /// # Errors
+    ///
+    /// The guest reported failure.
+    pub fn verdict(&self) -> Result<String> {
+        if self.code != 0 {
+            bail!(
+                "the guest reported failure ({EXIT_MARKER}{}); {}",
+                self.code,
+                self.summary.as_deref().unwrap_or("no summary")
+            );
+        }
+        Ok(self.summary.clone().unwrap_or_else(|| "passed".into()))
     }
-    Ok(summary.unwrap_or_else(|| "passed".into()))
 }
 
 /// Debian's kernel image of one release, unpacked under `target/vm/`.
@@ -468,10 +573,10 @@ fn debian_kernel(release: &str) -> Result<Kernel> {
     let debs = util::root().join("target/vm/debs");
     std::fs::create_dir_all(&debs)?;
     let pkg = format!("linux-image-{release}");
-    let download = || util::run(Command::new("apt-get").args(["download", "-q", &pkg]).current_dir(&debs));
+    let download = || util::run(tools::command(Tool::AptGet)?.args(["download", "-q", &pkg]).current_dir(&debs));
     if download().is_err() {
         // The package lists may be older than the headers: refresh once.
-        util::run(Command::new("apt-get").args(["update", "-qq"]))?;
+        tools::apt_update()?;
         download()?;
     }
     let deb = std::fs::read_dir(&debs)?
@@ -485,7 +590,7 @@ fn debian_kernel(release: &str) -> Result<Kernel> {
         .with_context(|| format!("apt-get download left no {pkg}_*.deb in {}", debs.display()))?;
     let tmp = dir.with_file_name(format!("linux-image-{release}.partial"));
     let _ = std::fs::remove_dir_all(&tmp);
-    util::run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&tmp))?;
+    util::run(tools::command(Tool::DpkgDeb)?.arg("-x").arg(&deb).arg(&tmp))?;
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::rename(&tmp, &dir)?;
     if !kernel.vmlinuz.is_file() {
@@ -496,14 +601,17 @@ fn debian_kernel(release: &str) -> Result<Kernel> {
 
 /// A module file, decompressed when Debian ships it compressed.
 fn read_module(path: &Path) -> Result<Vec<u8>> {
-    let tool = match path.extension().and_then(|e| e.to_str()) {
-        Some("xz") => "xz",
-        Some("zst") => "zstd",
-        _ => return std::fs::read(path).with_context(|| format!("reading {}", path.display())),
+    let name = path.to_string_lossy();
+    let tool = if name.ends_with(".xz") {
+        Tool::Xz
+    } else if name.ends_with(".zst") {
+        Tool::Zstd
+    } else {
+        return std::fs::read(path).with_context(|| format!("reading {}", path.display()));
     };
-    let out = Command::new(tool).arg("-dc").arg(path).output().with_context(|| format!("running {tool}"))?;
+    let out = util::capture(tools::command(tool)?.arg("-dc").arg(path), util::DEFAULT_LIMIT)?;
     if !out.status.success() {
-        bail!("{tool} -dc {} failed", path.display());
+        bail!("{} -dc {} failed", tool.program(), path.display());
     }
     Ok(out.stdout)
 }
@@ -530,15 +638,15 @@ fn build_user_binaries() -> Result<UserBinaries> {
     };
     // Both commands build the `leap` binary (cargo builds a package's
     // binaries for its integration tests): both must embed the same object.
-    let cargo = |args: &[&str]| {
-        let mut cmd = Command::new("cargo");
+    let cargo = |args: &[&str]| -> Result<_> {
+        let mut cmd = tools::cargo()?;
         cmd.args(args).current_dir(&root);
         if let Some(object) = &object {
             cmd.env(crate::ebpf::OBJECT_ENV, object);
         }
-        cmd
+        Ok(cmd)
     };
-    util::run(&mut cargo(&["build", "--release", "-p", "leap", "--bin", "leap"]))?;
+    util::run(&mut cargo(&["build", "--release", "-p", "leap", "--bin", "leap"])?)?;
     let json = util::output(&mut cargo(&[
         "test",
         "--release",
@@ -548,7 +656,7 @@ fn build_user_binaries() -> Result<UserBinaries> {
         "kmod_vm",
         "--no-run",
         "--message-format=json",
-    ]))?;
+    ])?)?;
     let test = json
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
@@ -564,9 +672,10 @@ fn build_user_binaries() -> Result<UserBinaries> {
 /// The binary without debug info (smaller initramfs, faster boot), or as is
 /// when `strip` is missing.
 fn stripped(path: &Path) -> Result<Vec<u8>> {
-    if util::have("strip") {
+    if let Ok(mut strip) = tools::command(Tool::Strip) {
         let out = util::root().join("target/vm/stripped");
-        if Command::new("strip").arg("--strip-debug").arg("-o").arg(&out).arg(path).status()?.success() {
+        let done = util::capture(strip.arg("--strip-debug").arg("-o").arg(&out).arg(path), util::DEFAULT_LIMIT)?;
+        if done.status.success() {
             return Ok(std::fs::read(&out)?);
         }
     }
@@ -575,7 +684,7 @@ fn stripped(path: &Path) -> Result<Vec<u8>> {
 
 /// Shared libraries (and the ELF interpreter) a dynamic binary needs.
 fn shared_libraries(path: &Path) -> Result<Vec<PathBuf>> {
-    let out = Command::new("ldd").arg(path).output().context("running ldd")?;
+    let out = util::capture(tools::command(Tool::Ldd)?.arg(path), util::DEFAULT_LIMIT)?;
     let text = String::from_utf8_lossy(&out.stdout);
     Ok(text
         .lines()
@@ -594,11 +703,11 @@ fn shell_join(words: &[String]) -> String {
     words.iter().map(|w| format!("'{}'", w.replace('\'', r"'\''"))).collect::<Vec<_>>().join(" ")
 }
 
-/// Boots the guest, streams its console, and returns the code init printed
-/// after [`EXIT_MARKER`] and the suite's summary line.
-fn boot(vmlinuz: &Path, initrd: &Path, timeout: Duration) -> Result<(i32, Option<String>)> {
+/// Boots the guest and streams its console; returns the code init printed
+/// after [`EXIT_MARKER`], the suite's summary line and every line.
+fn boot(vmlinuz: &Path, initrd: &Path, timeout: Duration) -> Result<Console> {
     let accel = std::env::var("LEAP_VM_ACCEL").unwrap_or_else(|_| "tcg".into());
-    let mut cmd = Command::new("qemu-system-x86_64");
+    let mut cmd = tools::command(Tool::Qemu)?;
     cmd.args(["-accel", &accel, "-cpu", if accel == "kvm" { "host" } else { "max" }])
         .args(["-m", "1024", "-smp", "2", "-nographic", "-no-reboot", "-nic", "none"])
         .arg("-kernel")
@@ -606,13 +715,12 @@ fn boot(vmlinuz: &Path, initrd: &Path, timeout: Duration) -> Result<(i32, Option
         .arg("-initrd")
         .arg(initrd)
         .args(["-append", "console=ttyS0 quiet loglevel=4 panic=-1 oops=panic"])
-        .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
     eprintln!("+ {}", util::show(&cmd));
     let start = Instant::now();
-    let mut child = cmd.spawn().context("cannot start qemu-system-x86_64")?;
-    let stdout = child.stdout.take().context("qemu stdout")?;
+    let mut qemu = util::Watched::spawn(&mut cmd)?;
+    let stdout = qemu.child.stdout.take().context("qemu stdout")?;
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines() {
@@ -624,6 +732,7 @@ fn boot(vmlinuz: &Path, initrd: &Path, timeout: Duration) -> Result<(i32, Option
     });
     let mut code = None;
     let mut summary = None;
+    let mut lines = Vec::new();
     let deadline = start + timeout;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -638,22 +747,23 @@ fn boot(vmlinuz: &Path, initrd: &Path, timeout: Duration) -> Result<(i32, Option
                 if line.ends_with(" failed") && line.contains(" passed, ") {
                     summary = Some(line.to_owned());
                 }
+                lines.push(line.to_owned());
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                bail!("the guest did not finish within {}s", timeout.as_secs());
+                qemu.kill_group();
+                bail!("the guest did not finish within {} s: killed qemu", timeout.as_secs());
             }
         }
     }
-    let status = child.wait()?;
+    // The console closed: qemu is exiting.
+    let status = qemu.wait(timeout + Duration::from_secs(60))?;
     eprintln!("guest finished in {:.1}s ({status})", start.elapsed().as_secs_f64());
     if let Some(s) = &summary {
         eprintln!("vm: {s}");
     }
     let code = code.with_context(|| format!("the guest printed no {EXIT_MARKER} line (qemu {status})"))?;
-    Ok((code, summary))
+    Ok(Console { code, summary, lines })
 }
 
 /// A cpio archive in the "newc" format the kernel unpacks as initramfs
