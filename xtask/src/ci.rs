@@ -215,6 +215,7 @@ fn binary_only_in(tree: &str) -> Option<&'static str> {
 /// The first failing stage.
 pub fn run_ci(args: Args) -> Result<()> {
     let root = util::root();
+    util::use_test_build_profile();
     let want = |s: &str| args.stage.is_empty() || args.stage.iter().any(|a| a == s);
     for s in &args.stage {
         if !STAGES.contains(&s.as_str()) {

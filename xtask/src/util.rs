@@ -82,6 +82,24 @@ const SLOW: Duration = Duration::from_secs(30);
 /// SIGKILL (a nested `cargo xtask` then takes its own children down).
 const GRACE: Duration = Duration::from_secs(5);
 
+/// What `cargo xtask ci` changes in the release profile for every cargo it
+/// runs (maturin's included): no link-time optimisation and no debug info.
+/// With the profile's thin LTO, each of the ~30 integration-test binaries
+/// the privileged stages build spent about 100 s in its link on a 2-CPU
+/// machine (the whole program optimised again per binary), 2 s without.
+/// The code under test is the same; only `cargo xtask bench` and users'
+/// builds get the optimised profile.
+const TEST_BUILD_PROFILE: [(&str, &str); 2] =
+    [("CARGO_PROFILE_RELEASE_LTO", "false"), ("CARGO_PROFILE_RELEASE_DEBUG", "0")];
+
+static TEST_BUILDS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// From now on, release builds this process starts use the CI's quicker
+/// profile ([`TEST_BUILD_PROFILE`]).
+pub fn use_test_build_profile() {
+    TEST_BUILDS.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Runs a command, echoing it, and fails unless it exits 0 within
 /// [`DEFAULT_LIMIT`].
 ///
@@ -224,6 +242,13 @@ impl Watched {
     pub fn spawn(cmd: &mut Command) -> Result<Self> {
         let what = show(cmd);
         cmd.stdin(Stdio::null()).process_group(0);
+        if TEST_BUILDS.load(std::sync::atomic::Ordering::Relaxed) {
+            for (var, value) in TEST_BUILD_PROFILE {
+                if std::env::var_os(var).is_none() {
+                    cmd.env(var, value);
+                }
+            }
+        }
         let child = cmd.spawn().with_context(|| format!("cannot start {what}"))?;
         let slot = signals::register(child.id());
         Ok(Self { child, what, started: Instant::now(), reaped: false, slot })

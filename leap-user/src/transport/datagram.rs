@@ -126,6 +126,18 @@ pub struct DatagramLink {
     mtu_due: Instant,
 }
 
+/// A path MTU as the log says it: the number, or "unknown".
+struct MtuText(Option<usize>);
+
+impl std::fmt::Display for MtuText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(m) => write!(f, "{m}"),
+            None => f.write_str("unknown"),
+        }
+    }
+}
+
 impl DatagramLink {
     /// A link sending from `socket` to `cfg.next`; `gso` allows UDP GSO
     /// (still only if the kernel has it).
@@ -234,7 +246,9 @@ impl DatagramLink {
         self.mtu_due = now + MTU_RECHECK;
         let Some((k, mtu)) = self.train_fit() else { return };
         let (next, was) = (self.cfg.next, self.sender.train());
-        let mtu = mtu.map_or_else(|| "unknown".into(), |m| m.to_string());
+        // Written only into the log lines: this runs every second on the
+        // send path, which allocates nothing.
+        let mtu = MtuText(mtu);
         if k != was {
             self.sender.set_train(k);
             log::info!("path MTU to {next} is now {mtu}: {k} chunk(s) per datagram, {was} before");
