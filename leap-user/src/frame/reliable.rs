@@ -70,6 +70,18 @@ pub const NACKS_PER_FRAME: u32 = 64;
 /// A chunk re-sent less than this long ago is not re-sent again for a later
 /// NACK: the answer to the first one is still on its way.
 pub const RESEND_HOLDOFF: Duration = Duration::from_micros(500);
+/// Chunks of a kept frame re-sent over its whole life, at most, in copies of
+/// the frame: whatever NACKs arrive (from the next node, or from anyone
+/// spoofing its address), a frame costs at most this many times its size in
+/// retransmissions, plus [`RETX_SLACK`] chunks. Later NACKs of it are
+/// refused (and counted). A real link loses a few percent at most: two
+/// copies leave room for the loss of retransmissions too, and the slack for
+/// a small frame fetched again whole more than twice (a CRC that failed
+/// again and again on a link that corrupts).
+pub const RETX_BUDGET: u32 = 2;
+/// Chunks a frame may be re-sent beyond [`RETX_BUDGET`] copies of it (one
+/// burst): what a small frame gets at most is a few of its copies, 90 KB.
+pub const RETX_SLACK: u32 = RETX_BURST as u32;
 
 /// One stored frame.
 #[derive(Debug, Default)]
@@ -89,6 +101,8 @@ struct Stored {
     resent: Vec<u64>,
     resent_at: Option<Instant>,
     nacks: u32,
+    /// Chunks that may still be queued for re-sending ([`RETX_BUDGET`]).
+    budget: u32,
 }
 
 impl Stored {
@@ -106,16 +120,20 @@ fn set_bit(map: &mut [u64], id: u16) {
 }
 
 /// Sets the bits `[from, to)` of `want` that are clear in both maps, a word
-/// at a time; returns how many it set.
-fn want_range(want: &mut [u64], resent: &[u64], from: u16, to: u16) -> u32 {
+/// at a time, at most `limit` of them (the lowest); returns how many it set.
+fn want_range(want: &mut [u64], resent: &[u64], from: u16, to: u16, limit: u32) -> u32 {
     let (from, to) = (usize::from(from), usize::from(to));
     let mut set = 0;
     let mut w = from / 64;
-    while w * 64 < to {
+    while w * 64 < to && set < limit {
         let lo = from.max(w * 64) - w * 64;
         let hi = to.min(w * 64 + 64) - w * 64;
         let mask = if hi - lo == 64 { u64::MAX } else { ((1u64 << (hi - lo)) - 1) << lo };
-        let new = mask & !want[w] & !resent[w];
+        let mut new = mask & !want[w] & !resent[w];
+        // At most 63 bits to clear.
+        while new.count_ones() > limit - set {
+            new &= !(1u64 << (63 - new.leading_zeros()));
+        }
         want[w] |= new;
         set += new.count_ones();
         w += 1;
@@ -131,7 +149,8 @@ pub enum NackAnswer {
     Queued(u32),
     /// The frame is no longer kept (or never was).
     Unknown,
-    /// Too many NACKs for this frame: ignored.
+    /// Too many NACKs for this frame, or its retransmissions used up its
+    /// [`RETX_BUDGET`]: ignored.
     Refused,
 }
 
@@ -220,6 +239,7 @@ impl RetransmitBuffer {
         s.nacks = 0;
         s.wanted = 0;
         s.resent_at = None;
+        s.budget = RETX_BUDGET * u32::from(s.total()) + RETX_SLACK;
         let words = usize::from(s.total()).div_ceil(64);
         for map in [&mut s.want, &mut s.resent] {
             if map.len() < words {
@@ -253,7 +273,7 @@ impl RetransmitBuffer {
         if !(s.valid && s.seq == seq) {
             return NackAnswer::Unknown;
         }
-        if s.nacks >= NACKS_PER_FRAME {
+        if s.nacks >= NACKS_PER_FRAME || s.budget == 0 {
             return NackAnswer::Refused;
         }
         s.nacks += 1;
@@ -270,8 +290,9 @@ impl RetransmitBuffer {
         // ids: bounded by the frame, not by what the ranges claim.
         for (first, count) in ranges.take(NACK_MAX_RANGES) {
             let end = if (first, count) == NACK_ALL { total } else { first.saturating_add(count).min(total) };
-            queued += want_range(&mut s.want, &s.resent, first.min(end), end);
+            queued += want_range(&mut s.want, &s.resent, first.min(end), end, s.budget - queued);
         }
+        s.budget -= queued;
         s.wanted += queued;
         if !was_pending && s.wanted > 0 {
             self.pending += 1;
@@ -497,6 +518,54 @@ mod tests {
             b.request(3, [(0, 1)].into_iter(), t0);
         }
         assert_eq!(b.request(3, [(0, 1)].into_iter(), t0), NackAnswer::Refused);
+    }
+
+    #[test]
+    fn a_frame_is_resent_at_most_its_budget_whatever_the_nacks() {
+        // A 1 MiB frame (749 chunks) NACKed whole every 600 us (past the
+        // hold-off) by whoever sends from the next node's address: at most
+        // two copies of it go out over its life, then NACKs are refused.
+        let mut b = RetransmitBuffer::new(4);
+        let frame = vec![7u8; 1 << 20];
+        b.store(9, 0, &frame, &[], &[]);
+        let total = leap_common::chunk::chunks_for(frame.len()).unwrap();
+        let t0 = Instant::now();
+        let (mut sent, mut refused) = (0usize, 0);
+        for i in 0..NACKS_PER_FRAME {
+            let now = t0 + Duration::from_micros(600) * i;
+            match b.request(9, [NACK_ALL].into_iter(), now) {
+                NackAnswer::Queued(_) => sent += drain(&mut b, now).len(),
+                NackAnswer::Refused => refused += 1,
+                NackAnswer::Unknown => unreachable!("the frame is kept"),
+            }
+        }
+        assert_eq!(sent, (RETX_BUDGET * u32::from(total) + RETX_SLACK) as usize);
+        assert!(refused >= NACKS_PER_FRAME - RETX_BUDGET - 2, "{refused}");
+        // A single chunk asked for after that: refused too.
+        assert_eq!(b.request(9, [(3, 1)].into_iter(), t0 + Duration::from_secs(1)), NackAnswer::Refused);
+        // The next frame in that slot has a budget of its own.
+        b.store(13, 0, &frame[..1400], &[], &[]);
+        assert_eq!(b.request(13, [NACK_ALL].into_iter(), t0), NackAnswer::Queued(1));
+    }
+
+    #[test]
+    fn a_budget_left_over_is_spent_on_the_lowest_chunks_asked_for() {
+        let mut b = RetransmitBuffer::new(4);
+        let frame = vec![1u8; 1400 * 100];
+        b.store(1, 0, &frame, &[], &[]);
+        let t0 = Instant::now();
+        let later = |k: u32| t0 + RESEND_HOLDOFF * k;
+        assert_eq!(b.request(1, [NACK_ALL].into_iter(), t0), NackAnswer::Queued(100));
+        drain(&mut b, t0);
+        assert_eq!(b.request(1, [NACK_ALL].into_iter(), later(1)), NackAnswer::Queued(100));
+        drain(&mut b, later(1));
+        let left = RETX_SLACK - 30;
+        assert_eq!(b.request(1, [(0, left as u16)].into_iter(), later(2)), NackAnswer::Queued(left));
+        drain(&mut b, later(2));
+        // 30 left: chunks 10..40 of the 50 asked for.
+        assert_eq!(b.request(1, [(10, 50)].into_iter(), later(3)), NackAnswer::Queued(30));
+        assert_eq!(drain(&mut b, later(3)), (10..40).collect::<Vec<_>>());
+        assert_eq!(b.request(1, [(0, 1)].into_iter(), later(4)), NackAnswer::Refused);
     }
 
     #[test]
