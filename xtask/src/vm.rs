@@ -1,8 +1,10 @@
 //! `cargo xtask vm [-- CMD...]`: boots Debian's two LTS kernels (6.1 and
 //! 6.12) in turn in qemu, each with a busybox initramfs carrying
 //! `leap_kmod.ko` built for it, the modules it needs from the same release,
-//! `leap`, the `kmod_vm` test binary and the C program `original_abi`
-//! (static), and runs the kernel-module test suite (or CMD) on each.
+//! `leap`, the `kmod_vm` test binary, the C program `original_abi`
+//! (static) and, for the suite, the C library's example ring (`ring`) and
+//! the C++ drop-in's engine example (`engine`) with the installed
+//! `libleap.so`, and runs the kernel-module test suite (or CMD) on each.
 //!
 //! The host kernel here cannot load modules, so this is where the module is
 //! proven. The guest has no network device: every packet stays on its
@@ -45,7 +47,8 @@ pub struct Args {
     #[arg(long = "bin", value_name = "NAME=PATH", value_parser = parse_bin)]
     bins: Vec<(String, PathBuf)>,
     /// Command to run in the guest instead of the test suite (the module is
-    /// loaded first; PATH holds `leap` and `kmod_vm`).
+    /// loaded first; PATH holds `leap` and `kmod_vm`; `ring` and `engine`
+    /// are the suite's: give them with --bin).
     #[arg(last = true)]
     cmd: Vec<String>,
 }
@@ -63,6 +66,8 @@ const VM_TOOLS: &[Tool] = &[
     Tool::Ip,
     Tool::Setpriv,
     Tool::Gcc,
+    Tool::Gxx,
+    Tool::PkgConfig,
     Tool::Ldd,
     Tool::Strip,
     Tool::Xz,
@@ -73,8 +78,8 @@ const VM_TOOLS: &[Tool] = &[
     Tool::DpkgQuery,
 ];
 
-/// Debian packages without a program of the table: the static C library
-/// for `original_abi`.
+/// Debian packages without a program of the table: the C library's
+/// headers and static archive (`original_abi`, `ring`).
 const VM_PACKAGES: &[&str] = &["libc6-dev"];
 
 /// Extra modules of the Debian kernel the guest needs (with their deps).
@@ -347,7 +352,11 @@ pub fn run_guests(args: &Args) -> Result<Vec<Guest>> {
     tools::ensure(VM_TOOLS)?;
     tools::apt_install(VM_PACKAGES)?;
     check_static(Tool::Busybox)?;
-    let mut user = if args.kmod_only { UserBinaries { bins: Vec::new(), xdp: false } } else { build_user_binaries()? };
+    let mut user = if args.kmod_only {
+        UserBinaries { bins: Vec::new(), xdp: false }
+    } else {
+        build_user_binaries(args.cmd.is_empty())?
+    };
     user.bins.push(("original_abi".into(), build_original_abi()?));
     user.bins.extend(args.bins.iter().cloned());
     let trees: Vec<(String, Option<Lts>)> = match (&args.kernel_dir, args.kernels.as_slice()) {
@@ -457,8 +466,8 @@ fn run_on(args: &Args, module: &kmod::BuiltModule, user: &UserBinaries) -> Resul
         libs.extend(shared_libraries(path)?);
     }
     for lib in &libs {
-        let data = std::fs::read(lib).with_context(|| format!("reading {}", lib.display()))?;
-        cpio.file(lib.to_str().context("library path")?.trim_start_matches('/'), 0o755, &data)?;
+        // libleap.so carries the release profile's debug info.
+        cpio.file(lib.to_str().context("library path")?.trim_start_matches('/'), 0o755, &stripped(lib)?)?;
     }
     let initrd = util::root().join(format!("target/vm/initrd-{}.cpio", module.release));
     std::fs::write(&initrd, cpio.finish())?;
@@ -625,8 +634,9 @@ struct UserBinaries {
 }
 
 /// Builds `leap` (release, with the XDP object embedded when it can be
-/// built; always in CI) and the `kmod_vm` test binary.
-fn build_user_binaries() -> Result<UserBinaries> {
+/// built; always in CI) and the `kmod_vm` test binary; with `bindings`,
+/// also the C and C++ programs of [`build_bindings`].
+fn build_user_binaries(bindings: bool) -> Result<UserBinaries> {
     let root = util::root();
     let object = match crate::ebpf::build_ebpf(util::in_ci()) {
         Ok(object) => Some(object),
@@ -663,10 +673,30 @@ fn build_user_binaries() -> Result<UserBinaries> {
         .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["name"] == "kmod_vm")
         .find_map(|v| v["executable"].as_str().map(PathBuf::from))
         .context("cargo printed no kmod_vm test executable")?;
-    Ok(UserBinaries {
-        bins: vec![("leap".into(), root.join("target/release/leap")), ("kmod_vm".into(), test)],
-        xdp: object.is_some(),
-    })
+    let mut bins = vec![("leap".into(), root.join("target/release/leap")), ("kmod_vm".into(), test)];
+    if bindings {
+        bins.extend(build_bindings(object.as_deref())?);
+    }
+    Ok(UserBinaries { bins, xdp: object.is_some() })
+}
+
+/// The C library's example ring (`ring`, `leap-user/capi/examples/ring.c`)
+/// and the C++ drop-in's engine example (`engine`, whose `--transport
+/// kernel` is `KernelTransport` over the library's kmod backend), built as
+/// CI builds them: against libleap installed under `target/vm/capi/prefix`
+/// (with the same XDP object as `leap`, so that cargo builds the library
+/// once). Their rpath is that prefix's `lib`, where the guest gets
+/// `libleap.so.0` too (with the other libraries `ldd` names).
+fn build_bindings(object: Option<&Path>) -> Result<Vec<(String, PathBuf)>> {
+    let base = util::root().join("target/vm/capi");
+    let prefix = base.join("prefix");
+    let _ = std::fs::remove_dir_all(&prefix);
+    let inst = crate::capi::install(&prefix, object)?;
+    let out = base.join("bin");
+    Ok(vec![
+        ("ring".into(), crate::capi::build_ring(&inst, &out)?),
+        ("engine".into(), crate::cpp::build_engine(&inst, &out)?),
+    ])
 }
 
 /// The binary without debug info (smaller initramfs, faster boot), or as is
