@@ -3,6 +3,8 @@
 //! and the C tests CI runs against what was installed: the API's error
 //! paths, no frame-sized allocation per frame, the example ring of three C
 //! processes (loopback, namespaces, XDP) and a run under AddressSanitizer.
+//! `cargo xtask vm` runs the example ring over the kernel module in its
+//! guests (see `vm.rs`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -125,40 +127,49 @@ pub struct Programs {
 ///
 /// A compiler error, or pkg-config not finding the library.
 pub fn build_programs(inst: &Installed, out: &Path) -> Result<Programs> {
+    Ok(Programs {
+        ring: compile(inst, out, "examples/ring.c", "ring", false)?,
+        ring_asan: compile(inst, out, "examples/ring.c", "ring-asan", true)?,
+        api: compile(inst, out, "tests/c/api.c", "api", false)?,
+        api_asan: compile(inst, out, "tests/c/api.c", "api-asan", true)?,
+        alloc: compile(inst, out, "tests/c/alloc.c", "alloc", false)?,
+    })
+}
+
+/// The example ring stage alone (shared library), for `cargo xtask vm`.
+///
+/// # Errors
+///
+/// As [`build_programs`].
+pub fn build_ring(inst: &Installed, out: &Path) -> Result<PathBuf> {
+    compile(inst, out, "examples/ring.c", "ring", false)
+}
+
+/// Compiles `source` (under `leap-user/capi`) into `out/name` against the
+/// shared library of `inst` (its directory as the rpath), or with
+/// AddressSanitizer against the static one.
+fn compile(inst: &Installed, out: &Path, source: &str, name: &str, asan: bool) -> Result<PathBuf> {
     tools::ensure(&[Tool::Gcc, Tool::PkgConfig])?;
     tools::apt_install(&["libc6-dev"])?;
     std::fs::create_dir_all(out)?;
     let src = root().join("leap-user/capi");
-    let shared = inst.pkg_config(&["--cflags", "--libs"])?;
-    let cflags = inst.pkg_config(&["--cflags"])?;
-    let private = inst.pkg_config(&["--static", "--libs-only-l"])?;
-    let rpath = format!("-Wl,-rpath,{}", inst.libdir().display());
-    let cc = |source: &str, name: &str, asan: bool| -> Result<PathBuf> {
-        let bin = out.join(name);
-        let mut c = tools::command(Tool::Gcc)?;
-        c.args(["-std=c11", "-O2", "-g", "-Wall", "-Wextra", "-Werror", "-pthread"])
-            .arg(src.join(source))
-            .arg("-o")
-            .arg(&bin);
-        if asan {
-            // The static library: the whole program in one image.
-            c.args(["-fsanitize=address", "-fno-omit-frame-pointer"])
-                .args(&cflags)
-                .arg(inst.libdir().join("libleap.a"))
-                .args(private.iter().filter(|l| *l != "-lleap"));
-        } else {
-            c.args(&shared).arg(&rpath);
-        }
-        run(&mut c)?;
-        Ok(bin)
-    };
-    Ok(Programs {
-        ring: cc("examples/ring.c", "ring", false)?,
-        ring_asan: cc("examples/ring.c", "ring-asan", true)?,
-        api: cc("tests/c/api.c", "api", false)?,
-        api_asan: cc("tests/c/api.c", "api-asan", true)?,
-        alloc: cc("tests/c/alloc.c", "alloc", false)?,
-    })
+    let bin = out.join(name);
+    let mut c = tools::command(Tool::Gcc)?;
+    c.args(["-std=c11", "-O2", "-g", "-Wall", "-Wextra", "-Werror", "-pthread"])
+        .arg(src.join(source))
+        .arg("-o")
+        .arg(&bin);
+    if asan {
+        // The static library: the whole program in one image.
+        c.args(["-fsanitize=address", "-fno-omit-frame-pointer"])
+            .args(inst.pkg_config(&["--cflags"])?)
+            .arg(inst.libdir().join("libleap.a"))
+            .args(inst.pkg_config(&["--static", "--libs-only-l"])?.iter().filter(|l| *l != "-lleap"));
+    } else {
+        c.args(inst.pkg_config(&["--cflags", "--libs"])?).arg(format!("-Wl,-rpath,{}", inst.libdir().display()));
+    }
+    run(&mut c)?;
+    Ok(bin)
 }
 
 /// Installs into a fresh prefix under `target/capi/` and builds the C

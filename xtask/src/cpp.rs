@@ -7,7 +7,8 @@
 //! with the static library), and the engine-shaped example in rings
 //! (`leap-user/tests/cpp_engine.rs`: loopback and the mixed rings in the
 //! smoke stage, namespaces and 1 % loss in the privileged stage, XDP in the
-//! ebpf stage).
+//! ebpf stage). `cargo xtask vm` runs the example over `KernelTransport` in
+//! its guests (see `vm.rs`).
 
 use std::path::{Path, PathBuf};
 
@@ -41,41 +42,51 @@ const SOURCES: &[&str] = &["TcpTransport.cpp", "UdpTransport.cpp", "KernelTransp
 /// A compiler error (warnings are errors), or pkg-config not finding the
 /// library.
 pub fn build_programs(inst: &Installed, out: &Path) -> Result<Programs> {
+    Ok(Programs {
+        engine: build_engine(inst, out)?,
+        api: compile(inst, out, "tests/api.cpp", "api", &["-O2", "-g"], false)?,
+        api_asan: compile(inst, out, "tests/api.cpp", "api-asan", &["-O1", "-g"], true)?,
+        original_api: compile(inst, out, "tests/original_api.cpp", "original-api", &[], false)?,
+    })
+}
+
+/// The engine-shaped example alone (shared library); also what `cargo
+/// xtask vm` runs over `KernelTransport`.
+///
+/// # Errors
+///
+/// As [`build_programs`].
+pub fn build_engine(inst: &Installed, out: &Path) -> Result<PathBuf> {
+    compile(inst, out, "examples/engine.cpp", "engine", &["-O2"], false)
+}
+
+/// Compiles `source` (under `leap-user/capi/cpp`) with the drop-in's
+/// sources into `out/name` against the shared library of `inst` (its
+/// directory as the rpath), or with AddressSanitizer against the static one.
+fn compile(inst: &Installed, out: &Path, source: &str, name: &str, flags: &[&str], asan: bool) -> Result<PathBuf> {
     tools::ensure(&[Tool::Gxx, Tool::PkgConfig])?;
     std::fs::create_dir_all(out)?;
     let dir = root().join("leap-user/capi/cpp");
-    let shared = inst.pkg_config(&["--cflags", "--libs"])?;
-    let cflags = inst.pkg_config(&["--cflags"])?;
-    let private = inst.pkg_config(&["--static", "--libs-only-l"])?;
-    let rpath = format!("-Wl,-rpath,{}", inst.libdir().display());
-    let cxx = |source: &str, name: &str, flags: &[&str], asan: bool| -> Result<PathBuf> {
-        let bin = out.join(name);
-        let mut c = tools::command(Tool::Gxx)?;
-        c.args(["-std=c++20", "-Wall", "-Wextra", "-Werror", "-pthread"])
-            .args(flags)
-            .arg("-I")
-            .arg(&dir)
-            .arg(dir.join(source))
-            .args(SOURCES.iter().map(|s| dir.join(s)))
-            .arg("-o")
-            .arg(&bin);
-        if asan {
-            c.args(["-fsanitize=address", "-fno-omit-frame-pointer"])
-                .args(&cflags)
-                .arg(inst.libdir().join("libleap.a"))
-                .args(private.iter().filter(|l| *l != "-lleap"));
-        } else {
-            c.args(&shared).arg(&rpath);
-        }
-        run(&mut c)?;
-        Ok(bin)
-    };
-    Ok(Programs {
-        engine: cxx("examples/engine.cpp", "engine", &["-O2"], false)?,
-        api: cxx("tests/api.cpp", "api", &["-O2", "-g"], false)?,
-        api_asan: cxx("tests/api.cpp", "api-asan", &["-O1", "-g"], true)?,
-        original_api: cxx("tests/original_api.cpp", "original-api", &[], false)?,
-    })
+    let bin = out.join(name);
+    let mut c = tools::command(Tool::Gxx)?;
+    c.args(["-std=c++20", "-Wall", "-Wextra", "-Werror", "-pthread"])
+        .args(flags)
+        .arg("-I")
+        .arg(&dir)
+        .arg(dir.join(source))
+        .args(SOURCES.iter().map(|s| dir.join(s)))
+        .arg("-o")
+        .arg(&bin);
+    if asan {
+        c.args(["-fsanitize=address", "-fno-omit-frame-pointer"])
+            .args(inst.pkg_config(&["--cflags"])?)
+            .arg(inst.libdir().join("libleap.a"))
+            .args(inst.pkg_config(&["--static", "--libs-only-l"])?.iter().filter(|l| *l != "-lleap"));
+    } else {
+        c.args(inst.pkg_config(&["--cflags", "--libs"])?).arg(format!("-Wl,-rpath,{}", inst.libdir().display()));
+    }
+    run(&mut c)?;
+    Ok(bin)
 }
 
 /// Installs the library into a prefix of its own under `target/cpp/` and

@@ -1,8 +1,10 @@
 //! `cargo xtask vm [-- CMD...]`: boots Debian's two LTS kernels (6.1 and
 //! 6.12) in turn in qemu, each with a busybox initramfs carrying
 //! `leap_kmod.ko` built for it, the modules it needs from the same release,
-//! `leap`, the `kmod_vm` test binary and the C program `original_abi`
-//! (static), and runs the kernel-module test suite (or CMD) on each.
+//! `leap`, the `kmod_vm` test binary, the C program `original_abi`
+//! (static) and, for the suite, the C library's example ring (`ring`) and
+//! the C++ drop-in's engine example (`engine`) with the installed
+//! `libleap.so`, and runs the kernel-module test suite (or CMD) on each.
 //!
 //! The host kernel here cannot load modules, so this is where the module is
 //! proven. The guest has no network device: every packet stays on its
@@ -45,7 +47,8 @@ pub struct Args {
     #[arg(long = "bin", value_name = "NAME=PATH", value_parser = parse_bin)]
     bins: Vec<(String, PathBuf)>,
     /// Command to run in the guest instead of the test suite (the module is
-    /// loaded first; PATH holds `leap` and `kmod_vm`).
+    /// loaded first; PATH holds `leap` and `kmod_vm`; `ring` and `engine`
+    /// are the suite's: give them with --bin).
     #[arg(last = true)]
     cmd: Vec<String>,
 }
@@ -63,6 +66,8 @@ const VM_TOOLS: &[Tool] = &[
     Tool::Ip,
     Tool::Setpriv,
     Tool::Gcc,
+    Tool::Gxx,
+    Tool::PkgConfig,
     Tool::Ldd,
     Tool::Strip,
     Tool::Xz,
@@ -73,8 +78,8 @@ const VM_TOOLS: &[Tool] = &[
     Tool::DpkgQuery,
 ];
 
-/// Debian packages without a program of the table: the static C library
-/// for `original_abi`.
+/// Debian packages without a program of the table: the C library's
+/// headers and static archive (`original_abi`, `ring`).
 const VM_PACKAGES: &[&str] = &["libc6-dev"];
 
 /// Extra modules of the Debian kernel the guest needs (with their deps).
@@ -249,6 +254,156 @@ if [ -x /bin/leap ]; then
 	fi
 fi
 
+# The C library and the C++ drop-in over the module: the C example ring
+# (ring.c: lending, leap_send_begin/commit, a RESIZE_CHAIN round halfway)
+# and the C++ engine example with `--transport kernel` (KernelTransport:
+# the original engine's calls, a RESIZE_CHAIN round and its ACK first),
+# each process bounded by `timeout`, its output in /tmp/b.NAME.{out,err}.
+IP=/sbin/ip
+# start NAME CMD...: CMD in the background, killed after 180 s.
+start() { sn=$1; shift; timeout 180 "$@" >/tmp/b.$sn.out 2>/tmp/b.$sn.err & eval "pid_$sn=\$!"; }
+# fin NAME: waits for it; fails (showing its stderr) unless it exited 0.
+fin() {
+	eval "wait \$pid_$1"
+	rc=$?
+	if [ $rc != 0 ]; then echo "$1 exited $rc"; tail -n 20 /tmp/b.$1.err; return 1; fi
+}
+# has NAME TEXT: its last line on stdout holds TEXT.
+has() {
+	tail -n 1 /tmp/b.$1.out | grep -qF -- "$2" && return 0
+	echo "$1: no $2 in: $(tail -n 1 /tmp/b.$1.out)"
+	return 1
+}
+# The C++ program's counters (LEAP_STATS=1) say it ran the kmod backend.
+on_kmod() {
+	grep -qF '{"leap_stats":"kmod"' /tmp/b.$1.err && return 0
+	echo "$1 did not run over kmod: $(grep leap_stats /tmp/b.$1.err)"
+	return 1
+}
+# Three namespaces in a ring of veth pairs: link i joins node i (10.66.i.1)
+# and node i+1 (10.66.i.2).
+lr_up() {
+	for i in 0 1 2; do $IP netns add lr$i || return 1; done
+	for i in 0 1 2; do
+		j=$(((i + 1) % 3))
+		$IP link add l${i}a netns lr$i type veth peer name l${i}b netns lr$j &&
+			$IP -n lr$i addr add 10.66.$i.1/24 dev l${i}a && $IP -n lr$j addr add 10.66.$i.2/24 dev l${i}b &&
+			$IP -n lr$i link set l${i}a up && $IP -n lr$j link set l${i}b up && $IP -n lr$i link set lo up || return 1
+	done
+}
+lr_down() { for i in 0 1 2; do $IP netns del lr$i 2>/dev/null; done; }
+# lent NAME FRAMES: ring.c's worker copied no data frame: its copies per
+# hop (counted from its 10th frame on) add up to at most the one frame
+# leap_send_control writes when it forwards the control round.
+lent() {
+	c=$(tail -n 1 /tmp/b.$1.out | sed -n 's/.*"copies_per_hop":\([0-9.]*\)}.*/\1/p')
+	awk -v c="$c" -v n=$2 'BEGIN { exit !(c != "" && c * (n - 9) <= 1.01) }' && return 0
+	echo "$1 copied more than the control frame: copies_per_hop $c over $(($2 - 9)) frames"
+	return 1
+}
+# c_ring NAME FRAMES NETNS(0|1): a head and two workers of ring.c over kmod;
+# every frame back intact, the control round back, no data frame copied in
+# the workers.
+c_ring() {
+	name=$1
+	n=$2
+	for i in 1 2 0; do
+		if [ "$3" = 1 ]; then
+			wrap="$IP netns exec lr$i"
+			a="10.66.$i.1:9999 --next 10.66.$i.2:9999 --prev 10.66.$(((i + 2) % 3)).1:9999"
+		else
+			wrap=
+			a="127.0.0.1:$((24300 + i)) --next 127.0.0.1:$((24300 + (i + 1) % 3)) --prev 127.0.0.1:$((24300 + (i + 2) % 3))"
+		fi
+		if [ $i = 0 ]; then
+			sleep 1
+			r="head --workers 2"
+		else
+			r="worker --index $((i - 1))"
+		fi
+		start c$i $wrap ring --kind kmod --role $r --listen $a --frames $n --dim 4096
+	done
+	good=1
+	for i in 0 1 2; do fin c$i || good=0; done
+	cat /tmp/b.c0.out /tmp/b.c1.out /tmp/b.c2.out
+	has c0 "\"intact\":$n," && has c0 '"control_back":true' && has c0 '"kind":"kmod"' || good=0
+	for i in 1 2; do has c$i "\"relayed\":$n," && lent c$i $n || good=0; done
+	if [ $good = 1 ]; then ok "$name"; else ko "$name"; fi
+}
+# engine as the original engine runs: LEAP_OPTIONS gives a stalled ring a
+# deadline (the drop-in has none by default).
+ENGINE="env LEAP_STATS=1 LEAP_OPTIONS=recv_timeout_ms=30000 engine --transport kernel --frames 300 --dim 4096"
+if [ -x /bin/ring ]; then
+	c_ring "C ring (libleap, ring.c): kmod, 3 processes on loopback, 300 frames intact, control round, workers copy no data frame" 300 0
+	if lr_up; then
+		c_ring "C ring (libleap, ring.c): kmod, 3 processes in namespaces over veth, 300 frames intact" 300 1
+	else
+		ko "C ring in namespaces: the veth ring could not be set up"
+	fi
+	lr_down
+else
+	echo "LEAP_VM_STEP skipped: C ring (no /bin/ring: --kmod-only or CMD)"
+fi
+if [ -x /bin/engine ]; then
+	# A head and two workers, all KernelTransport, on loopback.
+	for i in 1 2 0; do
+		if [ $i = 0 ]; then
+			sleep 1
+			r="head --workers 2"
+		else
+			r="worker --index $((i - 1))"
+		fi
+		start e$i $ENGINE --role $r --host 127.0.0.1 --port $((24310 + i)) \
+			--next-host 127.0.0.1 --next-port $((24310 + (i + 1) % 3))
+	done
+	good=1
+	for i in 0 1 2; do fin e$i || good=0; done
+	cat /tmp/b.e0.out /tmp/b.e1.out /tmp/b.e2.out
+	has e0 '"frames_delivered":300,' && has e0 '"frames_corrupt":0,' && has e0 '"control_ack":true' &&
+		has e0 '"end_layer":32,' || good=0
+	for i in 1 2; do has e$i '"relayed":300,' && has e$i "\"chain_index\":$((i - 1))," || good=0; done
+	for i in 0 1 2; do on_kmod e$i || good=0; done
+	if [ $good = 1 ]; then
+		ok "C++ engine (KernelTransport): head + 2 workers over kmod, RESIZE_CHAIN acked, 300 frames intact"
+	else
+		ko "C++ engine (KernelTransport): head + 2 workers over kmod, RESIZE_CHAIN acked, 300 frames intact"
+	fi
+	# Mixed: a C++ KernelTransport head, `leap node` over kmod, `leap node`
+	# over udp (the module's neighbours are original to it: single chunks,
+	# no NACKs) and a C++ KernelTransport tail that computes and ACKs.
+	if [ -x /bin/leap ]; then
+		start m1 leap node --transport kmod --role worker --frame-size 16392 --listen 127.0.0.1:24321 \
+			--next 127.0.0.1:24322 --prev 127.0.0.1:24320
+		start m2 leap node --transport udp --role worker --frame-size 16392 --listen 127.0.0.1:24322 \
+			--next 127.0.0.1:24323 --prev 127.0.0.1:24321
+		start m3 $ENGINE --role worker --index 2 --host 127.0.0.1 --port 24323 --next-host 127.0.0.1 --next-port 24320
+		sleep 1
+		start m0 $ENGINE --role head --workers 3 --compute-workers 1 --host 127.0.0.1 --port 24320 \
+			--next-host 127.0.0.1 --next-port 24321
+		good=1
+		for i in 0 3; do fin m$i || good=0; done
+		for i in 1 2; do
+			if ! kill $(eval echo \$pid_m$i) 2>/dev/null; then
+				echo "leap node m$i ended before the head did"
+				tail -n 20 /tmp/b.m$i.err
+				good=0
+			fi
+			eval "wait \$pid_m$i"
+		done
+		cat /tmp/b.m0.out /tmp/b.m3.out
+		has m0 '"frames_delivered":300,' && has m0 '"frames_corrupt":0,' && has m0 '"control_ack":true' &&
+			has m0 '"end_layer":32,' && has m3 '"relayed":300,' && has m3 '"chain_index":2,' &&
+			on_kmod m0 && on_kmod m3 || good=0
+		if [ $good = 1 ]; then
+			ok "mixed ring: C++ KernelTransport head, leap node kmod, leap node udp, C++ KernelTransport tail; 300 frames intact, ACK back"
+		else
+			ko "mixed ring: C++ KernelTransport head, leap node kmod, leap node udp, C++ KernelTransport tail; 300 frames intact, ACK back"
+		fi
+	fi
+else
+	echo "LEAP_VM_STEP skipped: C++ engine (no /bin/engine: --kmod-only or CMD)"
+fi
+
 exec 3</dev/leap_tensor
 if rmmod leap_kmod 2>/dev/null; then
 	ko "rmmod is refused while the device is open"
@@ -347,7 +502,11 @@ pub fn run_guests(args: &Args) -> Result<Vec<Guest>> {
     tools::ensure(VM_TOOLS)?;
     tools::apt_install(VM_PACKAGES)?;
     check_static(Tool::Busybox)?;
-    let mut user = if args.kmod_only { UserBinaries { bins: Vec::new(), xdp: false } } else { build_user_binaries()? };
+    let mut user = if args.kmod_only {
+        UserBinaries { bins: Vec::new(), xdp: false }
+    } else {
+        build_user_binaries(args.cmd.is_empty())?
+    };
     user.bins.push(("original_abi".into(), build_original_abi()?));
     user.bins.extend(args.bins.iter().cloned());
     let trees: Vec<(String, Option<Lts>)> = match (&args.kernel_dir, args.kernels.as_slice()) {
@@ -457,8 +616,8 @@ fn run_on(args: &Args, module: &kmod::BuiltModule, user: &UserBinaries) -> Resul
         libs.extend(shared_libraries(path)?);
     }
     for lib in &libs {
-        let data = std::fs::read(lib).with_context(|| format!("reading {}", lib.display()))?;
-        cpio.file(lib.to_str().context("library path")?.trim_start_matches('/'), 0o755, &data)?;
+        // libleap.so carries the release profile's debug info.
+        cpio.file(lib.to_str().context("library path")?.trim_start_matches('/'), 0o755, &stripped(lib)?)?;
     }
     let initrd = util::root().join(format!("target/vm/initrd-{}.cpio", module.release));
     std::fs::write(&initrd, cpio.finish())?;
@@ -625,8 +784,9 @@ struct UserBinaries {
 }
 
 /// Builds `leap` (release, with the XDP object embedded when it can be
-/// built; always in CI) and the `kmod_vm` test binary.
-fn build_user_binaries() -> Result<UserBinaries> {
+/// built; always in CI) and the `kmod_vm` test binary; with `bindings`,
+/// also the C and C++ programs of [`build_bindings`].
+fn build_user_binaries(bindings: bool) -> Result<UserBinaries> {
     let root = util::root();
     let object = match crate::ebpf::build_ebpf(util::in_ci()) {
         Ok(object) => Some(object),
@@ -663,10 +823,30 @@ fn build_user_binaries() -> Result<UserBinaries> {
         .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["name"] == "kmod_vm")
         .find_map(|v| v["executable"].as_str().map(PathBuf::from))
         .context("cargo printed no kmod_vm test executable")?;
-    Ok(UserBinaries {
-        bins: vec![("leap".into(), root.join("target/release/leap")), ("kmod_vm".into(), test)],
-        xdp: object.is_some(),
-    })
+    let mut bins = vec![("leap".into(), root.join("target/release/leap")), ("kmod_vm".into(), test)];
+    if bindings {
+        bins.extend(build_bindings(object.as_deref())?);
+    }
+    Ok(UserBinaries { bins, xdp: object.is_some() })
+}
+
+/// The C library's example ring (`ring`, `leap-user/capi/examples/ring.c`)
+/// and the C++ drop-in's engine example (`engine`, whose `--transport
+/// kernel` is `KernelTransport` over the library's kmod backend), built as
+/// CI builds them: against libleap installed under `target/vm/capi/prefix`
+/// (with the same XDP object as `leap`, so that cargo builds the library
+/// once). Their rpath is that prefix's `lib`, where the guest gets
+/// `libleap.so.0` too (with the other libraries `ldd` names).
+fn build_bindings(object: Option<&Path>) -> Result<Vec<(String, PathBuf)>> {
+    let base = util::root().join("target/vm/capi");
+    let prefix = base.join("prefix");
+    let _ = std::fs::remove_dir_all(&prefix);
+    let inst = crate::capi::install(&prefix, object)?;
+    let out = base.join("bin");
+    Ok(vec![
+        ("ring".into(), crate::capi::build_ring(&inst, &out)?),
+        ("engine".into(), crate::cpp::build_engine(&inst, &out)?),
+    ])
 }
 
 /// The binary without debug info (smaller initramfs, faster boot), or as is
