@@ -22,8 +22,8 @@
 //!   passes every frame on unchanged through the lending path: it reads the
 //!   frame where its transport received it and writes it where its
 //!   transport sends from (one copy, as `leap ring`'s workers). It stops
-//!   after `--frames` frames or at SIGINT, which the benchmark sends once
-//!   the head is done.
+//!   after `--frames` frames, or at SIGINT, which the benchmark sends if it
+//!   still runs 1.5 s after the head is done.
 //! - The **head** sends `--frames` frames of `--frame-size` bytes one at a
 //!   time, each written where its transport sends from; it times every
 //!   round trip from just before it writes the frame to just after the
@@ -33,7 +33,9 @@
 //!   "stats": {...}}` (`stats`: the transport's counters, names as
 //!   `leap_stats`'; optional, as are `mean`, `frames_lost` and
 //!   `elapsed_s`). It exits 0 when every frame came back intact.
-//! - Any member may end its output with a JSON line holding `stats`: the
+//! - Any member may end its output with a JSON line holding `stats`, or
+//!   print a `{"leap_stats": ..., counters}` line on stderr (what the C++
+//!   drop-in does with `LEAP_STATS=1`, which the benchmark sets): the
 //!   counters are summed over the nodes (copies per hop).
 //!
 //! Workers start first; for the datagram transports the head starts once
@@ -62,7 +64,10 @@ pub const RUST: &str = "rust";
 /// (`udp·c`).
 pub const SEP: char = '·';
 
-/// How long a worker may take after the head is done before it is killed.
+/// How long the workers may take to end by themselves once the head is
+/// done (those that stop after `--frames`), before they get SIGINT.
+const WORKER_OWN_END: Duration = Duration::from_millis(1500);
+/// How long a worker may take after SIGINT before it is killed.
 const WORKER_GRACE: Duration = Duration::from_secs(3);
 /// How long the members may take beyond opening and the stall bound.
 const RUN_MARGIN: Duration = Duration::from_secs(60);
@@ -307,6 +312,13 @@ impl Member {
         }
     }
 
+    /// The counters of a `{"leap_stats": ...}` line on its stderr (the C++
+    /// drop-in's, with `LEAP_STATS=1`), once it has exited.
+    fn stderr_stats(&mut self) -> Option<Stats> {
+        let err = self.stderr.take().and_then(|h| h.join().ok())?;
+        err.lines().rev().filter(|l| l.starts_with("{\"leap_stats\"")).find_map(|l| serde_json::from_str(l).ok())
+    }
+
     /// What went wrong, with the end of its stderr.
     fn failure(&mut self, what: &str) -> String {
         let _ = self.child.kill();
@@ -378,6 +390,8 @@ impl Members {
         let mut cmd = Command::new(&prog.command[0]);
         cmd.args(&prog.command[1..])
             .args(args(rc, i, ep))
+            // The C++ drop-in prints its counters on stderr with it.
+            .env("LEAP_STATS", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -427,14 +441,22 @@ pub fn run(prog: &RingProgram, rc: &RingConfig) -> Result<RingReport, String> {
     }
     members.start(prog, &rc, 0, &eps[0], ns(0).as_deref())?;
     let head_status = wait_head(&mut members, until)?;
-    // The head is done: stop the workers, give them a moment to print.
+    // The head is done: the workers end by themselves (after --frames),
+    // or at SIGINT; they may print their counters meanwhile.
     let workers = members.0.len() - 1;
-    for m in &members.0[..workers] {
-        crate::sys::interrupt(m.child.id());
+    let running = |m: &mut Member| m.child.try_wait().ok().flatten().is_none();
+    let own_end = Instant::now() + WORKER_OWN_END;
+    while members.0[..workers].iter_mut().any(running) && Instant::now() < own_end {
+        std::thread::sleep(POLL);
+    }
+    for m in &mut members.0[..workers] {
+        if running(m) {
+            crate::sys::interrupt(m.child.id());
+        }
     }
     let grace = Instant::now() + WORKER_GRACE;
     for m in &mut members.0[..workers] {
-        while m.child.try_wait().ok().flatten().is_none() && Instant::now() < grace {
+        while running(m) && Instant::now() < grace {
             std::thread::sleep(POLL);
         }
         let _ = m.child.kill();
@@ -449,8 +471,18 @@ pub fn run(prog: &RingProgram, rc: &RingConfig) -> Result<RingReport, String> {
     let Some(head_report) = MemberReport::last(&head.stdout) else {
         return Err(head.failure("printed no JSON line"));
     };
-    let worker_reports: Vec<MemberReport> =
-        members.0[..workers].iter().filter_map(|m| MemberReport::last(&m.stdout)).collect();
+    let mut head_report = head_report;
+    if head_report.stats.is_none() {
+        head_report.stats = members.0[workers].stderr_stats();
+    }
+    let worker_reports: Vec<MemberReport> = members.0[..workers]
+        .iter_mut()
+        .filter_map(|m| {
+            let mut r = MemberReport::last(&m.stdout).unwrap_or_default();
+            r.stats = r.stats.or_else(|| m.stderr_stats());
+            r.stats.is_some().then_some(r)
+        })
+        .collect();
     drop(members);
     drop(topo);
     report_of(&rc, &head_report, &worker_reports)

@@ -83,8 +83,10 @@ pub fn main(args: &MemberArgs) -> Result<()> {
         Role::Worker => {
             println!("ready");
             std::io::stdout().flush()?;
-            // Passes frames on until the benchmark's SIGINT.
-            run_worker(&mut *t, &WorkerConfig::new(args.frame_size), &stop).context("worker")?;
+            // Passes frames on until --frames were, or the benchmark's SIGINT.
+            let mut wc = WorkerConfig::new(args.frame_size);
+            wc.max_frames = Some(args.frames);
+            run_worker(&mut *t, &wc, &stop).context("worker")?;
             println!("{}", serde_json::json!({ "role": "worker", "index": args.index, "stats": t.stats() }));
         }
         Role::Head => {
