@@ -125,40 +125,52 @@ pub struct Programs {
 ///
 /// A compiler error, or pkg-config not finding the library.
 pub fn build_programs(inst: &Installed, out: &Path) -> Result<Programs> {
+    Ok(Programs {
+        ring: build_ring(inst, out)?,
+        ring_asan: cc(inst, "examples/ring.c", &out.join("ring-asan"), true)?,
+        api: cc(inst, "tests/c/api.c", &out.join("api"), false)?,
+        api_asan: cc(inst, "tests/c/api.c", &out.join("api-asan"), true)?,
+        alloc: cc(inst, "tests/c/alloc.c", &out.join("alloc"), false)?,
+    })
+}
+
+/// Compiles the C example ring stage (`examples/ring.c`) against `inst`'s
+/// shared library into `out/ring`: CI's, and the C row of `cargo xtask
+/// bench --bindings`.
+///
+/// # Errors
+///
+/// As [`build_programs`].
+pub fn build_ring(inst: &Installed, out: &Path) -> Result<PathBuf> {
+    cc(inst, "examples/ring.c", &out.join("ring"), false)
+}
+
+/// Compiles `source` (under `leap-user/capi`) into `bin`, with `pkg-config
+/// --cflags --libs leap` of `inst` (and its directory as the run path), or
+/// with AddressSanitizer against the static library.
+fn cc(inst: &Installed, source: &str, bin: &Path, asan: bool) -> Result<PathBuf> {
     tools::ensure(&[Tool::Gcc, Tool::PkgConfig])?;
     tools::apt_install(&["libc6-dev"])?;
-    std::fs::create_dir_all(out)?;
-    let src = root().join("leap-user/capi");
-    let shared = inst.pkg_config(&["--cflags", "--libs"])?;
-    let cflags = inst.pkg_config(&["--cflags"])?;
-    let private = inst.pkg_config(&["--static", "--libs-only-l"])?;
-    let rpath = format!("-Wl,-rpath,{}", inst.libdir().display());
-    let cc = |source: &str, name: &str, asan: bool| -> Result<PathBuf> {
-        let bin = out.join(name);
-        let mut c = tools::command(Tool::Gcc)?;
-        c.args(["-std=c11", "-O2", "-g", "-Wall", "-Wextra", "-Werror", "-pthread"])
-            .arg(src.join(source))
-            .arg("-o")
-            .arg(&bin);
-        if asan {
-            // The static library: the whole program in one image.
-            c.args(["-fsanitize=address", "-fno-omit-frame-pointer"])
-                .args(&cflags)
-                .arg(inst.libdir().join("libleap.a"))
-                .args(private.iter().filter(|l| *l != "-lleap"));
-        } else {
-            c.args(&shared).arg(&rpath);
-        }
-        run(&mut c)?;
-        Ok(bin)
-    };
-    Ok(Programs {
-        ring: cc("examples/ring.c", "ring", false)?,
-        ring_asan: cc("examples/ring.c", "ring-asan", true)?,
-        api: cc("tests/c/api.c", "api", false)?,
-        api_asan: cc("tests/c/api.c", "api-asan", true)?,
-        alloc: cc("tests/c/alloc.c", "alloc", false)?,
-    })
+    if let Some(dir) = bin.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut c = tools::command(Tool::Gcc)?;
+    c.args(["-std=c11", "-O2", "-g", "-Wall", "-Wextra", "-Werror", "-pthread"])
+        .arg(root().join("leap-user/capi").join(source))
+        .arg("-o")
+        .arg(bin);
+    if asan {
+        // The static library: the whole program in one image.
+        let private = inst.pkg_config(&["--static", "--libs-only-l"])?;
+        c.args(["-fsanitize=address", "-fno-omit-frame-pointer"])
+            .args(inst.pkg_config(&["--cflags"])?)
+            .arg(inst.libdir().join("libleap.a"))
+            .args(private.iter().filter(|l| *l != "-lleap"));
+    } else {
+        c.args(inst.pkg_config(&["--cflags", "--libs"])?).arg(format!("-Wl,-rpath,{}", inst.libdir().display()));
+    }
+    run(&mut c)?;
+    Ok(bin.to_path_buf())
 }
 
 /// Installs into a fresh prefix under `target/capi/` and builds the C

@@ -41,41 +41,55 @@ const SOURCES: &[&str] = &["TcpTransport.cpp", "UdpTransport.cpp", "KernelTransp
 /// A compiler error (warnings are errors), or pkg-config not finding the
 /// library.
 pub fn build_programs(inst: &Installed, out: &Path) -> Result<Programs> {
-    tools::ensure(&[Tool::Gxx, Tool::PkgConfig])?;
-    std::fs::create_dir_all(out)?;
-    let dir = root().join("leap-user/capi/cpp");
-    let shared = inst.pkg_config(&["--cflags", "--libs"])?;
-    let cflags = inst.pkg_config(&["--cflags"])?;
-    let private = inst.pkg_config(&["--static", "--libs-only-l"])?;
-    let rpath = format!("-Wl,-rpath,{}", inst.libdir().display());
-    let cxx = |source: &str, name: &str, flags: &[&str], asan: bool| -> Result<PathBuf> {
-        let bin = out.join(name);
-        let mut c = tools::command(Tool::Gxx)?;
-        c.args(["-std=c++20", "-Wall", "-Wextra", "-Werror", "-pthread"])
-            .args(flags)
-            .arg("-I")
-            .arg(&dir)
-            .arg(dir.join(source))
-            .args(SOURCES.iter().map(|s| dir.join(s)))
-            .arg("-o")
-            .arg(&bin);
-        if asan {
-            c.args(["-fsanitize=address", "-fno-omit-frame-pointer"])
-                .args(&cflags)
-                .arg(inst.libdir().join("libleap.a"))
-                .args(private.iter().filter(|l| *l != "-lleap"));
-        } else {
-            c.args(&shared).arg(&rpath);
-        }
-        run(&mut c)?;
-        Ok(bin)
-    };
     Ok(Programs {
-        engine: cxx("examples/engine.cpp", "engine", &["-O2"], false)?,
-        api: cxx("tests/api.cpp", "api", &["-O2", "-g"], false)?,
-        api_asan: cxx("tests/api.cpp", "api-asan", &["-O1", "-g"], true)?,
-        original_api: cxx("tests/original_api.cpp", "original-api", &[], false)?,
+        engine: build_engine(inst, out)?,
+        api: cxx(inst, "tests/api.cpp", &out.join("api"), &["-O2", "-g"], false)?,
+        api_asan: cxx(inst, "tests/api.cpp", &out.join("api-asan"), &["-O1", "-g"], true)?,
+        original_api: cxx(inst, "tests/original_api.cpp", &out.join("original-api"), &[], false)?,
     })
+}
+
+/// Compiles the engine-shaped example (`examples/engine.cpp`) with the
+/// drop-in's sources against `inst`'s shared library into `out/engine`:
+/// CI's, and the C++ row of `cargo xtask bench --bindings`.
+///
+/// # Errors
+///
+/// As [`build_programs`].
+pub fn build_engine(inst: &Installed, out: &Path) -> Result<PathBuf> {
+    cxx(inst, "examples/engine.cpp", &out.join("engine"), &["-O2"], false)
+}
+
+/// Compiles `source` (under `leap-user/capi/cpp`) and the drop-in's
+/// sources into `bin` with `flags`, with `pkg-config --cflags --libs leap`
+/// of `inst` (and its directory as the run path), or with AddressSanitizer
+/// against the static library.
+fn cxx(inst: &Installed, source: &str, bin: &Path, flags: &[&str], asan: bool) -> Result<PathBuf> {
+    tools::ensure(&[Tool::Gxx, Tool::PkgConfig])?;
+    if let Some(dir) = bin.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let dir = root().join("leap-user/capi/cpp");
+    let mut c = tools::command(Tool::Gxx)?;
+    c.args(["-std=c++20", "-Wall", "-Wextra", "-Werror", "-pthread"])
+        .args(flags)
+        .arg("-I")
+        .arg(&dir)
+        .arg(dir.join(source))
+        .args(SOURCES.iter().map(|s| dir.join(s)))
+        .arg("-o")
+        .arg(bin);
+    if asan {
+        let private = inst.pkg_config(&["--static", "--libs-only-l"])?;
+        c.args(["-fsanitize=address", "-fno-omit-frame-pointer"])
+            .args(inst.pkg_config(&["--cflags"])?)
+            .arg(inst.libdir().join("libleap.a"))
+            .args(private.iter().filter(|l| *l != "-lleap"));
+    } else {
+        c.args(inst.pkg_config(&["--cflags", "--libs"])?).arg(format!("-Wl,-rpath,{}", inst.libdir().display()));
+    }
+    run(&mut c)?;
+    Ok(bin.to_path_buf())
 }
 
 /// Installs the library into a prefix of its own under `target/cpp/` and
