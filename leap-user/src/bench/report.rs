@@ -313,10 +313,12 @@ fn bindings(s: &mut String, r: &BenchReport) {
          One frame in flight. `KIND` is `leap ring` (its nodes are threads of one process); `KIND·NAME` is the \
          same ring run by a program as one process per node, in the same rounds: `rust` is `leap bench-member` \
          (`leap ring`'s head and worker loops), the others the bindings' examples. Every worker passes each frame \
-         on unchanged, read where it was received and written where it is sent from. Ratios are the medians of \
-         the per-round ratios (spread in brackets); a binding is compared with Rust as processes (the same \
-         layout) and with `leap ring`'s threads. Copies per hop are the transports' own (`copied_bytes` over \
-         `bytes_received`, all nodes), not the workers' one copy.\n\n\
+         on unchanged: Rust, C and Python read it where it was received and write it where it is sent from (one \
+         copy, the worker's own); the C++ drop-in has the original engine's interface (`recv_prev` into the \
+         engine's buffer, `send_next` from it). Ratios are the medians of the per-round ratios (spread in \
+         brackets); a binding is compared with Rust as processes (the same layout) and with `leap ring`'s \
+         threads. Copies per hop are the transports' own (`copied_bytes` over `bytes_received`, all nodes): a \
+         lending worker's copy is not counted, the C++ workers' send copy is.\n\n\
          | ring | site | frame | p50 us (spread) | p99 us | vs Rust processes | vs `leap ring` | vs tcp | copies per hop |\n\
          |---|---|---|---|---|---|---|---|---|"
     );
