@@ -538,7 +538,19 @@ pub fn svg(r: &BenchReport) -> String {
     let sz = sizes(r);
     let all_sites = sites(r);
     let (w, pad, block_h) = (1100.0f64, 60.0f64, 440.0f64);
-    let h = 40.0 + block_h * all_sites.len().max(1) as f64 + 60.0;
+    // The legend, in as many lines as the transports (and ring programs'
+    // rows) need: (x, line) of each entry.
+    let entry_w = |t: &str| 24.0 + 7.0 * t.chars().count() as f64;
+    let mut legend = Vec::new();
+    let (mut lx, mut line) = (pad, 0usize);
+    for t in &ser {
+        if lx + entry_w(t) > w - pad && lx > pad {
+            (lx, line) = (pad, line + 1);
+        }
+        legend.push((lx, line));
+        lx += entry_w(t);
+    }
+    let h = 40.0 + block_h * all_sites.len().max(1) as f64 + 60.0 + 20.0 * line as f64;
     let panel_w = (w - 3.0 * pad) / 2.0;
     let plot_h = block_h - pad - 60.0;
     let mut s = String::new();
@@ -658,10 +670,8 @@ pub fn svg(r: &BenchReport) -> String {
         }
         s.push_str("</g>\n");
     }
-    // Legend.
-    let ly = h - 30.0;
-    let mut lx = pad;
-    for (si, t) in ser.iter().enumerate() {
+    for (si, (t, &(lx, line))) in ser.iter().zip(&legend).enumerate() {
+        let ly = 40.0 + block_h * all_sites.len().max(1) as f64 + 30.0 + 20.0 * line as f64;
         let _ = writeln!(
             s,
             r#"<rect x="{lx}" y="{}" width="12" height="12" fill="{}"/>"#,
@@ -669,7 +679,6 @@ pub fn svg(r: &BenchReport) -> String {
             COLORS[si % COLORS.len()]
         );
         let _ = writeln!(s, r#"<text x="{}" y="{ly}">{t}</text>"#, lx + 16.0);
-        lx += 24.0 + 7.0 * t.len() as f64;
     }
     s.push_str("</svg>\n");
     s
@@ -774,5 +783,23 @@ mod tests {
         let vm_tcp = height(groups[1], "tcp (vm) 16392 B: 5000");
         assert!(vm_tcp > 0.6 * plot_h, "vm bar squashed: {vm_tcp} of {plot_h}");
         assert!(!groups[0].contains("(vm)") && !groups[1].contains("(host)"), "sites mixed in one panel");
+    }
+
+    #[test]
+    fn the_legend_of_many_rows_wraps_inside_the_chart() {
+        let mut r = report();
+        for t in ["xdp-ringbuf", "xdp-ringbuf·rust", "xdp-ringbuf·c", "xdp-ringbuf·cpp", "xdp-ringbuf·python"] {
+            for kind in ["udp", "xdp"] {
+                r.rows.push(row(&format!("{kind}{t}"), "host", "latency", 40.0, None));
+            }
+        }
+        let svg = svg(&r);
+        let height: f64 = svg.split("height=\"").nth(1).unwrap().split('"').next().unwrap().parse().unwrap();
+        assert!(height > 40.0 + 2.0 * 440.0 + 60.0, "a second legend line makes room: {height}");
+        for text in svg.split("<text x=\"").skip(1) {
+            let x: f64 = text.split('"').next().unwrap().parse().unwrap();
+            let label = text.split('>').nth(1).unwrap().split('<').next().unwrap();
+            assert!(x + 7.0 * label.chars().count() as f64 <= 1100.0, "{label} at {x} leaves the chart");
+        }
     }
 }
