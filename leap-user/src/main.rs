@@ -36,6 +36,7 @@ fn main() -> ExitCode {
         Command::Ring(a) => leap::cli::ring::main(a),
         Command::Node(a) => leap::cli::node::main(a),
         Command::Bench(a) => leap::cli::bench::main(a),
+        Command::BenchMember(a) => leap::cli::bench_member::main(a),
         Command::Stats(a) => leap::cli::stats::main(a),
         Command::Serve(a) => leap::cli::serve::main(a),
         Command::Xdp(a) => leap::cli::xdp::main(a),

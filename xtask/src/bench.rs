@@ -2,7 +2,9 @@
 //! `leap bench` on the host (tcp, udp, xdp, xdp-ringbuf over veth between
 //! namespaces) and inside the VM on Debian's 6.1 and 6.12 kernels (kmod next
 //! to tcp, udp and xdp on the same kernel, for a fair comparison), and
-//! merges them into one report, whatever guest failed.
+//! merges them into one report, whatever guest failed. With `--bindings`
+//! the host's rounds also run the same ring from C, C++ and Python
+//! (`leap bench --ring-program`), built here against the installed libleap.
 
 use std::path::{Path, PathBuf};
 
@@ -38,6 +40,15 @@ pub struct Args {
     /// Host: MTU of the veth pairs (leap bench --mtu).
     #[arg(long, value_name = "BYTES")]
     mtu: Option<u32>,
+    /// Host: also drive the ring from C (`capi/examples/ring.c`), C++
+    /// (`capi/cpp/examples/engine.cpp`) and Python
+    /// (`python/examples/ring_latency.py`), one process per node, in the
+    /// same rounds (rows KIND·c, KIND·cpp, KIND·python, next to KIND·rust).
+    #[arg(long)]
+    bindings: bool,
+    /// Host: the frame sizes (leap bench --sizes; default: its own).
+    #[arg(long, value_name = "BYTES,...")]
+    sizes: Option<String>,
 }
 
 const BEGIN: &str = "LEAP_BENCH_JSON_BEGIN";
@@ -110,6 +121,19 @@ pub fn run_bench(args: Args) -> Result<()> {
     if let Some(m) = args.mtu {
         cmd.args(["--mtu", &m.to_string()]);
     }
+    if let Some(s) = &args.sizes {
+        cmd.args(["--sizes", s]);
+    }
+    if args.bindings {
+        let object = is_root().then(|| root.join(crate::ebpf::OBJECT_PATH));
+        for (name, command) in bindings(object.as_deref())? {
+            cmd.arg("--ring-program").arg(format!("{name}={command}"));
+        }
+        if let Some(o) = &object {
+            // The Python wheel embeds no XDP object: every ring loads this one.
+            cmd.arg("--xdp-object").arg(o);
+        }
+    }
     util::run_for(&mut cmd, HOST_LIMIT)?;
     parts.push(host.join("report.json"));
     let mut failures = Vec::new();
@@ -147,6 +171,37 @@ pub fn run_bench(args: Args) -> Result<()> {
         bail!("bench: the guest part failed: {}; the report keeps the figures measured", failures.join("; "));
     }
     Ok(())
+}
+
+/// The bindings' ring programs for `leap bench --ring-program`, built from
+/// scratch: libleap (with the XDP `object` embedded) installed under
+/// `target/bench/prefix`, the C example and the C++ engine-shaped example
+/// compiled against it, the Python package's venv set up; each speaks the
+/// ring-program protocol (`--copy`: frames passed on unchanged).
+///
+/// # Errors
+///
+/// A failed build, install or set-up.
+fn bindings(object: Option<&Path>) -> Result<Vec<(&'static str, String)>> {
+    let root = util::root();
+    let base = root.join("target/bench");
+    let prefix = base.join("prefix");
+    let _ = std::fs::remove_dir_all(&prefix);
+    let inst = crate::capi::install(&prefix, object)?;
+    let c = crate::capi::build_ring(&inst, &base.join("bin"))?;
+    let cpp = crate::cpp::build_engine(&inst, &base.join("bin"))?;
+    let venv = crate::python::setup()?;
+    let script = root.join("leap-user/python/examples/ring_latency.py");
+    let programs = vec![
+        ("c", format!("{} --copy", c.display())),
+        ("cpp", format!("{} --copy", cpp.display())),
+        ("python", format!("{} {}", venv.python().display(), script.display())),
+    ];
+    // leap bench splits a command at white space.
+    if let Some((name, cmd)) = programs.iter().find(|(_, cmd)| cmd.split_whitespace().count() != 2) {
+        bail!("bench --bindings: the {name} program's path has white space in it ({cmd}): move the checkout");
+    }
+    Ok(programs)
 }
 
 /// The host's `leap bench`: every transport, size and mode, rounds, profiles.

@@ -15,8 +15,17 @@
  *   ring --kind udp --role head --listen 127.0.0.1:9001 \
  *        --next 127.0.0.1:9002 --prev 127.0.0.1:9003 --workers 2 ...
  *
- * More settings with --set key=value (the node file's [transport] keys).
- * Prints one JSON line; exits 0 when every frame came back intact.
+ * More settings with --set key=value (the node file's [transport] keys);
+ * --frame-size BYTES instead of --dim (8 + 4 * dim bytes).
+ *
+ * With --copy, every node does what `leap ring`'s do (the protocol of
+ * `leap bench --ring-program`): the head writes each frame where the
+ * transport sends it from and reads it where it arrived, without a
+ * control round; workers pass frames on unchanged.
+ *
+ * A worker prints `ready` once its transport is open. Each node prints one
+ * JSON line at the end (the head's with rtt_us and the counters); exits 0
+ * when every frame came back intact.
  *
  * Build: cc ring.c $(pkg-config --cflags --libs leap) -o ring
  */
@@ -58,6 +67,17 @@ static double now_us(void)
 	return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
 }
 
+/* The transport's counters that `leap bench` adds up, as a JSON object. */
+static void print_stats(const leap_stats *st)
+{
+	printf("{\"frames_sent\":%llu,\"frames_received\":%llu,\"datagrams_sent\":%llu,\"bytes_received\":%llu,"
+	       "\"copied_bytes\":%llu,\"frames_lost\":%llu,\"retransmits\":%llu}",
+	       (unsigned long long)st->frames_sent, (unsigned long long)st->frames_received,
+	       (unsigned long long)st->datagrams_sent, (unsigned long long)st->bytes_received,
+	       (unsigned long long)st->copied_bytes, (unsigned long long)st->frames_lost,
+	       (unsigned long long)st->retransmits);
+}
+
 static int cmp_double(const void *a, const void *b)
 {
 	double x = *(const double *)a, y = *(const double *)b;
@@ -86,6 +106,101 @@ static leap_control chain(int workers)
  * for comparisons): each adds nothing. */
 static int copy_only;
 
+/* Prints the head's JSON line: every frame came back intact in `elapsed`
+ * microseconds, with these round trips (sorted here). */
+static int head_report(leap_transport *t, long frames, double *rtt, double elapsed, int control_back)
+{
+	leap_stats st;
+	leap_status s;
+	double sum = 0;
+	long i;
+
+	if ((s = leap_get_stats(t, &st)) != LEAP_OK)
+		return fail("leap_get_stats", s);
+	qsort(rtt, frames, sizeof(double), cmp_double);
+	for (i = 0; i < frames; i++)
+		sum += rtt[i];
+	printf("{\"role\":\"head\",\"kind\":\"%s\",\"frames\":%ld,\"intact\":%ld,\"control_back\":%s,"
+	       "\"p50_us\":%.1f,\"p99_us\":%.1f,\"frames_lost\":%llu,\"retransmits\":%llu,"
+	       "\"frames_sent\":%ld,\"frames_delivered\":%ld,\"frames_corrupt\":0,\"elapsed_s\":%.6f,"
+	       "\"rtt_us\":{\"p50\":%.3f,\"p90\":%.3f,\"p99\":%.3f,\"max\":%.3f,\"mean\":%.3f},\"stats\":",
+	       leap_kind(t), frames, frames, control_back ? "true" : "false", rtt[frames / 2],
+	       rtt[frames * 99 / 100], (unsigned long long)st.frames_lost, (unsigned long long)st.retransmits,
+	       frames, frames, elapsed / 1e6, rtt[frames / 2], rtt[frames * 9 / 10], rtt[frames * 99 / 100],
+	       rtt[frames - 1], sum / frames);
+	print_stats(&st);
+	printf("}\n");
+	return 0;
+}
+
+/* How long a node waits for a frame (over several receive deadlines)
+ * before it gives up: a worker's head may start long after it. */
+#define WORKER_IDLE_US 20e6
+
+/* Frame pos carries payload pattern pos % PATTERNS (as `leap ring`'s head:
+ * chunks of neighbouring frames mixed into one are caught). */
+#define PATTERNS 4
+
+/* The head as `leap ring`'s (--copy): each frame written where the
+ * transport sends it from (leap_send_begin), read where it arrived
+ * (leap_recv_prev_lent) and compared byte for byte; no control round. */
+static int run_head_lent(leap_transport *t, long frames, size_t dim)
+{
+	size_t payload = dim * sizeof(float), frame_len = sizeof(struct header) + payload, i;
+	unsigned char *pat = malloc(PATTERNS * payload);
+	double *rtt = malloc(frames * sizeof(double)), started;
+	leap_status s;
+	long pos;
+	int k;
+
+	if (!pat || !rtt)
+		return 1;
+	for (k = 0; k < PATTERNS; k++) {
+		for (i = 0; i < dim; i++) {
+			float v = activation(k, i);
+
+			memcpy(pat + k * payload + i * sizeof(float), &v, sizeof(v));
+		}
+	}
+	started = now_us();
+	for (pos = 0; pos < frames; pos++) {
+		struct header h = { (int32_t)pos, 1 }, got = { -1, 0 };
+		const unsigned char *want = pat + (pos % PATTERNS) * payload;
+		const void *in;
+		void *out;
+		size_t len;
+		leap_frame_kind kind;
+		double t0 = now_us();
+
+		if ((s = leap_send_begin(t, frame_len, &out)) != LEAP_OK)
+			return fail("leap_send_begin", s);
+		memcpy(out, &h, sizeof(h));
+		memcpy((unsigned char *)out + sizeof(h), want, payload);
+		if ((s = leap_send_commit(t)) != LEAP_OK)
+			return fail("leap_send_commit", s);
+		/* A deadline is no failure while the ring may still answer. */
+		while ((s = leap_recv_prev_lent(t, &in, &len, &kind)) == LEAP_ERR_TIMEOUT && now_us() - t0 < WORKER_IDLE_US)
+			;
+		if (s != LEAP_OK)
+			return fail("leap_recv_prev_lent", s);
+		rtt[pos] = now_us() - t0;
+		memcpy(&got, in, len < sizeof(got) ? 0 : sizeof(got));
+		if (kind != LEAP_FRAME_DATA || len != frame_len || got.pos != h.pos || got.flags != h.flags ||
+		    memcmp((const unsigned char *)in + sizeof(h), want, payload) != 0) {
+			fprintf(stderr, "ring: frame %ld came back as %zu bytes of kind %d, other bytes\n", pos, len,
+				(int)kind);
+			leap_release(t);
+			return 1;
+		}
+		if ((s = leap_release(t)) != LEAP_OK)
+			return fail("leap_release", s);
+	}
+	s = head_report(t, frames, rtt, now_us() - started, 0);
+	free(pat);
+	free(rtt);
+	return s;
+}
+
 static int run_head(leap_transport *t, long frames, size_t dim, int workers)
 {
 	float added = copy_only ? 0.0f : (float)workers;
@@ -94,10 +209,10 @@ static int run_head(leap_transport *t, long frames, size_t dim, int workers)
 	float *act = malloc(dim * sizeof(float));
 	unsigned char *back = malloc(frame_len);
 	double *rtt = malloc(frames * sizeof(double));
-	leap_stats st;
 	leap_status s;
 	long pos;
 	int control_back = 0;
+	double started = now_us();
 
 	if (!act || !back || !rtt)
 		return 1;
@@ -153,17 +268,11 @@ static int run_head(leap_transport *t, long frames, size_t dim, int workers)
 			}
 		}
 	}
-	if ((s = leap_get_stats(t, &st)) != LEAP_OK)
-		return fail("leap_get_stats", s);
-	qsort(rtt, frames, sizeof(double), cmp_double);
-	printf("{\"role\":\"head\",\"kind\":\"%s\",\"frames\":%ld,\"intact\":%ld,\"control_back\":%s,"
-	       "\"p50_us\":%.1f,\"p99_us\":%.1f,\"frames_lost\":%llu,\"retransmits\":%llu}\n",
-	       leap_kind(t), frames, frames, control_back ? "true" : "false", rtt[frames / 2],
-	       rtt[frames * 99 / 100], (unsigned long long)st.frames_lost, (unsigned long long)st.retransmits);
+	s = head_report(t, frames, rtt, now_us() - started, control_back);
 	free(act);
 	free(back);
 	free(rtt);
-	return 0;
+	return s;
 }
 
 static int run_worker(leap_transport *t, long frames, int index)
@@ -172,6 +281,7 @@ static int run_worker(leap_transport *t, long frames, int index)
 	leap_stats st;
 	leap_status s;
 	long relayed = 0;
+	double last = now_us();
 
 	while (relayed < frames) {
 		const void *in;
@@ -180,8 +290,11 @@ static int run_worker(leap_transport *t, long frames, int index)
 		leap_frame_kind kind;
 
 		s = leap_recv_prev_lent(t, &in, &len, &kind);
+		if (s == LEAP_ERR_TIMEOUT && now_us() - last < WORKER_IDLE_US)
+			continue;
 		if (s != LEAP_OK)
 			return fail("leap_recv_prev_lent", s);
+		last = now_us();
 		if (kind == LEAP_FRAME_CONTROL) {
 			leap_control m;
 
@@ -225,17 +338,20 @@ static int run_worker(leap_transport *t, long frames, int index)
 	}
 	if ((s = leap_get_stats(t, &st)) != LEAP_OK)
 		return fail("leap_get_stats", s);
-	printf("{\"role\":\"worker\",\"index\":%d,\"kind\":\"%s\",\"relayed\":%ld,\"copies_per_hop\":%.3f}\n",
+	printf("{\"role\":\"worker\",\"index\":%d,\"kind\":\"%s\",\"relayed\":%ld,\"copies_per_hop\":%.3f,\"stats\":",
 	       index, leap_kind(t), relayed,
 	       st.bytes_received > bytes0 ? (double)(st.copied_bytes - copied0) / (double)(st.bytes_received - bytes0)
 					  : 0.0);
+	print_stats(&st);
+	printf("}\n");
 	return 0;
 }
 
 static void usage(void)
 {
 	fprintf(stderr, "usage: ring --kind KIND --role head|worker --listen ADDR:PORT --next ADDR:PORT "
-			"--prev ADDR:PORT [--frames N] [--dim D] [--workers N] [--index I] [--copy] [--set KEY=VALUE]...\n");
+			"--prev ADDR:PORT [--frames N] [--dim D | --frame-size BYTES] [--workers N] [--index I] [--copy] "
+			"[--set KEY=VALUE]...\n");
 }
 
 int main(int argc, char **argv)
@@ -246,7 +362,7 @@ int main(int argc, char **argv)
 		{ "prev", required_argument, 0, 'p' },	  { "frames", required_argument, 0, 'f' },
 		{ "dim", required_argument, 0, 'd' },	  { "workers", required_argument, 0, 'w' },
 		{ "index", required_argument, 0, 'i' },	  { "set", required_argument, 0, 's' },
-		{ "copy", no_argument, 0, 'c' },
+		{ "copy", no_argument, 0, 'c' },	  { "frame-size", required_argument, 0, 'F' },
 		{ 0, 0, 0, 0 },
 	};
 	const char *kind = NULL, *role = NULL, *listen = NULL, *next = NULL, *prev = NULL;
@@ -271,6 +387,17 @@ int main(int argc, char **argv)
 		case 'w': workers = atoi(optarg); break;
 		case 'i': index = atoi(optarg); break;
 		case 'c': copy_only = 1; break;
+		case 'F': {
+			long bytes = atol(optarg);
+
+			if (bytes < (long)sizeof(struct header) + 4 || (bytes - (long)sizeof(struct header)) % 4 != 0) {
+				fprintf(stderr, "ring: --frame-size %s: give 8 + 4 * dim bytes (16392 for dim 4096)\n",
+					optarg);
+				return 2;
+			}
+			dim = (size_t)(bytes - (long)sizeof(struct header)) / sizeof(float);
+			break;
+		}
 		case 's':
 			if (nsets == MAX_SETS)
 				return usage(), 2;
@@ -306,10 +433,14 @@ int main(int argc, char **argv)
 	if (s != LEAP_OK)
 		return fail("leap_open", s);
 
-	if (strcmp(role, "head") == 0)
-		rc = run_head(t, frames, dim, workers);
-	else
+	if (strcmp(role, "head") == 0) {
+		rc = copy_only ? run_head_lent(t, frames, dim) : run_head(t, frames, dim, workers);
+	} else {
+		/* For whoever starts the head: this worker takes frames now. */
+		printf("ready\n");
+		fflush(stdout);
 		rc = run_worker(t, frames, index);
+	}
 	leap_free(t);
 	return rc;
 }

@@ -6,10 +6,17 @@ the memory it is sent from), through the lending API and split halves.
 
     python ring_latency.py udp --frames 2000 --frame-size 16392
     # p50 ... us  p90 ... us  p99 ... us
+
+With --role it is one member of a ring `leap bench` starts, in the
+protocol of `leap bench --ring-program` (rows `KIND·python`):
+
+    python ring_latency.py --kind udp --role worker --listen A --next B --prev C \\
+        --frames 500 --frame-size 16392 --workers 2 --index 0 --set recv_timeout_ms=200
 """
 
 import argparse
 import json
+import struct
 import subprocess
 import sys
 import time
@@ -17,26 +24,31 @@ import time
 import numpy as np
 
 import leap
-from pipeline import free_port
+from pipeline import free_port, option
 
 
-def worker(t: leap.Transport, frames: int) -> None:
+def worker(t: leap.Transport, frames: int) -> dict:
+    """Passes `frames` frames on unchanged (or until SIGINT); returns the
+    transport's counters."""
     sender, receiver = t.split()
+    # The loop does as little Python as it can: methods looked up once, no
+    # function made per frame.
+    recv, begin = receiver.recv_prev, sender.send_next_with
     done = 0
-    while done < frames:
-        try:
-            frame = receiver.recv_prev()
-        except leap.Timeout:
-            continue
-        with frame:
-            src = memoryview(frame)
-
-            def fill(out):
-                memoryview(out)[:] = src
-
-            sender.send_next_with(len(frame), fill)
-            src.release()
-        done += 1
+    try:
+        while done < frames:
+            try:
+                frame = recv()
+            except leap.Timeout:
+                continue
+            # Written where it is sent from, read where it arrived; sent at
+            # the end of the inner block, then the frame goes back.
+            with frame, begin(len(frame)) as out:
+                memoryview(out)[:] = frame
+            done += 1
+    except KeyboardInterrupt:  # leap bench stops its workers with SIGINT
+        pass
+    return sender.stats()
 
 
 def head(t: leap.Transport, frames: int, size: int, warmup: int) -> list[float]:
@@ -57,6 +69,70 @@ def head(t: leap.Transport, frames: int, size: int, warmup: int) -> list[float]:
     return rtts[warmup:]
 
 
+# Frame `pos` carries payload pattern `pos % PATTERNS`, as `leap ring`'s head.
+PATTERNS = 4
+# The head gives up when no frame came back for this long (leap bench's bound).
+STALL_S = 20.0
+
+
+def bench_head(t: leap.Transport, frames: int, size: int) -> dict:
+    """`leap bench`'s head: `frames` frames one at a time, each written into
+    the memory the transport sends from (`send_next_with`) and read where it
+    arrived (`recv_prev`); every byte checked. Returns the JSON line."""
+    patterns = [np.random.default_rng(k).integers(0, 256, size - leap.HEADER_LEN, dtype=np.uint8)
+                for k in range(PATTERNS)]
+    rtts = np.empty(frames)
+    clock = time.perf_counter_ns
+    begin, recv = t.send_next_with, t.recv_prev
+    corrupt = 0
+    started = clock()
+    for pos in range(frames):
+        header = struct.pack("<ii", pos, 1)
+        want = patterns[pos % PATTERNS]
+        t0 = clock()
+        with begin(size) as out:
+            mv = memoryview(out)
+            mv[:leap.HEADER_LEN] = header
+            mv[leap.HEADER_LEN:] = want
+            mv.release()
+        while True:
+            try:
+                frame = recv()
+                break
+            except leap.Timeout:
+                if (clock() - t0) / 1e9 > STALL_S:
+                    raise
+        rtts[pos] = clock() - t0
+        with frame:
+            got = np.frombuffer(frame, np.uint8)
+            if not (len(got) == size and got[:leap.HEADER_LEN].tobytes() == header
+                    and np.array_equal(got[leap.HEADER_LEN:], want)):
+                corrupt += 1
+            del got
+    elapsed = (clock() - started) / 1e9
+    us = rtts / 1e3
+    p50, p90, p99 = np.percentile(us, [50, 90, 99])
+    return {"role": "head", "rtt_us": {"p50": p50, "p90": p90, "p99": p99, "max": us.max(), "mean": us.mean()},
+            "frames_sent": frames, "frames_delivered": frames - corrupt, "frames_corrupt": corrupt,
+            "elapsed_s": elapsed, "stats": t.stats()}
+
+
+def member(a: argparse.Namespace) -> None:
+    """One member of `leap bench`'s ring (its `--ring-program` protocol)."""
+    settings = dict(option(s) for s in a.set)
+    settings.setdefault("frame_size", str(a.frame_size))
+    with leap.open(a.kind_opt, listen=a.listen, next=a.next, prev=a.prev or None, **settings) as t:
+        if a.role == "worker":
+            print("ready", flush=True)
+            stats = worker(t, a.frames)
+            print(json.dumps({"role": "worker", "index": a.index, "stats": stats}), flush=True)
+            return
+        out = bench_head(t, a.frames, a.frame_size)
+    print(json.dumps(out), flush=True)
+    if out["frames_corrupt"]:
+        raise SystemExit(f"{out['frames_corrupt']} corrupt frames")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("kind", nargs="?", default="udp", choices=["tcp", "udp"])
@@ -64,7 +140,21 @@ def main() -> None:
     p.add_argument("--frame-size", type=int, default=16392)
     p.add_argument("--json", action="store_true")
     p.add_argument("--worker", nargs=3, metavar=("LISTEN", "NEXT", "PREV"), help=argparse.SUPPRESS)
+    # The protocol of `leap bench --ring-program` (one member per process).
+    p.add_argument("--role", choices=["head", "worker"])
+    p.add_argument("--kind", dest="kind_opt", choices=leap.TRANSPORTS)
+    p.add_argument("--listen")
+    p.add_argument("--next")
+    p.add_argument("--prev")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--index", type=int, default=0)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     a = p.parse_args()
+    if a.role:
+        if not (a.kind_opt and a.listen and a.next):
+            p.error("--role needs --kind, --listen and --next")
+        member(a)
+        return
     warmup = 100
     if a.worker:
         listen, nxt, prev = a.worker

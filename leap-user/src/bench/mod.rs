@@ -6,6 +6,7 @@
 
 pub mod floor;
 pub mod profile;
+pub mod programs;
 pub mod report;
 pub mod sched;
 
@@ -14,6 +15,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::bench::programs::{RingProgram, SEP};
 use crate::netns::Topology;
 use crate::ring::{Percentiles, Placement, RingConfig, RingReport};
 use crate::transport::open::{Options, TransportKind};
@@ -49,6 +51,10 @@ pub struct BenchConfig {
     pub profile: Option<(PathBuf, PathBuf)>,
     /// MTU of the namespaces' veth pairs (`None`: 1500).
     pub mtu: Option<u32>,
+    /// Programs that run the same ring as one process per node (the
+    /// bindings' examples, Rust's `bench-member`): rows `KIND·NAME` in
+    /// the same rounds, one frame in flight.
+    pub programs: Vec<RingProgram>,
 }
 
 /// A transport as the benchmark runs it: as configured, or with busy
@@ -60,12 +66,36 @@ pub struct Entry {
     pub kind: TransportKind,
     /// Run with `options.busy_poll`; without it, busy polling is off.
     pub busy_poll: bool,
+    /// Run by this program of [`BenchConfig::programs`], one process per
+    /// node, instead of `leap ring`'s threads.
+    pub program: Option<usize>,
 }
 
 impl Entry {
     /// `kind` without busy polling.
     pub fn plain(kind: TransportKind) -> Self {
-        Self { kind, busy_poll: false }
+        Self { kind, busy_poll: false, program: None }
+    }
+
+    /// [`Self::all`], each plain entry followed by the same ring run by
+    /// each of `programs` programs.
+    pub fn with_programs(kinds: &[TransportKind], busy_poll: bool, programs: usize) -> Vec<Self> {
+        let mut v = Vec::new();
+        for e in Self::all(kinds, busy_poll) {
+            v.push(e);
+            if !e.busy_poll {
+                v.extend((0..programs).map(|p| Self { program: Some(p), ..e }));
+            }
+        }
+        v
+    }
+
+    /// Its name in the report: `udp`, `udp+bp`, `udp·c`.
+    pub fn label(&self, programs: &[RingProgram]) -> String {
+        match self.program.and_then(|p| programs.get(p)) {
+            Some(p) => format!("{self}{SEP}{}", p.name),
+            None => self.to_string(),
+        }
     }
 
     /// The entries measured for `kinds`: each as it is, and the datagram
@@ -73,7 +103,7 @@ impl Entry {
     pub fn all(kinds: &[TransportKind], busy_poll: bool) -> Vec<Self> {
         let mut v: Vec<Self> = kinds.iter().map(|&k| Self::plain(k)).collect();
         if busy_poll {
-            v.extend(kinds.iter().filter(|k| has_crc(**k)).map(|&kind| Self { kind, busy_poll: true }));
+            v.extend(kinds.iter().filter(|k| has_crc(**k)).map(|&kind| Self { kind, busy_poll: true, program: None }));
         }
         v
     }
@@ -146,6 +176,21 @@ pub struct BenchRow {
     /// Spread of the per-round ratios: (max - min) / median, in percent.
     #[serde(default)]
     pub p50_vs_tcp_spread_pct: Option<f64>,
+    /// A ring program's row (`udp·c`): p50 / the p50 of the same ring
+    /// run by Rust as processes (`udp·rust`), the median of the per-round
+    /// ratios.
+    #[serde(default)]
+    pub p50_vs_rust: Option<f64>,
+    /// Spread of those per-round ratios, in percent.
+    #[serde(default)]
+    pub p50_vs_rust_spread_pct: Option<f64>,
+    /// A ring program's row: p50 / the p50 of `leap ring`'s threads on the
+    /// same transport (`udp`), the median of the per-round ratios.
+    #[serde(default)]
+    pub p50_vs_threads: Option<f64>,
+    /// Spread of those per-round ratios, in percent.
+    #[serde(default)]
+    pub p50_vs_threads_spread_pct: Option<f64>,
     /// p50 / the floor's p50 at the same site.
     pub p50_vs_floor: Option<f64>,
     /// Gbit/s / TCP's at the same size, mode and site (median of the
@@ -247,6 +292,16 @@ pub trait Rings {
     ///
     /// The ring failing (recorded as a skipped row).
     fn run(&mut self, rc: &RingConfig) -> Result<RingReport, String>;
+    /// Runs one ring with `program` as every member, one process per node.
+    ///
+    /// # Errors
+    ///
+    /// The ring failing (recorded as a skipped row); by default, that
+    /// these rings cannot run programs.
+    fn run_program(&mut self, program: &RingProgram, rc: &RingConfig) -> Result<RingReport, String> {
+        let _ = rc;
+        Err(format!("ring programs ({}) run only in rings on this host", program.name))
+    }
     /// The hosts the rings span, with what each can run (none: this host).
     fn hosts(&self) -> Vec<BenchHost> {
         Vec::new()
@@ -318,6 +373,10 @@ impl Rings for LocalRings<'_> {
 
     fn run(&mut self, rc: &RingConfig) -> Result<RingReport, String> {
         crate::ring::run(rc).map_err(|e| e.to_string())
+    }
+
+    fn run_program(&mut self, program: &RingProgram, rc: &RingConfig) -> Result<RingReport, String> {
+        programs::run(program, rc)
     }
 }
 
@@ -422,7 +481,7 @@ pub fn datagrams_per_frame(runs: &[RingReport]) -> Option<f64> {
 /// The row of `kind` at `size` and `mode` from its rounds, in round order.
 fn row(
     cfg: &BenchConfig,
-    kind: Entry,
+    entry: Entry,
     size: usize,
     mode: &str,
     inflight: usize,
@@ -432,7 +491,7 @@ fn row(
     let m = |f: &dyn Fn(&RingReport) -> f64| median(runs.iter().map(f).collect());
     let round_p50_us: Vec<f64> = runs.iter().map(|r| r.rtt_us.p50).collect();
     BenchRow {
-        transport: kind.to_string(),
+        transport: entry.label(&cfg.programs),
         site: cfg.site.clone(),
         frame_size: size,
         mode: mode.into(),
@@ -460,6 +519,10 @@ fn row(
         datagrams_per_frame: datagrams_per_frame(runs),
         p50_vs_tcp: None,
         p50_vs_tcp_spread_pct: None,
+        p50_vs_rust: None,
+        p50_vs_rust_spread_pct: None,
+        p50_vs_threads: None,
+        p50_vs_threads_spread_pct: None,
         p50_vs_floor: None,
         gbit_vs_tcp: None,
     }
@@ -501,14 +564,16 @@ pub fn run_on(
             None => plain.push(k),
         }
     }
-    let kinds = Entry::all(&plain, cfg.options.busy_poll.is_some());
+    let kinds = Entry::with_programs(&plain, cfg.options.busy_poll.is_some(), cfg.programs.len());
+    // Ring programs run one frame in flight: latency rows only.
+    let in_mode = |e: &Entry, inflight: usize| inflight == 1 || e.program.is_none();
     let modes = [("latency", 1usize), ("throughput", THROUGHPUT_INFLIGHT)];
     let profiled = usize::from(cfg.profile.is_some());
     let crc_kinds = plain.iter().filter(|k| has_crc(**k)).count();
     let crc_pairs = if cfg.options.crc { crc_runs(cfg) } else { 0 };
     let rounds = cfg.repeat.max(1);
-    let total =
-        kinds.len() * cfg.sizes.len() * modes.len() * rounds + plain.len() * profiled + crc_kinds * 2 * crc_pairs + 1;
+    let entries: usize = modes.iter().map(|&(_, inflight)| kinds.iter().filter(|e| in_mode(e, inflight)).count()).sum();
+    let total = entries * cfg.sizes.len() * rounds + plain.len() * profiled + crc_kinds * 2 * crc_pairs + 1;
     let mut done = 0;
     progress(done, total, "floor");
     match rings.floor(cfg.nodes, if cfg.quick { 2000 } else { 10_000 })? {
@@ -524,23 +589,30 @@ pub fn run_on(
         for (mode, inflight) in modes {
             let frames = frames_for(size, cfg.quick, inflight > 1);
             let mut runs: Vec<Vec<RingReport>> = vec![Vec::new(); kinds.len()];
+            let active: Vec<usize> = (0..kinds.len()).filter(|&i| in_mode(&kinds[i], inflight)).collect();
             for round in 0..rounds {
                 // Every transport once per round, the order rotating, so
                 // that the machine's drift (other work, clock speed) hits
                 // all of them alike and none always runs first.
-                for j in 0..kinds.len() {
-                    let i = (j + round) % kinds.len();
+                for j in 0..active.len() {
+                    let i = active[(j + round) % active.len()];
                     let kind = kinds[i];
+                    let label = kind.label(&cfg.programs);
                     done += 1;
                     if failed[i] {
                         continue;
                     }
-                    progress(done - 1, total, &format!("{kind} {size} B {mode}, round {}/{rounds}", round + 1));
-                    match rings.run(&ring_config(cfg, kind, size, frames, inflight)) {
+                    progress(done - 1, total, &format!("{label} {size} B {mode}, round {}/{rounds}", round + 1));
+                    let rc = ring_config(cfg, kind, size, frames, inflight);
+                    let ran = match kind.program {
+                        Some(p) => rings.run_program(&cfg.programs[p], &rc),
+                        None => rings.run(&rc),
+                    };
+                    match ran {
                         Ok(x) => runs[i].push(x),
                         Err(e) => {
                             rep.skipped.push(Skipped {
-                                transport: kind.to_string(),
+                                transport: label,
                                 site: cfg.site.clone(),
                                 reason: format!("{size}-byte frames, {mode}: {e}"),
                             });
@@ -654,6 +726,21 @@ impl BenchReport {
                 .and_then(|t| round_ratio(&r.round_gbit_per_s, &t.round_gbit_per_s))
                 .map(|(v, _)| v)
                 .or_else(|| tcp.filter(|t| t.gbit_per_s > 0.0).map(|t| r.gbit_per_s / t.gbit_per_s));
+            if let (base, Some(program)) = programs::split_label(&r.transport) {
+                // A ring program against Rust: as processes (the same
+                // layout) and as `leap ring`'s threads, round by round.
+                let same = |name: &str| {
+                    rows.iter().find(|t| {
+                        t.transport == name && t.site == r.site && t.frame_size == r.frame_size && t.mode == r.mode
+                    })
+                };
+                let vs = |t: Option<&BenchRow>| t.and_then(|t| round_ratio(&r.round_p50_us, &t.round_p50_us));
+                let rust = (program != programs::RUST).then(|| vs(same(&format!("{base}{SEP}{}", programs::RUST))));
+                (r.p50_vs_rust, r.p50_vs_rust_spread_pct) =
+                    rust.flatten().map_or((None, None), |(v, s)| (Some(v), Some(s)));
+                (r.p50_vs_threads, r.p50_vs_threads_spread_pct) =
+                    vs(same(base)).map_or((None, None), |(v, s)| (Some(v), Some(s)));
+            }
             let floor = self.floors.iter().find(|f| f.site == r.site);
             r.p50_vs_floor = floor.filter(|f| f.rtt_us.p50 > 0.0).map(|f| r.rtt_us.p50 / f.rtt_us.p50);
         }
@@ -720,6 +807,18 @@ mod tests {
         runs: Vec<(TransportKind, usize, usize)>,
         /// Whether each run busy-polled, in run order.
         busy: Vec<bool>,
+        /// Ring programs: p50 = `program_p50(name, n)` for the `n`th run
+        /// of `name` on a transport.
+        program_p50: fn(&str, usize) -> f64,
+        /// Every run in order: the transport and the program (None:
+        /// `leap ring`'s threads) with the frames in flight.
+        order: Vec<(TransportKind, Option<String>, usize)>,
+    }
+
+    impl Scripted {
+        fn new(p50: fn(TransportKind, usize) -> f64) -> Self {
+            Self { p50, runs: Vec::new(), busy: Vec::new(), program_p50: |_, _| 1.0, order: Vec::new() }
+        }
     }
 
     impl Rings for Scripted {
@@ -737,6 +836,7 @@ mod tests {
                 self.runs.iter().filter(|r| r.0 == rc.transport && r.1 == rc.frame_size && r.2 == rc.inflight).count();
             self.runs.push((rc.transport, rc.frame_size, rc.inflight));
             self.busy.push(rc.options.busy_poll.is_some());
+            self.order.push((rc.transport, None, rc.inflight));
             let moved = rc.frames * rc.frame_size as u64 * rc.nodes as u64;
             let sent = rc.frames * rc.nodes as u64;
             // Datagram backends: 3 datagrams per 2 frames; TCP counts none.
@@ -749,6 +849,14 @@ mod tests {
                 ..Stats::default()
             };
             Ok(report(rc, (self.p50)(rc.transport, n), stats))
+        }
+        fn run_program(&mut self, program: &RingProgram, rc: &RingConfig) -> Result<RingReport, String> {
+            let n = self.order.iter().filter(|o| o.0 == rc.transport && o.1.as_deref() == Some(&program.name)).count();
+            self.order.push((rc.transport, Some(program.name.clone()), rc.inflight));
+            if program.name == "broken" {
+                return Err("exited (1)".into());
+            }
+            Ok(report(rc, (self.program_p50)(&program.name, n), Stats::default()))
         }
     }
 
@@ -764,6 +872,7 @@ mod tests {
             site: "host".into(),
             profile: None,
             mtu: None,
+            programs: Vec::new(),
         }
     }
 
@@ -792,7 +901,7 @@ mod tests {
 
     #[test]
     fn rounds_interleave_transports_in_rotating_order() {
-        let mut rings = Scripted { p50: |_, _| 1.0, runs: Vec::new(), busy: Vec::new() };
+        let mut rings = Scripted::new(|_, _| 1.0);
         let cfg = config(3);
         run_on(&cfg, &mut rings, &|_, _, _| {}).unwrap();
         let latency: Vec<TransportKind> = rings.runs.iter().filter(|r| r.2 == 1).map(|r| r.0).collect();
@@ -805,14 +914,10 @@ mod tests {
         // The machine slows down from round to round; UDP is always 0.9x
         // TCP in the same round, which the ratio of medians would miss
         // (the medians come from different rounds when the order rotates).
-        let mut rings = Scripted {
-            p50: |kind, n| {
-                let level = [10.0, 40.0, 20.0, 30.0][n];
-                if kind == TransportKind::Udp { 0.9 * level } else { level }
-            },
-            runs: Vec::new(),
-            busy: Vec::new(),
-        };
+        let mut rings = Scripted::new(|kind, n| {
+            let level = [10.0, 40.0, 20.0, 30.0][n];
+            if kind == TransportKind::Udp { 0.9 * level } else { level }
+        });
         let rep = run_on(&config(4), &mut rings, &|_, _, _| {}).unwrap();
         let row = |t: &str| rep.rows.iter().find(|r| r.transport == t && r.mode == "latency").unwrap();
         let (tcp, udp) = (row("tcp"), row("udp"));
@@ -831,7 +936,7 @@ mod tests {
 
     #[test]
     fn busy_poll_runs_the_datagram_transports_again_in_the_same_rounds() {
-        let mut rings = Scripted { p50: |_, _| 1.0, runs: Vec::new(), busy: Vec::new() };
+        let mut rings = Scripted::new(|_, _| 1.0);
         let mut cfg = config(2);
         cfg.options.busy_poll = Some(Duration::from_micros(50));
         let rep = run_on(&cfg, &mut rings, &|_, _, _| {}).unwrap();
@@ -860,5 +965,48 @@ mod tests {
         assert_eq!(rc.options.busy_poll, None, "the plain entry runs without busy polling");
         let rc = ring_config(&cfg, bp[3], 16_392, 10, 1);
         assert_eq!(rc.options.busy_poll, Some(Duration::from_micros(50)));
+    }
+
+    #[test]
+    fn ring_programs_run_in_the_same_rounds_latency_only_and_compare_with_rust_processes() {
+        // Round levels as the machine drifts; each ring a fixed factor of
+        // the level of its round: tcp 1, rust processes 1.1, c 1.155.
+        let mut rings = Scripted::new(|_, n| [10.0, 40.0, 20.0][n]);
+        rings.program_p50 = |name, n| {
+            let level = [10.0, 40.0, 20.0][n];
+            match name {
+                "rust" => 1.1 * level,
+                _ => 1.155 * level,
+            }
+        };
+        let mut cfg = config(3);
+        cfg.transports = vec![TransportKind::Tcp];
+        cfg.programs = ["rust=leap bench-member", "c=ring --copy", "broken=false"].map(|p| p.parse().unwrap()).into();
+        let rep = run_on(&cfg, &mut rings, &|_, _, _| {}).unwrap();
+        let name = |o: &(TransportKind, Option<String>, usize)| o.1.clone().unwrap_or_else(|| "threads".into());
+        let latency: Vec<String> = rings.order.iter().filter(|o| o.2 == 1).map(name).collect();
+        // Rotating; `broken` failed in round 1 and is not run again.
+        assert_eq!(
+            latency,
+            ["threads", "rust", "c", "broken", "rust", "c", "threads", "c", "threads", "rust"],
+            "{latency:?}"
+        );
+        assert!(rings.order.iter().filter(|o| o.2 > 1).all(|o| o.1.is_none()), "programs run latency only");
+        let row = |t: &str| rep.rows.iter().find(|r| r.transport == t && r.mode == "latency").unwrap();
+        let c = row("tcp·c");
+        assert!((c.p50_vs_rust.unwrap() - 1.05).abs() < 1e-9, "{c:?}");
+        assert!(c.p50_vs_rust_spread_pct.unwrap() < 1e-9);
+        assert!((c.p50_vs_threads.unwrap() - 1.155).abs() < 1e-9);
+        assert!((row("tcp·rust").p50_vs_threads.unwrap() - 1.1).abs() < 1e-9);
+        assert_eq!(row("tcp·rust").p50_vs_rust, None);
+        assert_eq!(row("tcp").p50_vs_threads, None);
+        assert!(!rep.rows.iter().any(|r| r.transport.contains('·') && r.mode == "throughput"));
+        assert!(rep.skipped.iter().any(|s| s.transport == "tcp·broken" && s.reason.contains("exited")));
+        let md = report::markdown(&rep);
+        assert!(md.contains("## Bindings"), "{md}");
+        assert!(md.contains("| tcp·c | host | 16392 B |") && md.contains("1.050x (0%) | 1.155x (0%)"), "{md}");
+        assert!(md.contains("`tcp·c` (host): target <= 1.05: 1.050x: met"), "{md}");
+        let thr = md.split("## Throughput").nth(1).unwrap().split("## CPU").next().unwrap();
+        assert!(!thr.contains('·'), "no throughput rows for programs: {thr}");
     }
 }

@@ -2,6 +2,7 @@
 
 use std::fmt::Write as _;
 
+use super::programs::{RUST, split_label};
 use super::{BenchReport, BenchRow};
 
 const FAST_PATHS: [&str; 3] = ["xdp", "xdp-ringbuf", "kmod"];
@@ -183,6 +184,10 @@ pub fn markdown(r: &BenchReport) -> String {
     let table = |s: &mut String, title: &str, mode: &str, cell: &dyn Fn(&BenchRow) -> String| {
         header(s, title);
         for (t, site) in series(r) {
+            // Rows not measured in this mode (ring programs: latency only).
+            if sz.iter().all(|&z| find(r, &t, &site, z, mode).is_none()) {
+                continue;
+            }
             let _ = write!(s, "| {t} | {site} |");
             for &z in &sz {
                 let c = find(r, &t, &site, z, mode).map_or("-".into(), cell);
@@ -194,11 +199,15 @@ pub fn markdown(r: &BenchReport) -> String {
     };
     table(
         &mut s,
-        "Latency: one frame in flight, round trip p50 (spread) / p99 (us), p50 vs TCP (spread), vs floor",
+        "Latency: one frame in flight, round trip p50 (spread) / p99 (us), p50 vs Rust processes (spread; ring \
+         programs), vs TCP (spread), vs floor",
         "latency",
         &|x| {
+            let rust = x.p50_vs_rust.map_or(String::new(), |v| {
+                format!("{v:.2}x rust{}, ", x.p50_vs_rust_spread_pct.map_or(String::new(), |s| format!(" ({s:.0}%)")))
+            });
             format!(
-                "{:.1} ({:.0}%) / {:.1} ({} tcp{}, {} floor)",
+                "{:.1} ({:.0}%) / {:.1} ({rust}{} tcp{}, {} floor)",
                 x.rtt_us.p50,
                 x.p50_spread_pct,
                 x.rtt_us.p99,
@@ -212,6 +221,10 @@ pub fn markdown(r: &BenchReport) -> String {
         format!("{:.2} ({})", x.gbit_per_s, ratio(x.gbit_vs_tcp))
     });
     table(&mut s, "CPU time per frame, all nodes, user + system (us), latency / throughput", "latency", &|x| {
+        if split_label(&x.transport).1.is_some() {
+            // Not measured for ring programs' processes.
+            return "-".into();
+        }
         let thr = find(r, &x.transport, &x.site, x.frame_size, "throughput")
             .map_or("-".into(), |t| format!("{:.1}", t.cpu_us_per_frame));
         format!("{:.1} / {thr}", x.cpu_us_per_frame)
@@ -251,6 +264,7 @@ pub fn markdown(r: &BenchReport) -> String {
             format!("{lost} / {retx} / {resent}{c}")
         },
     );
+    bindings(&mut s, r);
     let _ = writeln!(s, "## Targets\n");
     let mut sites: Vec<&str> = r.floors.iter().map(|f| f.site.as_str()).collect();
     for row in &r.rows {
@@ -278,6 +292,84 @@ pub fn markdown(r: &BenchReport) -> String {
         }
     }
     s
+}
+
+/// Targets of the bindings' rings at 16 392 B: p50 at most this many
+/// times that of Rust as processes.
+const BINDING_TARGETS: [(&str, f64); 3] = [("c", 1.05), ("cpp", 1.05), ("python", 1.15)];
+
+/// The ring programs' rows next to Rust's, one table per site: the same
+/// ring driven from each language, with its ratios to Rust as processes
+/// (the same layout) and to `leap ring`'s threads, then the targets.
+fn bindings(s: &mut String, r: &BenchReport) {
+    let programs: Vec<&BenchRow> =
+        r.rows.iter().filter(|x| x.mode == "latency" && split_label(&x.transport).1.is_some()).collect();
+    if programs.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "## Bindings: the same ring driven from each language\n\n\
+         One frame in flight. `KIND` is `leap ring` (its nodes are threads of one process); `KIND·NAME` is the \
+         same ring run by a program as one process per node, in the same rounds: `rust` is `leap bench-member` \
+         (`leap ring`'s head and worker loops), the others the bindings' examples. Every worker passes each frame \
+         on unchanged: Rust, C and Python read it where it was received and write it where it is sent from (one \
+         copy, the worker's own); the C++ drop-in has the original engine's interface (`recv_prev` into the \
+         engine's buffer, `send_next` from it). Ratios are the medians of the per-round ratios (spread in \
+         brackets); a binding is compared with Rust as processes (the same layout) and with `leap ring`'s \
+         threads. Copies per hop are the transports' own (`copied_bytes` over `bytes_received`, all nodes): a \
+         lending worker's copy is not counted, the C++ workers' send copy is.\n\n\
+         | ring | site | frame | p50 us (spread) | p99 us | vs Rust processes | vs `leap ring` | vs tcp | copies per hop |\n\
+         |---|---|---|---|---|---|---|---|---|"
+    );
+    let spread = |v: Option<f64>, sp: Option<f64>| {
+        v.map_or("-".into(), |v| format!("{v:.3}x{}", sp.map_or(String::new(), |s| format!(" ({s:.0}%)"))))
+    };
+    for x in &r.rows {
+        let (base, program) = split_label(&x.transport);
+        if x.mode != "latency" || !programs.iter().any(|p| split_label(&p.transport).0 == base && p.site == x.site) {
+            continue;
+        }
+        let vs_threads =
+            if program.is_some() { spread(x.p50_vs_threads, x.p50_vs_threads_spread_pct) } else { "1".into() };
+        let vs_rust = match program {
+            Some(RUST) => "1".into(),
+            Some(_) => spread(x.p50_vs_rust, x.p50_vs_rust_spread_pct),
+            None => "-".into(),
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} B | {:.1} ({:.0}%) | {:.1} | {vs_rust} | {vs_threads} | {} | {} |",
+            x.transport,
+            x.site,
+            x.frame_size,
+            x.rtt_us.p50,
+            x.p50_spread_pct,
+            x.rtt_us.p99,
+            ratio(x.p50_vs_tcp),
+            copies(x.copies_per_hop)
+        );
+    }
+    let targeted: Vec<(&BenchRow, f64)> = programs
+        .iter()
+        .filter(|x| x.frame_size == 16_392)
+        .filter_map(|x| {
+            BINDING_TARGETS.iter().find(|(n, _)| Some(*n) == split_label(&x.transport).1).map(|t| (*x, t.1))
+        })
+        .collect();
+    if !targeted.is_empty() {
+        let _ = writeln!(s, "\nTargets at 16 392 B, p50 against Rust as processes (the same layout):\n");
+    }
+    for (x, target) in targeted {
+        let target = &target;
+        let verdict = match x.p50_vs_rust {
+            Some(v) if v <= *target => format!("{v:.3}x: met"),
+            Some(v) => format!("{v:.3}x: **not met**"),
+            None => "no Rust processes row to compare with".into(),
+        };
+        let _ = writeln!(s, "- `{}` ({}): target <= {target}: {verdict}", x.transport, x.site);
+    }
+    s.push('\n');
 }
 
 /// The `--profile` section: the ring threads' CPU by kind of work, one
@@ -446,7 +538,19 @@ pub fn svg(r: &BenchReport) -> String {
     let sz = sizes(r);
     let all_sites = sites(r);
     let (w, pad, block_h) = (1100.0f64, 60.0f64, 440.0f64);
-    let h = 40.0 + block_h * all_sites.len().max(1) as f64 + 60.0;
+    // The legend, in as many lines as the transports (and ring programs'
+    // rows) need: (x, line) of each entry.
+    let entry_w = |t: &str| 24.0 + 7.0 * t.chars().count() as f64;
+    let mut legend = Vec::new();
+    let (mut lx, mut line) = (pad, 0usize);
+    for t in &ser {
+        if lx + entry_w(t) > w - pad && lx > pad {
+            (lx, line) = (pad, line + 1);
+        }
+        legend.push((lx, line));
+        lx += entry_w(t);
+    }
+    let h = 40.0 + block_h * all_sites.len().max(1) as f64 + 60.0 + 20.0 * line as f64;
     let panel_w = (w - 3.0 * pad) / 2.0;
     let plot_h = block_h - pad - 60.0;
     let mut s = String::new();
@@ -566,10 +670,8 @@ pub fn svg(r: &BenchReport) -> String {
         }
         s.push_str("</g>\n");
     }
-    // Legend.
-    let ly = h - 30.0;
-    let mut lx = pad;
-    for (si, t) in ser.iter().enumerate() {
+    for (si, (t, &(lx, line))) in ser.iter().zip(&legend).enumerate() {
+        let ly = 40.0 + block_h * all_sites.len().max(1) as f64 + 30.0 + 20.0 * line as f64;
         let _ = writeln!(
             s,
             r#"<rect x="{lx}" y="{}" width="12" height="12" fill="{}"/>"#,
@@ -577,7 +679,6 @@ pub fn svg(r: &BenchReport) -> String {
             COLORS[si % COLORS.len()]
         );
         let _ = writeln!(s, r#"<text x="{}" y="{ly}">{t}</text>"#, lx + 16.0);
-        lx += 24.0 + 7.0 * t.len() as f64;
     }
     s.push_str("</svg>\n");
     s
@@ -623,6 +724,10 @@ mod tests {
             datagrams_per_frame: datagrams,
             p50_vs_tcp: None,
             p50_vs_tcp_spread_pct: None,
+            p50_vs_rust: None,
+            p50_vs_rust_spread_pct: None,
+            p50_vs_threads: None,
+            p50_vs_threads_spread_pct: None,
             p50_vs_floor: None,
             gbit_vs_tcp: None,
         }
@@ -678,5 +783,23 @@ mod tests {
         let vm_tcp = height(groups[1], "tcp (vm) 16392 B: 5000");
         assert!(vm_tcp > 0.6 * plot_h, "vm bar squashed: {vm_tcp} of {plot_h}");
         assert!(!groups[0].contains("(vm)") && !groups[1].contains("(host)"), "sites mixed in one panel");
+    }
+
+    #[test]
+    fn the_legend_of_many_rows_wraps_inside_the_chart() {
+        let mut r = report();
+        for t in ["xdp-ringbuf", "xdp-ringbuf·rust", "xdp-ringbuf·c", "xdp-ringbuf·cpp", "xdp-ringbuf·python"] {
+            for kind in ["udp", "xdp"] {
+                r.rows.push(row(&format!("{kind}{t}"), "host", "latency", 40.0, None));
+            }
+        }
+        let svg = svg(&r);
+        let height: f64 = svg.split("height=\"").nth(1).unwrap().split('"').next().unwrap().parse().unwrap();
+        assert!(height > 40.0 + 2.0 * 440.0 + 60.0, "a second legend line makes room: {height}");
+        for text in svg.split("<text x=\"").skip(1) {
+            let x: f64 = text.split('"').next().unwrap().parse().unwrap();
+            let label = text.split('>').nth(1).unwrap().split('<').next().unwrap();
+            assert!(x + 7.0 * label.chars().count() as f64 <= 1100.0, "{label} at {x} leaves the chart");
+        }
     }
 }

@@ -8,6 +8,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 
 use super::TransportArgs;
+use crate::bench::programs::{self, RingProgram};
 use crate::bench::sched::{self, Sched};
 use crate::bench::{BenchConfig, BenchReport, DEFAULT_SIZES, run, run_on};
 use crate::ring::Placement;
@@ -86,6 +87,13 @@ pub struct BenchArgs {
     /// polling in the same rounds (`udp+bp`, `xdp+bp`).
     #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u32).range(1500..=65535))]
     pub mtu: Option<u32>,
+    /// Also run the ring with this program as every member, one process
+    /// per node, in the same rounds (rows KIND·NAME, one frame in flight;
+    /// the protocol is in the README, "Benchmarking the bindings");
+    /// COMMAND is split at spaces. Repeatable. Rust as processes (`leap
+    /// bench-member`, rows KIND·rust) is measured with them.
+    #[arg(long, value_name = "NAME=COMMAND")]
+    pub ring_program: Vec<RingProgram>,
     /// Backend options.
     #[command(flatten)]
     pub transport_args: TransportArgs,
@@ -175,13 +183,15 @@ pub fn main(args: &BenchArgs) -> Result<()> {
             || !args.transport_args.cpus.is_empty()
             || args.loopback
             || args.sched.is_some()
-            || args.transport_args.busy_poll.is_some())
+            || args.transport_args.busy_poll.is_some()
+            || !args.ring_program.is_empty())
     {
         bail!(
-            "--profile, --cpus, --loopback, --sched and --busy-poll apply to rings on this host, not to --hosts \
-             (the `leap serve` agents do not take them)"
+            "--profile, --cpus, --loopback, --sched, --busy-poll and --ring-program apply to rings on this host, not \
+             to --hosts (the `leap serve` agents do not take them)"
         );
     }
+    let ring_programs = ring_programs(&args.ring_program)?;
     let root = crate::sys::is_root();
     let placement = if hosts.is_some() {
         Placement::Hosts
@@ -230,6 +240,7 @@ pub fn main(args: &BenchArgs) -> Result<()> {
         site: args.site.clone(),
         profile: None,
         mtu: args.mtu,
+        programs: ring_programs,
     };
     let cpus = &args.transport_args.cpus;
     notes.extend(rings.is_none().then(|| {
@@ -247,6 +258,18 @@ pub fn main(args: &BenchArgs) -> Result<()> {
     }));
     if rings.is_none() {
         notes.push(schedule(args, root)?);
+    }
+    if !cfg.programs.is_empty() {
+        let list: Vec<String> =
+            cfg.programs.iter().map(|p| format!("`{}`: `{}`", p.name, p.command.join(" "))).collect();
+        notes.push(format!(
+            "{}: rows KIND{sep}NAME are the same ring (one frame in flight) run by a program as one process per node, \
+             in the same rounds, each process in its node's namespace, on its node's CPU and scheduled as the ring \
+             threads; {sep}rust is `leap bench-member` (`leap ring`'s loops as processes). Programs: {}",
+            args.site,
+            list.join("; "),
+            sep = programs::SEP
+        ));
     }
     if args.profile {
         match crate::bench::profile::perf() {
@@ -294,6 +317,30 @@ pub fn main(args: &BenchArgs) -> Result<()> {
         bail!("{corrupt} corrupt frames during the benchmark");
     }
     Ok(())
+}
+
+/// The ring programs to measure: Rust as processes first (this binary's
+/// `bench-member`, unless a program named `rust` is given), then `given`.
+///
+/// # Errors
+///
+/// Two programs of one name, or no path to this binary.
+fn ring_programs(given: &[RingProgram]) -> Result<Vec<RingProgram>> {
+    if given.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut v = Vec::new();
+    if !given.iter().any(|p| p.name == programs::RUST) {
+        let exe = std::env::current_exe().context("finding the leap binary for the rust ring program")?;
+        v.push(RingProgram::rust(&exe));
+    }
+    for p in given {
+        if v.iter().any(|q: &RingProgram| q.name == p.name) {
+            bail!("--ring-program {}: two programs of that name", p.name);
+        }
+        v.push(p.clone());
+    }
+    Ok(v)
 }
 
 /// Schedules this thread, and so the ring threads it starts, as `--sched`

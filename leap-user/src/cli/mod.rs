@@ -2,6 +2,7 @@
 //! subcommand.
 
 pub mod bench;
+pub mod bench_member;
 pub mod config;
 pub mod flood;
 pub mod kmod;
@@ -41,6 +42,9 @@ pub enum Command {
     Node(node::NodeArgs),
     /// Measure every transport and write report.json, report.md, report.svg.
     Bench(bench::BenchArgs),
+    /// One ring member speaking `leap bench --ring-program`'s protocol:
+    /// the bench's Rust ring as one process per node.
+    BenchMember(bench_member::MemberArgs),
     /// Agent for `leap bench --hosts`: runs ring members on request of an
     /// authenticated coordinator.
     Serve(serve::ServeArgs),

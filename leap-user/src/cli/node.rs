@@ -348,6 +348,7 @@ fn run(
                 policy: r.policy,
                 telemetry: Some(tel.clone()),
                 copying: false,
+                max_frames: None,
             };
             let layers = run_worker(t, &wc, stop).context("worker stopped")?;
             log::info!("worker stopped; layers {:?}", layers.range);

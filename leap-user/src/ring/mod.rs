@@ -436,7 +436,7 @@ fn free_port() -> u16 {
 
 /// Endpoints of every node (and the namespaces, if any, kept alive by the
 /// returned topology).
-fn layout(cfg: &RingConfig) -> Result<(Vec<Endpoint>, Option<Topology>), RingError> {
+pub(crate) fn layout(cfg: &RingConfig) -> Result<(Vec<Endpoint>, Option<Topology>), RingError> {
     let n = cfg.nodes;
     match cfg.placement {
         Placement::Hosts => {

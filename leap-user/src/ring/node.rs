@@ -357,6 +357,8 @@ pub struct WorkerConfig {
     /// Receive into a buffer of the worker and send from it (the copying
     /// API) instead of [`Transport::relay`].
     pub copying: bool,
+    /// Stop after this many data frames (`None`: only at `stop`).
+    pub max_frames: Option<u64>,
 }
 
 impl WorkerConfig {
@@ -381,7 +383,7 @@ pub fn run_worker(t: &mut dyn Transport, cfg: &WorkerConfig, stop: &AtomicBool) 
     let mut buf = vec![0u8; frame_size];
     let mut layers = Layers::default();
     let mut silent_since: Option<Instant> = None;
-    while !stop.load(Ordering::Relaxed) {
+    while !stop.load(Ordering::Relaxed) && cfg.max_frames.is_none_or(|m| frames < m) {
         if let Some(tel) = &cfg.telemetry {
             tel.publish(&*t, frames, false);
         }

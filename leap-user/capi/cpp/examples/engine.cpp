@@ -24,6 +24,16 @@
 // p50/p90/p99/max, round_trips_per_s); a worker prints what it relayed and
 // the layers the resize gave it. Exit 0 when every frame came back intact.
 //
+// It also speaks the protocol of `leap bench --ring-program` (rows
+// `KIND·cpp`): --kind tcp|udp|xdp|xdp-ringbuf|kmod, --listen IP:PORT,
+// --next IP:PORT, --prev (unused: the original's classes take none),
+// --frame-size BYTES (8 + 4 * dim), --set KEY=VALUE (into LEAP_OPTIONS),
+// and --copy: as `leap ring`'s nodes, no resize round, workers pass every
+// frame on unchanged (recv_prev into the engine's buffer, send_next from
+// it: the engine's interface has no lending), a worker prints `ready` once
+// its transport is open. In that mode the receive deadline is the
+// drop-in's (none), as the engine runs.
+//
 // Build (in leap-user/capi/cpp): g++ -std=c++20 -O2 -I. examples/engine.cpp
 //        TcpTransport.cpp UdpTransport.cpp KernelTransport.cpp
 //        $(pkg-config --cflags --libs leap)
@@ -32,6 +42,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <iostream>
@@ -76,7 +87,20 @@ namespace {
         float add = 1.0f;   // what a worker adds to every activation
         bool resize = true;
         long linger_ms = 1000;
+        // --copy: frames passed on unchanged (see the top of the file).
+        bool copy = false;
+        std::string kind;              // --kind (the bench protocol)
+        std::vector<std::string> sets; // --set KEY=VALUE
     };
+
+    // IP:PORT (an IPv6 address in brackets) into host and port.
+    void split_addr(const std::string &a, std::string &host, int &port) {
+        const size_t colon = a.rfind(':');
+        if (colon == std::string::npos) throw std::runtime_error("usage: " + a + " is not IP:PORT");
+        host = a.substr(0, colon);
+        if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+        port = std::stoi(a.substr(colon + 1));
+    }
 
     float activation(int32_t pos, size_t i) { return static_cast<float>((pos * 31 + static_cast<int32_t>(i)) % 1024); }
 
@@ -86,6 +110,13 @@ namespace {
             const std::string a = argv[i];
             if (a == "--no-resize") {
                 o.resize = false;
+                continue;
+            }
+            if (a == "--copy") {
+                o.copy = true;
+                o.resize = false;
+                o.add = 0.0f;
+                o.linger_ms = 200;
                 continue;
             }
             if (i + 1 >= argc) throw std::runtime_error("usage: " + a + " needs a value");
@@ -103,6 +134,18 @@ namespace {
             else if (a == "--index") o.index = std::stoi(v);
             else if (a == "--linger-ms") o.linger_ms = std::stol(v);
             else if (a == "--add") o.add = std::stof(v);
+            else if (a == "--kind") o.kind = v;
+            else if (a == "--listen") split_addr(v, o.host, o.port);
+            else if (a == "--next") split_addr(v, o.next_host, o.next_port);
+            else if (a == "--prev") continue;
+            else if (a == "--set") o.sets.push_back(v);
+            else if (a == "--frame-size") {
+                const size_t bytes = std::stoul(v);
+                if (bytes < sizeof(PacketHeader) + sizeof(float) || (bytes - sizeof(PacketHeader)) % sizeof(float)) {
+                    throw std::runtime_error("usage: --frame-size " + v + ": give 8 + 4 * dim bytes");
+                }
+                o.dim = (bytes - sizeof(PacketHeader)) / sizeof(float);
+            }
             else throw std::runtime_error("usage: unknown option " + a);
         }
         if ((o.role != "head" && o.role != "worker") || o.next_host.empty() || o.frames < 1 || o.dim == 0 ||
@@ -112,7 +155,7 @@ namespace {
                 "--next-host IP --next-port P [--frames N] [--dim D] [--workers W] [--compute-workers K] "
                 "[--index I] [--add X] [--no-resize] [--linger-ms MS]");
         }
-        if (o.computing < 0) o.computing = o.workers;
+        if (o.computing < 0) o.computing = o.copy ? 0 : o.workers;
         return o;
     }
 
@@ -196,11 +239,11 @@ namespace {
         const double secs = std::chrono::duration<double>(Clock::now() - started).count();
         std::sort(rtt.begin(), rtt.end());
         std::printf("{\"role\":\"head\",\"transport\":\"%s\",\"frame_size\":%zu,\"frames_sent\":%ld,"
-                    "\"frames_delivered\":%ld,\"frames_corrupt\":%ld,\"control_ack\":%s,"
+                    "\"frames_delivered\":%ld,\"frames_corrupt\":%ld,\"elapsed_s\":%.6f,\"control_ack\":%s,"
                     "\"ack\":{\"split_layer\":%d,\"end_layer\":%d,\"is_tail\":%d,\"worker_index\":%d,"
                     "\"total_workers\":%d},"
                     "\"rtt_us\":{\"p50\":%.1f,\"p90\":%.1f,\"p99\":%.1f,\"max\":%.1f},\"round_trips_per_s\":%.0f}\n",
-                    o.transport.c_str(), packet, o.frames, intact, corrupt, acked ? "true" : "false",
+                    o.transport.c_str(), packet, o.frames, intact, corrupt, secs, acked ? "true" : "false",
                     static_cast<int>(ack.split_layer), static_cast<int>(ack.end_layer), static_cast<int>(ack.is_tail),
                     static_cast<int>(ack.worker_index), static_cast<int>(ack.total_workers), percentile(rtt, 50),
                     percentile(rtt, 90), percentile(rtt, 99), rtt.empty() ? 0.0 : rtt.back(),
@@ -254,6 +297,12 @@ namespace {
         std::vector<float> out(o.dim);
         WorkerState s;
         long relayed = 0;
+        while (o.copy && relayed < o.frames) {
+            // As `leap ring`'s workers: the frame passed on unchanged.
+            t.recv_prev(buf.data(), packet);
+            t.send_next(buf.data(), packet);
+            relayed++;
+        }
         while (relayed < o.frames) {
             ControlMessage m{};
             if (t.recv_control_nonblocking(m)) {
@@ -291,9 +340,38 @@ namespace {
     }
 } // namespace
 
+// The bench protocol's --kind and --set, as the drop-in reads them: the
+// class and LEAP_UDP_PATH, and LEAP_OPTIONS (a list value in brackets).
+static void apply_kind(Options &o) {
+    if (o.kind.empty()) return;
+    if (o.kind == "tcp") {
+        o.transport = "tcp";
+    } else if (o.kind == "udp" || o.kind == "xdp" || o.kind == "xdp-ringbuf") {
+        o.transport = "udp";
+        setenv("LEAP_UDP_PATH", o.kind.c_str(), 1);
+    } else if (o.kind == "kmod") {
+        o.transport = "kernel";
+    } else {
+        throw std::runtime_error("--kind " + o.kind + ": choose tcp, udp, xdp, xdp-ringbuf or kmod");
+    }
+    std::string opts;
+    if (const char *old = std::getenv("LEAP_OPTIONS")) opts = old;
+    for (const std::string &kv: o.sets) {
+        const size_t eq = kv.find('=');
+        if (eq == std::string::npos) throw std::runtime_error("--set " + kv + ": give KEY=VALUE");
+        std::string key = kv.substr(0, eq), value = kv.substr(eq + 1);
+        // The engine runs without a receive deadline (the drop-in's default).
+        if (o.copy && key == "recv_timeout_ms") continue;
+        if (value.find(',') != std::string::npos) value = "[" + value + "]";
+        opts += (opts.empty() ? "" : ",") + key + "=" + value;
+    }
+    setenv("LEAP_OPTIONS", opts.c_str(), 1);
+}
+
 int main(int argc, char **argv) {
     try {
-        const Options o = parse(argc, argv);
+        Options o = parse(argc, argv);
+        apply_kind(o);
         std::unique_ptr<Transport> transport;
         if (o.transport == "tcp") {
             transport = std::make_unique<TcpTransport>(o.host, o.port, o.next_host, o.next_port);
@@ -306,6 +384,10 @@ int main(int argc, char **argv) {
         }
         transport->initialize();
         transport->set_packet_size(sizeof(PacketHeader) + o.dim * sizeof(float));
+        if (o.copy && o.role == "worker") {
+            std::printf("ready\n");
+            std::fflush(stdout);
+        }
         return o.role == "head" ? run_head(*transport, o) : run_worker(*transport, o);
     } catch (const std::exception &e) {
         std::cerr << "[Error] " << e.what() << std::endl;
