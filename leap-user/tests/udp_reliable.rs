@@ -197,3 +197,69 @@ fn reordered_chunks_make_intact_frames() {
     let (good, lost, _a, _b, _) = run(Fault::Swap, Reliability::Reliable, 50);
     assert_eq!((good, lost), (50, 0));
 }
+
+/// A's first frame races the hellos: A has proven B (it got B's answer) and
+/// sends at once, but B has not yet proven A (A's answer to B's challenge is
+/// late, held back here for 20 ms), and a chunk of that frame is lost. B
+/// reads the chunks as an original node's meanwhile; it must not give the
+/// frame up before the proof can arrive, since A keeps it: once proven, A's
+/// probe and B's NACK fetch the missing chunk.
+#[test]
+fn a_first_frame_that_races_the_proof_and_loses_a_chunk_still_arrives() {
+    let (a_addr, b_addr) = (free_addr(), free_addr());
+    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+    let relay_addr = s.local_addr().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let st = stop.clone();
+    let relay = std::thread::spawn(move || {
+        let mut buf = [0u8; 65536];
+        let mut late: Vec<(Instant, Vec<u8>)> = Vec::new();
+        let mut lost = false;
+        while !st.load(Ordering::Relaxed) {
+            let now = Instant::now();
+            late.retain(|(due, d)| if *due <= now { s.send_to(d, b_addr).unwrap() == 0 } else { true });
+            let Ok((n, from)) = s.recv_from(&mut buf) else { continue };
+            let d = &buf[..n];
+            if from == b_addr {
+                s.send_to(d, a_addr).unwrap();
+            } else if Hello::parse(d).is_ok_and(|h| h.echo != 0 && h.nonce == 0) {
+                // A's answer to B's challenge: late.
+                late.push((now + Duration::from_millis(20), d.to_vec()));
+            } else if !lost && ChunkHeader::parse(d).is_ok_and(|(h, _)| h.seq == 0 && h.chunk_id == 3) {
+                lost = true;
+            } else {
+                s.send_to(d, b_addr).unwrap();
+            }
+        }
+    });
+    let mut ca = UdpConfig::new(a_addr, relay_addr);
+    ca.gso = false;
+    ca.trains = false;
+    let mut cb = UdpConfig::new(b_addr, relay_addr);
+    cb.prev = Some(relay_addr);
+    cb.recv_timeout = Some(Duration::from_secs(2));
+    let mut b = UdpTransport::bind(cb).unwrap();
+    let mut a = UdpTransport::bind(ca).unwrap();
+    let frame = pattern(7, 16_392);
+    let sender = std::thread::spawn(move || {
+        a.send_next(&frame).unwrap();
+        // A answers NACKs inside its own calls too (and by its driver).
+        let mut scratch = vec![0u8; 64];
+        a.set_recv_timeout(Some(Duration::from_millis(5)));
+        for _ in 0..200 {
+            let _ = a.recv_prev(&mut scratch);
+        }
+        a.stats()
+    });
+    let mut out = vec![0u8; 16_392];
+    let got = b.recv_prev(&mut out);
+    let a_stats = sender.join().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    relay.join().unwrap();
+    let got = got.unwrap_or_else(|e| panic!("B: {e}; B {:?}; A {a_stats:?}", b.stats()));
+    assert_eq!(&out[..got.len], &pattern(7, 16_392)[..]);
+    assert!(b.neighbours_are_leap().1, "B never proved A");
+    let st = b.stats();
+    assert!(st.nacks_sent >= 1 && st.chunks_recovered >= 1, "the lost chunk was not fetched: {st:?}");
+}
