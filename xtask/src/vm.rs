@@ -296,7 +296,7 @@ lr_down() { for i in 0 1 2; do $IP netns del lr$i 2>/dev/null; done; }
 # hop (counted from its 10th frame on) add up to at most the one frame
 # leap_send_control writes when it forwards the control round.
 lent() {
-	c=$(tail -n 1 /tmp/b.$1.out | sed -n 's/.*"copies_per_hop":\([0-9.]*\)}.*/\1/p')
+	c=$(tail -n 1 /tmp/b.$1.out | sed -n 's/.*"copies_per_hop":\([0-9.]*\).*/\1/p')
 	awk -v c="$c" -v n=$2 'BEGIN { exit !(c != "" && c * (n - 9) <= 1.01) }' && return 0
 	echo "$1 copied more than the control frame: copies_per_hop $c over $(($2 - 9)) frames"
 	return 1
