@@ -174,10 +174,21 @@ fn nack_storm(frame_len: usize, interval: Duration, dur: Duration) -> (u64, u16,
     s.send_next(&frame).unwrap();
     next.pump(Duration::from_millis(50), &mut s);
     let chunks = leap_common::chunk::chunks_for(frame_len).unwrap();
+    // Every shape a NACK can take, in turn: all, each chunk alone, one
+    // range named again and again, overlapping and reversed ranges, ranges
+    // past the frame's end.
+    let each: Vec<(u16, u16)> = (0..chunks).map(|i| (i, 1)).take(NACK_MAX_RANGES).collect();
+    let again = vec![(0, chunks); NACK_MAX_RANGES];
+    let overlapping: Vec<(u16, u16)> = (0..chunks.min(300)).rev().map(|i| (i / 2, chunks - i / 2)).collect();
+    let past = vec![(chunks, u16::MAX - chunks), (u16::MAX - 1, 1), (0, 1)];
+    let shapes = [vec![NACK_ALL], each, again, overlapping, past];
     let mut back = 0;
     let until = Instant::now() + dur;
-    while Instant::now() < until {
-        next.sock.send_to(&nack(1, &[NACK_ALL]), s.local_addr().unwrap()).unwrap();
+    for shape in shapes.iter().cycle() {
+        if Instant::now() >= until {
+            break;
+        }
+        next.sock.send_to(&nack(1, shape), s.local_addr().unwrap()).unwrap();
         back += next.pump(interval, &mut s);
     }
     back += next.pump(Duration::from_millis(100), &mut s);
@@ -600,4 +611,130 @@ fn malformed_trains_are_dropped_and_counted_and_good_frames_still_arrive() {
         assert!(d.oversize >= 2 && d.bad_length >= 1, "gro {gro}: {d:?}");
         assert_eq!(b.stats().frames_received, 4);
     }
+}
+
+/// A datagram of a one-chunk frame `seq` (100 bytes), as a spoofer sends it.
+fn lone_chunk(seq: u16) -> Vec<u8> {
+    let mut d = ChunkHeader::data(seq, 0, 1).to_bytes().to_vec();
+    d.extend_from_slice(&[0xEE; 100]);
+    d
+}
+
+/// `a` sends frames of `pattern(seed, 5000)` to `b` until `b` delivers one,
+/// at most `limit`; whether it did. Anything else `b` delivers fails.
+fn frames_get_through(a: &mut UdpTransport, b: &mut UdpTransport, seed: u32, limit: Duration) -> bool {
+    let want = pattern(seed, 5000);
+    let mut out = vec![0u8; 1 << 20];
+    let until = Instant::now() + limit;
+    while Instant::now() < until {
+        a.send_next(&want).unwrap();
+        match b.recv_prev(&mut out) {
+            Ok(got) => {
+                assert_eq!(&out[..got.len], &want[..], "b delivered a frame that is not a's");
+                return true;
+            }
+            Err(e) if e.is_timeout() => {}
+            Err(e) => panic!("b: {e}"),
+        }
+    }
+    false
+}
+
+/// B takes frames from the first source (no previous node configured);
+/// its next node is a socket that only listens.
+fn unconfigured_receiver() -> (UdpTransport, UdpSocket) {
+    let next = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut cb = UdpConfig::new(free_addr(), next.local_addr().unwrap());
+    cb.recv_timeout = Some(Duration::from_millis(300));
+    (UdpTransport::bind(cb).unwrap(), next)
+}
+
+#[test]
+fn a_lock_a_spoofed_first_chunk_took_moves_to_the_leap_node_that_proves_itself() {
+    let (mut b, _next) = unconfigured_receiver();
+    let b_addr = b.local_addr().unwrap();
+    // A spoofer's one chunk comes first and takes the lock.
+    let spoofer = UdpSocket::bind("127.0.0.1:0").unwrap();
+    spoofer.send_to(&lone_chunk(0), b_addr).unwrap();
+    let mut out = vec![0u8; 4096];
+    assert_eq!(b.recv_prev(&mut out).unwrap().len, 100);
+    // The real previous node: its frames are refused until the spoofer has
+    // been quiet (3 s) and has left a hello unanswered (1 s).
+    let mut a = UdpTransport::bind(UdpConfig::new(free_addr(), b_addr)).unwrap();
+    let start = Instant::now();
+    assert!(frames_get_through(&mut a, &mut b, 5, Duration::from_secs(15)), "the lock never moved: {:?}", b.stats());
+    eprintln!("moved after {:?}; {:?}", start.elapsed(), b.stats().drops);
+    assert!(start.elapsed() >= leap::frame::relock::SILENCE - Duration::from_millis(500));
+    assert!(b.stats().drops.wrong_source > 0, "a's first frames were taken");
+    // The spoofer is now the stranger.
+    let before = b.stats().drops.wrong_source;
+    spoofer.send_to(&lone_chunk(9), b_addr).unwrap();
+    assert!(frames_get_through(&mut a, &mut b, 6, Duration::from_secs(5)));
+    assert!(b.stats().drops.wrong_source > before, "the spoofer's chunk was not refused");
+}
+
+#[test]
+fn a_live_leap_node_keeps_its_lock_while_idle_whoever_proves_itself() {
+    let (mut b, _next) = unconfigured_receiver();
+    let b_addr = b.local_addr().unwrap();
+    let mut a1 = UdpTransport::bind(UdpConfig::new(free_addr(), b_addr)).unwrap();
+    assert!(frames_get_through(&mut a1, &mut b, 1, Duration::from_secs(5)));
+    // Another leap node sends to B for longer than the lock's silence and
+    // probe wait, while the locked one is idle (its driver answers hellos).
+    let mut a2 = UdpTransport::bind(UdpConfig::new(free_addr(), b_addr)).unwrap();
+    let limit = leap::frame::relock::SILENCE + leap::frame::relock::PROBE_WAIT * 3;
+    assert!(!frames_get_through(&mut a2, &mut b, 2, limit), "a2 took the lock of a live node");
+    assert!(b.stats().drops.wrong_source > 0);
+    assert!(frames_get_through(&mut a1, &mut b, 3, Duration::from_secs(5)), "a1 lost its lock");
+}
+
+#[test]
+fn the_operator_releases_a_lock_a_busy_spoofer_holds() {
+    let (mut b, _next) = unconfigured_receiver();
+    let b_addr = b.local_addr().unwrap();
+    let control = b.source_control().expect("a datagram link has a source lock");
+    assert_eq!(control.release(), None, "nothing is locked yet");
+    // A spoofer that keeps sending: never silent, never proven.
+    let spoofer = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let spoofer_addr = spoofer.local_addr().unwrap();
+    spoofer.send_to(&lone_chunk(0), b_addr).unwrap();
+    let mut out = vec![0u8; 4096];
+    assert_eq!(b.recv_prev(&mut out).unwrap().len, 100);
+    let stop = Arc::new(AtomicBool::new(false));
+    let st = stop.clone();
+    let flood = std::thread::spawn(move || {
+        for seq in 1..2000u16 {
+            if st.load(Ordering::Relaxed) {
+                break;
+            }
+            let _ = spoofer.send_to(&lone_chunk(seq), b_addr);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+    let mut a = UdpTransport::bind(UdpConfig::new(free_addr(), b_addr)).unwrap();
+    // B reads the spoofer's frames meanwhile: the real node's never come.
+    let until = Instant::now() + leap::frame::relock::SILENCE + Duration::from_secs(2);
+    let want = pattern(7, 5000);
+    let mut big = vec![0u8; 1 << 20];
+    while Instant::now() < until {
+        a.send_next(&want).unwrap();
+        if let Ok(got) = b.recv_prev(&mut big) {
+            assert_eq!(got.len, 100, "a frame of a's came through the spoofer's lock");
+        }
+    }
+    assert_eq!(control.release(), Some(spoofer_addr));
+    // The first source that proves to be a leap node takes it, though the
+    // spoofer keeps sending.
+    let mut got_a = false;
+    let until = Instant::now() + Duration::from_secs(6);
+    while Instant::now() < until && !got_a {
+        a.send_next(&want).unwrap();
+        if let Ok(got) = b.recv_prev(&mut big) {
+            assert_eq!(&big[..got.len], &want[..], "the spoofer took the released lock");
+            got_a = true;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    flood.join().unwrap();
+    assert!(got_a, "a never took the released lock: {:?}", b.stats());
 }

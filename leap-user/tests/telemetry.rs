@@ -339,3 +339,48 @@ fn node_serves_metrics_and_stats_under_abuse_and_stops_promptly() {
     assert!(!sock.exists(), "stats socket left behind");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `leap stats --release-source --json`.
+fn release_source(sock: &Path) -> serde_json::Value {
+    let mut cmd = leap();
+    cmd.args(["stats", "--release-source", "--json", "--socket"]).arg(sock);
+    let (out, _) = output_bounded(cmd, Duration::from_secs(15));
+    assert!(out.status.success(), "leap stats --release-source: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn the_operator_releases_the_source_lock_through_the_stats_socket() {
+    let dir = tmpdir("release");
+    let sock = dir.join("w.sock");
+    let (a, b, _) = ports();
+    // The worker's next node: a socket that takes what is forwarded.
+    let next = std::net::UdpSocket::bind(("127.0.0.1", b)).unwrap();
+    let mut w = worker(a, b, &["--stats-socket", sock.to_str().unwrap()]);
+    let _reaper = Reaper(vec![w.id()]);
+    wait_for(&sock);
+    let v = release_source(&sock);
+    assert_eq!(v["released"], false, "{v}");
+    // A stranger's chunk takes the lock (no previous node is configured).
+    let stranger = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut chunk = leap_common::chunk::ChunkHeader::data(0, 0, 1).to_bytes().to_vec();
+    chunk.extend_from_slice(&[0xEE; 64]);
+    let start = Instant::now();
+    let v = loop {
+        stranger.send_to(&chunk, ("127.0.0.1", a)).unwrap();
+        let v = release_source(&sock);
+        if v["released"] == true || start.elapsed() > Duration::from_secs(10) {
+            break v;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(v["source"], stranger.local_addr().unwrap().to_string(), "{v}");
+    // Released once: nothing is locked until a source takes it again.
+    assert_eq!(release_source(&sock)["released"], false);
+    // Counters still come back on a plain query.
+    assert!(stats_within(&sock, Duration::from_secs(5))["stats"].is_object());
+    drop(next);
+    terminate(&w);
+    assert!(wait_bounded(&mut w, Duration::from_secs(5)).success());
+    let _ = std::fs::remove_dir_all(dir);
+}

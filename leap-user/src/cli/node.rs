@@ -321,11 +321,14 @@ pub fn main(args: &NodeArgs) -> Result<()> {
     let (kind, mut t) = open_first(&r)?;
     let role = if r.role == Role::Head { "head" } else { "worker" };
     let tel = Arc::new(Telemetry::new(&r.name, role, kind.as_str()));
+    tel.set_source_control(t.source_control());
     // Its own thread: a slow client never holds up the frame loop.
     let servers = telemetry::serve(tel.clone(), r.metrics, r.stats_socket.as_deref(), telemetry::Limits::default())?;
     let res = run(&r, kind, &mut *t, &tel, &stop, args.json, args.workers);
     tel.publish(&*t, 0, true);
-    // Detach (XDP), close sockets and the device before the servers go.
+    // Detach (XDP), close sockets and the device before the servers go
+    // (the stats socket's handle on the link too).
+    tel.set_source_control(None);
     drop(t);
     servers.stop();
     res

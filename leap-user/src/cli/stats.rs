@@ -14,6 +14,11 @@ pub struct StatsArgs {
     /// Print JSON instead of a summary.
     #[arg(long)]
     pub json: bool,
+    /// Release the node's lock on the source it takes frames from (a
+    /// datagram node with no previous node configured locks onto the first
+    /// source): the next source that sends a valid chunk is taken.
+    #[arg(long)]
+    pub release_source: bool,
 }
 
 /// Runs `leap stats`.
@@ -22,6 +27,21 @@ pub struct StatsArgs {
 ///
 /// The node is not running or the socket is not a leap node's.
 pub fn main(args: &StatsArgs) -> Result<()> {
+    if args.release_source {
+        let v = crate::telemetry::release_source(&args.socket)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", args.socket.display()))?;
+        if args.json {
+            println!("{v}");
+        } else if v["released"] == true {
+            println!(
+                "released the lock on {}; the next source that sends a valid chunk is taken",
+                v["source"].as_str().unwrap_or("?")
+            );
+        } else {
+            println!("nothing released: {}", v["reason"].as_str().or(v["error"].as_str()).unwrap_or("?"));
+        }
+        return Ok(());
+    }
     let v = crate::telemetry::query_stats(&args.socket).map_err(|e| match e {
         e @ crate::telemetry::StatsQueryError::Connect { .. } => anyhow::anyhow!(e),
         e => anyhow::anyhow!("{}: {e}", args.socket.display()),

@@ -6,6 +6,7 @@ pub mod chunker;
 pub mod peer;
 pub mod reassembly;
 pub mod reliable;
+pub mod relock;
 pub mod types;
 pub mod window;
 

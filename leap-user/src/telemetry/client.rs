@@ -1,7 +1,7 @@
 //! The client side of the stats socket (`leap stats`): a bounded read of
 //! one JSON reply.
 
-use std::io::{self, Read};
+use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -61,6 +61,21 @@ pub fn query_stats(path: &Path) -> Result<Value, StatsQueryError> {
 ///
 /// [`StatsQueryError`].
 pub fn query_stats_within(path: &Path, max: usize, timeout: Duration) -> Result<Value, StatsQueryError> {
+    request(path, b"", max, timeout)
+}
+
+/// Asks the node to release its lock on the previous node's source (see
+/// [`crate::Transport::source_control`]); its reply says whether it held one.
+///
+/// # Errors
+///
+/// [`StatsQueryError`].
+pub fn release_source(path: &Path) -> Result<Value, StatsQueryError> {
+    request(path, b"release-source\n", MAX_STATS_REPLY, STATS_TIMEOUT)
+}
+
+/// Sends `req` (then ends its side), reads the JSON reply.
+fn request(path: &Path, req: &[u8], max: usize, timeout: Duration) -> Result<Value, StatsQueryError> {
     let deadline = Instant::now() + timeout;
     let connect = |source| StatsQueryError::Connect { path: path.into(), source };
     let sock = Socket::new(Domain::UNIX, Type::STREAM, None).map_err(connect)?;
@@ -68,6 +83,10 @@ pub fn query_stats_within(path: &Path, max: usize, timeout: Duration) -> Result<
     sock.connect_timeout(&SockAddr::unix(path).map_err(connect)?, timeout).map_err(connect)?;
     let mut s = UnixStream::from(std::os::fd::OwnedFd::from(sock));
     s.set_nonblocking(false).map_err(StatsQueryError::Read)?;
+    s.set_write_timeout(Some(timeout)).map_err(StatsQueryError::Read)?;
+    s.write_all(req).map_err(StatsQueryError::Read)?;
+    // The node answers at once when it sees the end of the request.
+    s.shutdown(std::net::Shutdown::Write).map_err(StatsQueryError::Read)?;
     let mut reply = Vec::new();
     let mut buf = [0u8; 16 * 1024];
     loop {

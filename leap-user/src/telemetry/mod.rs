@@ -10,7 +10,7 @@ mod client;
 mod prometheus;
 pub(crate) mod server;
 
-pub use client::{MAX_STATS_REPLY, STATS_TIMEOUT, StatsQueryError, query_stats, query_stats_within};
+pub use client::{MAX_STATS_REPLY, STATS_TIMEOUT, StatsQueryError, query_stats, query_stats_within, release_source};
 pub use server::{Limits, Servers, TelemetryError, serve};
 
 use std::sync::Mutex;
@@ -93,6 +93,8 @@ pub struct Telemetry {
     refused: [AtomicU64; 2],
     /// Head: round trips; worker: receive-to-forwarded time per frame.
     pub latency: Histogram,
+    /// Releases the transport's source lock (`leap stats --release-source`).
+    source: Mutex<Option<crate::transport::SourceControl>>,
 }
 
 impl Telemetry {
@@ -107,6 +109,29 @@ impl Telemetry {
             last_publish: Mutex::new(None),
             refused: [AtomicU64::new(0), AtomicU64::new(0)],
             latency: Histogram::default(),
+            source: Mutex::new(None),
+        }
+    }
+
+    /// Lets the stats socket release the transport's source lock.
+    pub fn set_source_control(&self, c: Option<crate::transport::SourceControl>) {
+        *self.source.lock().unwrap_or_else(|p| p.into_inner()) = c;
+    }
+
+    /// Releases the transport's source lock (the stats socket's
+    /// `release-source` request); the reply, as JSON.
+    pub fn release_source(&self) -> Value {
+        let c = self.source.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        match c {
+            None => {
+                json!({"released": false, "reason": "this node's transport locks no source (tcp, kmod, or not running)"})
+            }
+            Some(c) => match c.release() {
+                Some(a) => json!({"released": true, "source": a.to_string()}),
+                None => {
+                    json!({"released": false, "reason": "no source is locked (the previous node is configured, or nothing arrived yet)"})
+                }
+            },
         }
     }
 

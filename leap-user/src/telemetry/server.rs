@@ -23,7 +23,7 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use socket2::{Domain, SockAddr, Socket, Type};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::task::AbortHandle;
@@ -304,15 +304,40 @@ fn answer(req: &Request<Incoming>, tel: &Telemetry) -> Response<Full<Bytes>> {
     r
 }
 
-/// The stats socket: reads nothing, writes the JSON, closes.
+/// Longest request the stats socket reads.
+const MAX_REQUEST: usize = 64;
+/// How long the stats socket waits for a request before it answers with
+/// the counters (a client that sends nothing and keeps its side open).
+const REQUEST_WAIT: Duration = Duration::from_millis(100);
+
+/// The stats socket: reads a request (none, or `release-source`) up to its
+/// end, a newline, [`MAX_REQUEST`] bytes or [`REQUEST_WAIT`], writes the
+/// JSON, closes. Only the node's user reaches it (mode 0600).
 async fn stats_loop(l: UnixListener, tel: Arc<Telemetry>, limits: Limits) {
     let mut conns = Connections::new(limits.max_connections);
     loop {
         let Some(mut stream) = next(l.accept(), Server::Stats).await else { continue };
         let Some(permit) = conns.admit(&|| tel.refuse(Server::Stats)).await else { continue };
-        let reply = tel.to_json().to_string();
+        let tel = tel.clone();
         tokio::spawn(async move {
             let _permit = permit;
+            let mut req = [0u8; MAX_REQUEST];
+            let mut n = 0;
+            let read = async {
+                while n < req.len() && !req[..n].contains(&b'\n') {
+                    match stream.read(&mut req[n..]).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(k) => n += k,
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(REQUEST_WAIT, read).await;
+            let reply = match std::str::from_utf8(&req[..n]).map(str::trim) {
+                Ok("") => tel.to_json().to_string(),
+                Ok("release-source") => tel.release_source().to_string(),
+                _ => serde_json::json!({"error": "unknown request; send nothing (counters) or `release-source`"})
+                    .to_string(),
+            };
             let write = async {
                 stream.write_all(reply.as_bytes()).await?;
                 stream.shutdown().await

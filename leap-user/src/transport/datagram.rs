@@ -6,9 +6,11 @@
 //!
 //! On a hostile network:
 //! - frames are taken from one source only: the configured previous node,
-//!   or else the first source a valid chunk came from, locked for good
-//!   (every other source is dropped and counted as `wrong_source`); NACKs
-//!   only from the next node, and only once it is proven a leap node;
+//!   or else the first source a valid chunk came from, locked (every other
+//!   source is dropped and counted as `wrong_source`) until it proves to be
+//!   gone and another source proves to be a leap node
+//!   ([`crate::frame::relock`]), or the operator releases it; NACKs only
+//!   from the next node, and only once it is proven a leap node;
 //! - a neighbour counts as a leap node only once it echoed a random nonce
 //!   ([`crate::frame::peer`]); until then leap sends and reads chunks exactly
 //!   as the original does (no flags, NACKs, probes or CRC);
@@ -43,6 +45,7 @@ use crate::frame::reliable::{
     NACK_ALL, NackAnswer, NackDecision, NackTimer, ProbeTimer, RETX_BURST, RetransmitBuffer, decode_nack, encode_nack,
     ranges,
 };
+use crate::frame::relock::SourceLock;
 use crate::frame::{Push, Reassembler};
 
 /// Longest a receive sleeps before it looks at its timers again.
@@ -99,6 +102,8 @@ pub struct DatagramLink {
     done: Option<Received>,
     /// The previous node: configured, or the first source, locked.
     prev: Option<SocketAddr>,
+    /// The lock on the first source, when no previous node is configured.
+    lock: Option<SourceLock>,
     next_peer: Peer,
     /// `None` while the previous node is unknown, or when it is `next`.
     prev_peer: Option<Peer>,
@@ -172,6 +177,7 @@ impl DatagramLink {
             probe: ProbeTimer::default(),
             done: None,
             prev: cfg.prev,
+            lock: None,
             next_peer: Peer::new(cfg.next),
             prev_peer,
             epoch: random_u64(),
@@ -598,11 +604,18 @@ impl DatagramLink {
         }
         match (self.prev, src) {
             (Some(prev), Some(src)) if prev == src => {}
+            (None, Some(_)) if self.lock.as_ref().is_some_and(|l| !l.chunk_may_take(Instant::now())) => {
+                // Released by the operator: a proven leap node first.
+                self.reasm.drops_mut().wrong_source += 1;
+                return;
+            }
             (None, Some(src)) if hdr.kind() != ChunkKind::Nack => {
                 log::info!("taking frames from {src} only (the first source; set the previous node to choose it)");
                 self.prev = Some(src);
+                self.lock = None;
                 if src != self.cfg.next {
                     self.prev_peer = Some(Peer::new(src));
+                    self.lock = Some(SourceLock::new(src, Instant::now(), self.stats.chunks_received));
                 }
             }
             _ => {
@@ -661,9 +674,15 @@ impl DatagramLink {
                 (self.next_peer.on_hello(&h, now, epoch, caps), true, self.prev == Some(a))
             }
             Some(a) if self.prev_peer.as_ref().is_some_and(|p| p.addr() == a) => {
+                if let Some(lock) = &mut self.lock
+                    && lock.locked_hello(&h)
+                {
+                    log::info!("previous node {a} answered: it keeps the lock");
+                }
                 (self.prev_peer.as_mut().expect("checked").on_hello(&h, now, epoch, caps), false, true)
             }
-            _ => {
+            Some(a) => return self.stranger_hello(a, &h, now),
+            None => {
                 self.reasm.drops_mut().wrong_source += 1;
                 return;
             }
@@ -700,6 +719,71 @@ impl DatagramLink {
                 self.nack = NackTimer::default();
             }
         }
+    }
+
+    /// A hello from a source that is neither neighbour: while the source
+    /// lock may be moving ([`SourceLock::stranger_hello`]), answered and
+    /// challenged; dropped otherwise.
+    fn stranger_hello(&mut self, src: SocketAddr, h: &Hello, now: Instant) {
+        let leap = self.prev_is_leap();
+        let (chunks, epoch, caps) = (self.stats.chunks_received, self.epoch, self.caps);
+        let Some(lock) = &mut self.lock else {
+            self.reasm.drops_mut().wrong_source += 1;
+            return;
+        };
+        lock.observe(now, chunks);
+        let Some(out) = lock.stranger_hello(src, h, now, leap, (epoch, caps)) else {
+            self.reasm.drops_mut().wrong_source += 1;
+            return;
+        };
+        self.stats.hellos_received += 1;
+        if let Some(reply) = out.reply {
+            self.send_hello(&reply, src);
+        }
+        if let Some((probe, locked)) = out.probe {
+            log::info!(
+                "{src} proved to be a leap node while {locked} was quiet; asking {locked} whether it is still there"
+            );
+            self.send_hello(&probe, locked);
+        }
+    }
+
+    /// Moves the source lock to a proven candidate once the locked source
+    /// left its probe unanswered; returns when to look again.
+    fn relock(&mut self, now: Instant) -> Option<Instant> {
+        let lock = self.lock.as_mut()?;
+        let Some((peer, old)) = lock.poll(now) else { return lock.due() };
+        match old {
+            Some(old) => log::warn!(
+                "previous node {old} did not answer for {:?}; taking frames from {} instead, which proved to be a leap node",
+                crate::frame::relock::PROBE_WAIT,
+                peer.addr()
+            ),
+            None => log::warn!("taking frames from {}, which proved to be a leap node", peer.addr()),
+        }
+        self.prev = Some(peer.addr());
+        self.prev_peer = Some(peer);
+        self.reasm.resync();
+        self.nack = NackTimer::default();
+        None
+    }
+
+    /// Releases a lock taken on the first source (no previous node
+    /// configured): the next valid chunk's source is taken again. Returns
+    /// the source that held it.
+    pub fn release_source(&mut self) -> Option<SocketAddr> {
+        let old = self.lock.as_ref()?.source()?;
+        self.lock = Some(SourceLock::released(Instant::now()));
+        self.prev = None;
+        self.prev_peer = None;
+        self.reasm.resync();
+        self.nack = NackTimer::default();
+        log::warn!(
+            "released the lock on {old}: frames are taken from the first source that proves to be a leap node \
+             within {:?}, then from the first that sends a valid chunk",
+            crate::frame::relock::RELEASE_PROOF_WINDOW
+        );
+        Some(old)
     }
 
     /// Before the first frame: gives the next node up to `limit` to prove
@@ -754,6 +838,7 @@ impl DatagramLink {
         }
         let (epoch, caps) = (self.epoch, self.caps);
         let (h, mut due) = self.next_peer.challenge(now, epoch, caps);
+        due = earliest(due, self.relock(now));
         if let Some(h) = h {
             self.send_hello(&h, self.cfg.next);
         }

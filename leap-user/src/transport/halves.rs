@@ -44,6 +44,15 @@ impl<R: RxPath + 'static> DatagramCore<R> {
         &self.shared
     }
 
+    /// See [`crate::Transport::source_control`].
+    pub fn source_control(&self) -> super::SourceControl
+    where
+        R: Send,
+    {
+        let shared = Arc::clone(&self.shared);
+        super::SourceControl::new(move || shared.link().release_source())
+    }
+
     /// See [`super::Transport::send_next_parts`].
     ///
     /// # Errors

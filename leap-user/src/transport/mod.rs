@@ -482,6 +482,14 @@ pub trait Transport: Send {
         None
     }
 
+    /// A handle that releases the lock on the previous node's source from
+    /// another thread (the operator's `leap stats --release-source`), where
+    /// the backend locks onto the first source (the datagram paths with no
+    /// previous node configured); `None` elsewhere.
+    fn source_control(&self) -> Option<SourceControl> {
+        None
+    }
+
     /// Sends one contiguous frame to the next node.
     ///
     /// # Errors
@@ -685,6 +693,30 @@ impl std::fmt::Debug for Halves {
     }
 }
 
+/// Releases a datagram link's lock on the first source it took frames from
+/// (see [`Transport::source_control`]); usable from any thread.
+#[derive(Clone)]
+pub struct SourceControl(std::sync::Arc<dyn Fn() -> Option<std::net::SocketAddr> + Send + Sync>);
+
+impl SourceControl {
+    pub(crate) fn new(release: impl Fn() -> Option<std::net::SocketAddr> + Send + Sync + 'static) -> Self {
+        Self(std::sync::Arc::new(release))
+    }
+
+    /// Releases the lock: frames are then taken from the next source that
+    /// sends a valid chunk. Returns the source that held it (`None`: no
+    /// lock was held, or the previous node is configured).
+    pub fn release(&self) -> Option<std::net::SocketAddr> {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for SourceControl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SourceControl")
+    }
+}
+
 impl<T: Transport + ?Sized> Transport for Box<T> {
     fn name(&self) -> &'static str {
         (**self).name()
@@ -721,6 +753,9 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
     }
     fn backend_counters(&self) -> Option<BackendCounters> {
         (**self).backend_counters()
+    }
+    fn source_control(&self) -> Option<SourceControl> {
+        (**self).source_control()
     }
     fn send_control(&mut self, msg: &ControlMessage, frame_len: usize) -> Result<()> {
         (**self).send_control(msg, frame_len)

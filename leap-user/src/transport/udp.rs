@@ -268,6 +268,10 @@ impl Transport for UdpTransport {
         "udp"
     }
 
+    fn source_control(&self) -> Option<super::SourceControl> {
+        Some(self.core.source_control())
+    }
+
     fn send_next_parts(&mut self, kind: FrameKind, header: &[u8], payload: &[u8]) -> Result<()> {
         self.core.send_parts(kind, header, payload)
     }

@@ -882,6 +882,10 @@ impl Transport for XdpTransport {
     fn backend_counters(&self) -> Option<BackendCounters> {
         Some(BackendCounters::xdp(self.program.counters().ok()?, self.chunks_via_kernel()))
     }
+
+    fn source_control(&self) -> Option<super::SourceControl> {
+        Some(self.core.source_control())
+    }
 }
 
 #[cfg(test)]
