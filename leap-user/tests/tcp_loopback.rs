@@ -111,3 +111,49 @@ fn raw_frame_length_set_after_connecting_is_what_the_next_receive_reads() {
     let refused = b.set_frame_len(0).unwrap_err();
     assert!(matches!(&refused, TransportError::Setting(e) if e.key == "frame_size"), "{refused}");
 }
+
+#[test]
+fn a_local_user_who_connects_first_from_another_port_is_refused() {
+    let (a, b) = (free_addr(), free_addr());
+    let (sa, sb) = (free_addr().port(), free_addr().port());
+    let mut ca = TcpConfig::new(a, b, 4000);
+    let mut cb = TcpConfig::new(b, a, 4000);
+    (ca.source_port, ca.prev, ca.prev_port) = (Some(sa), Some(b.ip()), Some(sb));
+    (cb.source_port, cb.prev, cb.prev_port) = (Some(sb), Some(a.ip()), Some(sa));
+    let tb = std::thread::spawn(move || TcpTransport::connect(cb).unwrap());
+    // Another local user's process connects to B first, from the right
+    // address and an ephemeral port, and writes a frame of its own.
+    let start = std::time::Instant::now();
+    let mut impostor = loop {
+        match std::net::TcpStream::connect(b) {
+            Ok(s) => break s,
+            Err(_) if start.elapsed() < Duration::from_secs(10) => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => panic!("B never listened: {e}"),
+        }
+    };
+    use std::io::Write;
+    let _ = impostor.write_all(&[0xEE; 4000]);
+    std::thread::sleep(Duration::from_millis(100));
+    let mut ta = TcpTransport::connect(ca).unwrap();
+    let mut tb = tb.join().unwrap();
+    let mut out = vec![0u8; 4000];
+    for i in 0..5u8 {
+        ta.send_next(&[i; 4000]).unwrap();
+        let got = tb.recv_prev(&mut out).unwrap();
+        assert_eq!((got.len, out[0], out[3999]), (4000, i, i), "B took the impostor's bytes");
+        tb.send_next(&[i ^ 1; 4000]).unwrap();
+        ta.recv_prev(&mut out).unwrap();
+        assert_eq!(out[0], i ^ 1);
+    }
+}
+
+#[test]
+fn the_source_port_may_not_be_the_listen_port() {
+    let (a, b) = (free_addr(), free_addr());
+    let mut c = TcpConfig::new(a, b, 4000);
+    c.source_port = Some(a.port());
+    match TcpTransport::connect(c) {
+        Err(TransportError::Setting(e)) => assert_eq!(e.key, "tcp_source_port", "{e}"),
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+}

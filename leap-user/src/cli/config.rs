@@ -25,6 +25,8 @@
 //! # keep_frames = 128             # frames kept for NACKs (default: twice the window)
 //! # window_memory_mib = 256       # limit on both, per link
 //! # busy_poll_us = 50             # busy-poll the receive sockets (needs CAP_NET_ADMIN; 0: off)
+//! # tcp_source_port = 7101        # tcp: connect to the next node from this port
+//! # tcp_prev_port = 7101          # tcp: the previous node only from this source port
 //!
 //! [node]
 //! log = "info"
@@ -141,6 +143,11 @@ pub struct TransportSection {
     /// Busy-poll the receive sockets this many microseconds per wait and
     /// spin as long before sleeping (`--busy-poll`; 0 or absent: off).
     pub busy_poll_us: Option<u64>,
+    /// TCP: connect to the next node from this port (`--tcp-source-port`).
+    pub tcp_source_port: Option<u16>,
+    /// TCP: accept the previous node only from this source port
+    /// (`--tcp-prev-port`).
+    pub tcp_prev_port: Option<u16>,
 }
 
 impl Default for TransportSection {
@@ -162,6 +169,8 @@ impl Default for TransportSection {
             keep_frames: None,
             window_memory_mib: None,
             busy_poll_us: None,
+            tcp_source_port: None,
+            tcp_prev_port: None,
         }
     }
 }

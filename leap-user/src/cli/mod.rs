@@ -107,6 +107,16 @@ pub struct TransportArgs {
     /// TCP framing (both ends must agree).
     #[arg(long, value_enum, default_value = "raw")]
     pub tcp_framing: FramingArg,
+    /// TCP: connect to the next node from this port of the listen address
+    /// (the next node's --tcp-prev-port; not the listen port).
+    #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    pub tcp_source_port: Option<u16>,
+    /// TCP: accept the previous node only from this source port (its
+    /// --tcp-source-port): no other local user of its host can connect
+    /// first in its place. Default: any port (original nodes use an
+    /// ephemeral one).
+    #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    pub tcp_prev_port: Option<u16>,
     /// Send chunks exactly like the original (reserved field 0).
     #[arg(long)]
     pub original_compat: bool,
@@ -206,6 +216,8 @@ impl TransportArgs {
                 FramingArg::Raw => TcpFraming::Raw,
                 FramingArg::Length => TcpFraming::Length,
             },
+            tcp_source_port: self.tcp_source_port,
+            tcp_prev_port: self.tcp_prev_port,
             original_compat: self.original_compat,
             spin: Duration::from_micros(self.spin_us),
             xdp_object: self.xdp_object.clone(),

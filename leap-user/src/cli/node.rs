@@ -171,6 +171,12 @@ fn resolve(args: &NodeArgs) -> Result<Resolved> {
         {
             opts.window_memory = mib.saturating_mul(1 << 20);
         }
+        if args.transport_args.tcp_source_port.is_none() {
+            opts.tcp_source_port = t.tcp_source_port.filter(|&p| p > 0);
+        }
+        if args.transport_args.tcp_prev_port.is_none() {
+            opts.tcp_prev_port = t.tcp_prev_port.filter(|&p| p > 0);
+        }
         if args.transport_args.busy_poll.is_none() {
             opts.busy_poll = t.busy_poll_us.filter(|&us| us > 0).map(Duration::from_micros);
         }

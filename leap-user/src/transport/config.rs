@@ -232,6 +232,12 @@ pub struct Options {
     pub setup_timeout: Duration,
     /// TCP wire framing.
     pub tcp_framing: TcpFraming,
+    /// TCP: connect to the next node from this port (see
+    /// [`super::tcp::TcpConfig::source_port`]).
+    pub tcp_source_port: Option<u16>,
+    /// TCP: accept the previous node only from this source port (see
+    /// [`super::tcp::TcpConfig::prev_port`]).
+    pub tcp_prev_port: Option<u16>,
     /// Send chunks with `reserved = 0` like the original.
     pub original_compat: bool,
     /// Spin on non-blocking receives this long before sleeping.
@@ -281,6 +287,8 @@ impl Default for Options {
             recv_timeout: Some(Duration::from_secs(1)),
             setup_timeout: Duration::from_secs(30),
             tcp_framing: TcpFraming::Raw,
+            tcp_source_port: None,
+            tcp_prev_port: None,
             original_compat: false,
             spin: Duration::ZERO,
             xdp_object: None,

@@ -82,6 +82,8 @@ pub fn open(kind: TransportKind, ep: &Endpoint, opts: &Options) -> Result<Box<dy
             let mut c = TcpConfig::new(ep.listen, ep.next, opts.frame_len);
             c.prev = ep.prev.map(|a| a.ip());
             c.framing = opts.tcp_framing;
+            c.source_port = opts.tcp_source_port;
+            c.prev_port = opts.tcp_prev_port;
             c.recv_timeout = opts.recv_timeout;
             c.setup_timeout = opts.setup_timeout;
             Ok(Box::new(TcpTransport::connect(c)?))

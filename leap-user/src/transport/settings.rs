@@ -55,6 +55,8 @@ pub const KEYS: &[(&str, &str)] = &[
     ("queues", "all, or receive queues such as 0,1 (xdp)"),
     ("vlans", "VLAN IDs tagged chunks may carry, such as 10,20 (xdp; empty: untagged only)"),
     ("tcp_framing", "raw (the original's wire) | length"),
+    ("tcp_source_port", "tcp: connect to the next node from this port (not the listen port; 0: any)"),
+    ("tcp_prev_port", "tcp: accept the previous node only from this source port (its tcp_source_port; 0: any)"),
     ("original_compat", "true | false: send chunks exactly like the original"),
 ];
 
@@ -71,6 +73,11 @@ pub struct SettingError {
 
 fn bad(key: &str, problem: impl Into<String>) -> SettingError {
     SettingError { key: key.into(), problem: problem.into() }
+}
+
+/// A port, 0 meaning none.
+fn port(key: &str, v: &str) -> Result<Option<u16>, SettingError> {
+    Ok(std::num::NonZeroU16::new(number(key, v, 0, u64::from(u16::MAX))? as u16).map(u16::from))
 }
 
 /// A transport's kind, where it sits and how it is opened, built up by name.
@@ -185,6 +192,8 @@ impl Settings {
                     _ => return Err(bad(key, format!("`{v}`: choose raw or length"))),
                 }
             }
+            "tcp_source_port" => o.tcp_source_port = port(key, v)?,
+            "tcp_prev_port" => o.tcp_prev_port = port(key, v)?,
             _ => {
                 let keys: Vec<&str> = KEYS.iter().map(|(k, _)| *k).collect();
                 return Err(bad(key, format!("unknown setting; the settings are: {}", keys.join(", "))));
@@ -317,6 +326,8 @@ mod tests {
             ("vlans", "10,20"),
             ("tcp_framing", "length"),
             ("original_compat", "true"),
+            ("tcp_source_port", "7101"),
+            ("tcp_prev_port", "7102"),
         ];
         assert_eq!(good.len(), KEYS.len(), "a key without a test");
         let mut s = udp();
@@ -331,6 +342,7 @@ mod tests {
         assert_eq!(o.xdp_vlans, vec![10, 20]);
         assert_eq!(o.busy_poll, Some(Duration::from_micros(50)));
         assert_eq!(o.tcp_framing, TcpFraming::Length);
+        assert_eq!((o.tcp_source_port, o.tcp_prev_port), (Some(7101), Some(7102)));
         let ep = s.check().unwrap();
         assert_eq!((ep.listen.port(), ep.next.port(), ep.prev.map(|p| p.port())), (9000, 9001, Some(9002)));
     }

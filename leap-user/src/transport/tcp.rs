@@ -32,6 +32,14 @@ pub struct TcpConfig {
     pub next: SocketAddr,
     /// Accept only connections from this address (the previous node).
     pub prev: Option<IpAddr>,
+    /// ... and from this source port: the previous node connects from it
+    /// (its [`Self::source_port`]), so that no other local user of its
+    /// host can connect first in its place. `None`: any port (an original
+    /// node connects from an ephemeral one).
+    pub prev_port: Option<u16>,
+    /// Connect to the next node from this port of the listen address
+    /// (`None`: an ephemeral port). It must differ from the listen port.
+    pub source_port: Option<u16>,
     /// Frame size in [`TcpFraming::Raw`] mode (the receiver must know it).
     pub frame_len: usize,
     /// Wire framing; both ends must agree.
@@ -49,6 +57,8 @@ impl TcpConfig {
             listen,
             next,
             prev: None,
+            prev_port: None,
+            source_port: None,
             frame_len,
             framing: TcpFraming::Raw,
             setup_timeout: Duration::from_secs(30),
@@ -141,13 +151,28 @@ fn tune(s: &TcpStream) {
 ///
 /// [`TransportError::Connect`] with the last error and the attempt count.
 pub fn connect_with_backoff(addr: SocketAddr, timeout: Duration) -> Result<TcpStream> {
+    connect_from(addr, None, timeout)
+}
+
+/// [`connect_with_backoff`] from `source` (an address and port of this
+/// host) where given.
+///
+/// # Errors
+///
+/// [`TransportError::Connect`] with the last error and the attempt count.
+pub fn connect_from(addr: SocketAddr, source: Option<SocketAddr>, timeout: Duration) -> Result<TcpStream> {
     let start = Instant::now();
     let mut delay = Duration::from_millis(10);
     let mut attempts = 0;
     loop {
         attempts += 1;
         let left = timeout.saturating_sub(start.elapsed()).max(Duration::from_millis(1));
-        match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(2))) {
+        let limit = left.min(Duration::from_secs(2));
+        let res = match source {
+            None => TcpStream::connect_timeout(&addr, limit),
+            Some(from) => connect_bound(addr, from, limit),
+        };
+        match res {
             Ok(s) => {
                 tune(&s);
                 return Ok(s);
@@ -161,6 +186,17 @@ pub fn connect_with_backoff(addr: SocketAddr, timeout: Duration) -> Result<TcpSt
             }
         }
     }
+}
+
+/// One connection attempt from `from`. SO_REUSEADDR lets a node that
+/// restarted bind the port again while its last connection is in
+/// TIME_WAIT (and a connect from an explicitly bound port may reuse it).
+fn connect_bound(addr: SocketAddr, from: SocketAddr, limit: Duration) -> io::Result<TcpStream> {
+    let s = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    s.set_reuse_address(true)?;
+    s.bind(&from.into())?;
+    s.connect_timeout(&addr.into(), limit)?;
+    Ok(s.into())
 }
 
 /// Binds exactly `addr` and listens.
@@ -185,7 +221,12 @@ pub fn listen(addr: SocketAddr) -> Result<TcpListener> {
 /// # Errors
 ///
 /// [`TransportError::Timeout`] or the failed call.
-pub fn accept_from(l: &TcpListener, prev: Option<IpAddr>, timeout: Duration) -> Result<TcpStream> {
+pub fn accept_from(
+    l: &TcpListener,
+    prev: Option<IpAddr>,
+    prev_port: Option<u16>,
+    timeout: Duration,
+) -> Result<TcpStream> {
     l.set_nonblocking(true).map_err(|e| TransportError::io("fcntl", e))?;
     let start = Instant::now();
     loop {
@@ -193,6 +234,15 @@ pub fn accept_from(l: &TcpListener, prev: Option<IpAddr>, timeout: Duration) -> 
             Ok((s, from)) => {
                 if prev.is_some_and(|p| p != from.ip()) {
                     log::warn!("refused a connection from {from}: only the previous node {prev:?} may connect");
+                    continue;
+                }
+                if let Some(port) = prev_port
+                    && port != from.port()
+                {
+                    log::warn!(
+                        "refused a connection from {from}: the previous node connects from port {port} \
+                         (tcp_prev_port; its tcp_source_port)"
+                    );
                     continue;
                 }
                 s.set_nonblocking(false).map_err(|e| TransportError::io("fcntl", e))?;
@@ -249,9 +299,20 @@ impl TcpTransport {
             return Err(TransportError::BadFrameLen(0));
         }
         let listener = listen(cfg.listen)?;
+        if cfg.source_port == Some(cfg.listen.port()) {
+            return Err(TransportError::Setting(super::settings::SettingError {
+                key: "tcp_source_port".into(),
+                problem: format!(
+                    "{} is the listen port: choose another (two nodes connecting from their listen ports to \
+                     each other would open one connection, not two)",
+                    cfg.listen.port()
+                ),
+            }));
+        }
         let (next, timeout) = (cfg.next, cfg.setup_timeout);
-        let connector = std::thread::spawn(move || connect_with_backoff(next, timeout));
-        let accepted = accept_from(&listener, cfg.prev, cfg.setup_timeout);
+        let source = cfg.source_port.map(|p| SocketAddr::new(cfg.listen.ip(), p));
+        let connector = std::thread::spawn(move || connect_from(next, source, timeout));
+        let accepted = accept_from(&listener, cfg.prev, cfg.prev_port, cfg.setup_timeout);
         let to_next = connector.join().map_err(|_| TransportError::Unsupported("connect thread panicked"))??;
         let from_prev = accepted?;
         let stats = Arc::new(Mutex::new(Stats::default()));
@@ -535,7 +596,8 @@ impl TcpSendHalf {
             }
         }
         self.to_next = None;
-        let s = connect_with_backoff(self.cfg.next, self.cfg.setup_timeout)?;
+        let source = self.cfg.source_port.map(|p| SocketAddr::new(self.cfg.listen.ip(), p));
+        let s = connect_from(self.cfg.next, source, self.cfg.setup_timeout)?;
         let _ = s.set_read_timeout(self.cfg.recv_timeout.map(|t| t.max(Duration::from_millis(1))));
         let inb = self.to_next.insert(Inbound::new(s));
         TcpTransport::write(&mut inb.stream, prev, self.cfg.framing, kind, header, payload)?;
@@ -673,7 +735,7 @@ impl TcpRecvHalf {
     fn recv_stream(&mut self, buf: &mut [u8]) -> Result<Received> {
         if self.from_prev.is_none() {
             let wait = self.cfg.recv_timeout.unwrap_or(self.cfg.setup_timeout);
-            let s = accept_from(&self.listener, self.cfg.prev, wait)?;
+            let s = accept_from(&self.listener, self.cfg.prev, self.cfg.prev_port, wait)?;
             log::info!("previous node connected again from {:?}", s.peer_addr().ok());
             self.set_from_prev(Some(Inbound::new(s)));
         }
