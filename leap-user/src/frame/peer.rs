@@ -26,13 +26,22 @@ pub const CHALLENGE_MAX_INTERVAL: Duration = Duration::from_secs(1);
 /// bounded work, whoever sends them.
 pub const ANSWER_GAP: Duration = Duration::from_micros(500);
 
-/// A random, non-zero 64-bit value (std's per-process random SipHash keys
-/// over a counter; unpredictable from outside, not for cryptography).
+/// A random, non-zero 64-bit value from the operating system's random
+/// source (`getrandom(2)`): nonces that prove a neighbour and epochs must
+/// not be guessable from outside.
 pub fn random_u64() -> u64 {
-    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
-    std::collections::hash_map::RandomState::new().hash_one((n, t)).max(1)
+    let mut b = [0u8; 8];
+    if let Err(e) = getrandom::fill(&mut b) {
+        // getrandom(2) fails only on kernels older than 3.17 without
+        // /dev/urandom; std's per-process random SipHash keys over a
+        // counter are the best left there.
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| log::warn!("getrandom failed ({e}); hello nonces come from std's hasher keys"));
+        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        return std::collections::hash_map::RandomState::new().hash_one(n).max(1);
+    }
+    u64::from_ne_bytes(b).max(1)
 }
 
 /// What a proven neighbour announced.
