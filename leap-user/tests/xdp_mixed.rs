@@ -21,8 +21,12 @@ use leap::transport::xdp::{AttachMode, ObjectSource};
 const FRAME: usize = 16_392;
 const FRAMES: u64 = 600;
 
+/// The network namespaces this process's rings name (`lp<pid>...`): other
+/// processes on the machine may add and remove their own meanwhile.
 fn namespaces() -> String {
-    String::from_utf8_lossy(&Command::new("ip").args(["netns", "list"]).output().unwrap().stdout).into_owned()
+    let ours = format!("lp{}n", std::process::id() % 100_000);
+    let out = Command::new("ip").args(["netns", "list"]).output().unwrap().stdout;
+    String::from_utf8_lossy(&out).lines().filter(|l| l.starts_with(&ours)).map(|l| format!("{l}\n")).collect()
 }
 
 fn object_path() -> PathBuf {
