@@ -437,4 +437,11 @@ fn hosts_example_file_parses() {
     let f: HostsFile = toml::from_str(text).unwrap();
     assert_eq!(f.hosts.len(), 3);
     assert_eq!(f.hosts[0].iface.as_deref(), Some("eth1"));
+    assert_eq!(
+        (f.hosts[0].token_file.as_ref(), f.hosts[2].token_file.as_deref()),
+        (None, Some("/etc/leap/serve-c.token".as_ref()))
+    );
+    let serve: leap::serve::allow::ServeFile = toml::from_str(include_str!("../packaging/serve.example.toml")).unwrap();
+    let allow = AllowList::from_config(&serve.allow, "10.0.0.1:7700".parse().unwrap()).unwrap();
+    assert_eq!((allow.interfaces, allow.ports, allow.loopback), (vec!["eth1".to_string()], vec![(9999, 9999)], false));
 }
