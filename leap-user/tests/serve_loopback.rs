@@ -346,9 +346,9 @@ fn tcp_member_forwards_nothing_but_length_framed_frames() {
     std::thread::sleep(Duration::from_millis(300));
     assert!(service.accept().is_err(), "a refused member connected to the service");
 
-    // A run whose members are a fake head (prev) and a fake next: raw bytes
-    // sent by the previous member are not a frame, and nothing reaches the
-    // next one.
+    // A run whose members are a fake head (prev) and a fake next: a
+    // stranger's frame is not taken, raw bytes sent by the previous member
+    // are not a frame, and nothing reaches the next one.
     let next = TcpListener::bind("127.0.0.1:0").unwrap();
     let prev_addr = free_addr();
     let spec = worker_spec([prev_addr, a.hosts[0].data, next.local_addr().unwrap()], 1);
@@ -356,19 +356,30 @@ fn tcp_member_forwards_nothing_but_length_framed_frames() {
     c.send(&Request::Open(Box::new(spec))).unwrap();
     let (mut to_next, _) = next.accept().unwrap();
     let deadline = Instant::now() + Duration::from_secs(3);
-    let mut from_prev = loop {
-        if let Ok(s) = TcpStream::connect(worker) {
-            break s;
+    // First a stranger (another loopback address than the previous
+    // member's), with a well-formed frame: refused, nothing forwarded.
+    let mut stranger = loop {
+        let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        sock.bind(&SocketAddr::from(([127, 0, 0, 5], 0)).into()).unwrap();
+        if sock.connect(&worker.into()).is_ok() {
+            break TcpStream::from(sock);
         }
         assert!(Instant::now() < deadline, "the worker did not listen");
         std::thread::sleep(Duration::from_millis(20));
     };
+    let mut frame = (16_392u32).to_le_bytes().to_vec();
+    frame.push(0);
+    frame.extend(vec![b'x'; 16_392]);
+    let _ = stranger.write_all(&frame);
+    let (_, closed) = read_all(&mut stranger, Duration::from_secs(3));
+    assert!(closed, "the worker closes a connection from outside the run");
+    let mut from_prev = TcpStream::connect(worker).unwrap();
     assert!(matches!(c.recv().unwrap(), Response::Opened));
     c.send(&Request::Go).unwrap();
     let payload: Vec<u8> = b"SET key value\r\n".iter().copied().cycle().take(16_392 * 2).collect();
     let _ = from_prev.write_all(&payload);
     let (got, _) = read_all(&mut to_next, Duration::from_millis(1500));
-    assert!(got.is_empty(), "the worker forwarded {} raw bytes", got.len());
+    assert!(got.is_empty(), "the worker forwarded {} bytes (a stranger's frame, or raw bytes)", got.len());
     drop((from_prev, to_next));
 }
 

@@ -39,7 +39,8 @@ pub struct ServeArgs {
     /// XDP object to load instead of the embedded one.
     #[arg(long, value_name = "PATH")]
     pub xdp_object: Option<PathBuf>,
-    /// Coordinator connections open at once.
+    /// Coordinator sessions (authenticated) open at once; handshakes in
+    /// progress are bounded apart (32) and never displace a session.
     #[arg(long, default_value_t = 8)]
     pub max_connections: usize,
     /// Longest run of one ring member, in seconds.
