@@ -2,8 +2,9 @@
 //! binary on its own address) and `leap bench --hosts` from one of them:
 //! the report has the local report's fields and every frame intact; a
 //! killed agent is reported and the others clean up; wrong tokens, garbage,
-//! huge requests and idle connections are refused, counted, and start
-//! nothing. The agents run with the packaged unit's capabilities only.
+//! coordinators of before the handshake and idle connections are refused,
+//! counted, and start nothing; members aimed at loopback, outside the run or
+//! at an interface not allowed are refused. The agents run with the packaged unit's capabilities only.
 //! Needs root: `cargo xtask ci` (stage privileged).
 
 mod serve_common;
@@ -14,7 +15,9 @@ use std::time::{Duration, Instant};
 
 use leap::bench::BenchReport;
 use leap::ring::{Placement, RingConfig};
+use leap::serve::coordinator::Client;
 use leap::serve::protocol::{self, ErrorKind, MAX_REQUEST, Request, Response};
+use leap::serve::session;
 use leap::transport::open::TransportKind;
 use serve_common::{Cluster, Coordinator, DATA_PORT, Privilege};
 
@@ -129,47 +132,82 @@ fn kind(r: Option<Response>) -> ErrorKind {
 fn bad_requests_and_idle_connections_are_refused_counted_and_start_nothing() {
     let c = Cluster::new("sr", None, Privilege::Unit);
     let before = c.client(0).status().unwrap().0;
-    let wrong = Request::Auth { token: "test-token-0123456789abcdeX".into() };
-    assert_eq!(kind(raw(&c, protocol::encode(&wrong))), ErrorKind::Unauthenticated);
+    // A wrong token: closed without a byte back.
+    let (_, wrong) = session::Initiator::start("test-token-0123456789abcdeX").unwrap();
+    assert_eq!(raw(&c, wrong), None);
+    // Messages in clear (a coordinator of before the handshake): told to
+    // upgrade, and nothing else.
     let mut open_first = protocol::encode(&Request::Status);
     open_first.extend(protocol::encode(&Request::Go));
     assert_eq!(kind(raw(&c, open_first)), ErrorKind::Unauthenticated);
-    assert_eq!(kind(raw(&c, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec())), ErrorKind::BadRequest);
+    assert_eq!(raw(&c, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec()), None);
     let mut not_json = protocol::MAGIC.to_vec();
     not_json.extend(5u32.to_be_bytes());
     not_json.extend(b"hello");
-    assert_eq!(kind(raw(&c, not_json)), ErrorKind::BadRequest);
+    assert_eq!(kind(raw(&c, not_json)), ErrorKind::Unauthenticated);
     let mut huge = protocol::MAGIC.to_vec();
     huge.extend((MAX_REQUEST as u32 * 64).to_be_bytes());
     huge.extend(vec![b'{'; 64 * 1024]);
-    assert_eq!(kind(raw(&c, huge)), ErrorKind::TooLarge);
+    assert_eq!(kind(raw(&c, huge)), ErrorKind::Unauthenticated);
     // Authenticated, but out of bounds or out of order: refused, nothing runs.
     let mut cl = c.client(0);
     let mut spec_json = serde_json::json!({"type": "open", "transport": "udp", "role": "head", "frame_size": 16392,
         "frames": 100, "inflight": 1, "workers": 2, "listen": "10.77.0.1:22", "next": "10.77.0.2:9999",
-        "prev": "10.77.0.3:9999", "iface": null, "crc": true, "gso": true, "reliability": "reliable",
+        "prev": "10.77.0.3:9999", "members": ["10.77.0.1:22", "10.77.0.2:9999", "10.77.0.3:9999"], "iface": null, "crc": true, "gso": true, "reliability": "reliable",
         "xdp_mode": "auto", "recv_timeout_ms": 1000, "setup_timeout_ms": 1000, "stall_timeout_ms": 1000});
     let bad: Request = serde_json::from_value(spec_json.clone()).unwrap();
     assert!(matches!(cl.call(&bad).unwrap(), Response::Error { kind: ErrorKind::BadRequest, .. }));
     spec_json["command"] = "sh -c reboot".into();
     assert!(serde_json::from_value::<Request>(spec_json).is_err(), "no field beyond the fixed set");
     assert!(matches!(cl.call(&Request::Go).unwrap(), Response::Error { kind: ErrorKind::InvalidState, .. }));
-    drop(cl);
-    // 200 idle connections: all but a few are refused, and a coordinator
-    // still gets in while they are open.
+    // Aimed outside the run, at loopback, or at an interface the agent's
+    // config does not allow (its tx veth, standing in for a management NIC).
+    let n = &c.topo.nodes()[0];
+    let members: Vec<String> = c.hosts().iter().map(|h| h.data.to_string()).collect();
+    let mut good = serde_json::json!({"type": "open", "transport": "tcp", "role": "head", "frame_size": 16392,
+        "frames": 100, "inflight": 1, "workers": 2, "listen": members[0], "next": members[1],
+        "prev": members[2], "members": members, "iface": n.rx_iface, "crc": true, "gso": true,
+        "reliability": "reliable", "xdp_mode": "auto", "recv_timeout_ms": 1000, "setup_timeout_ms": 1000,
+        "stall_timeout_ms": 1000});
+    let refused = |cl: &mut Client, v: &serde_json::Value| match cl.call(&serde_json::from_value(v.clone()).unwrap()) {
+        Ok(Response::Error { kind: ErrorKind::BadRequest, message }) => message,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    let mut v = good.clone();
+    v["next"] = "10.77.0.9:9999".into();
+    assert!(refused(&mut cl, &v).starts_with("next 10.77.0.9:9999 is not the member after"));
+    let mut v = good.clone();
+    v["members"][1] = "127.0.0.1:9999".into();
+    v["next"] = "127.0.0.1:9999".into();
+    assert!(refused(&mut cl, &v).contains("loopback = true"));
+    let mut v = good.clone();
+    v["members"][1] = "10.77.0.9:9999".into();
+    v["next"] = "10.77.0.9:9999".into();
+    assert!(refused(&mut cl, &v).contains("outside the agent's allowed networks"));
+    good["iface"] = n.tx_iface.clone().into();
+    let e = refused(&mut cl, &good);
+    assert!(e.starts_with(&format!("iface {} is not an interface this agent may use", n.tx_iface)), "{e}");
+    // An authenticated session keeps working through 200 idle connections,
+    // which are refused beyond the pending bound and displace no one.
     let addr = c.control(0);
     let idle: Vec<TcpStream> = c.in_ns(0, move || {
         (0..200).filter_map(|_| TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()).collect()
     });
     assert_eq!(idle.len(), 200);
     std::thread::sleep(Duration::from_millis(300));
-    let (after, running) = c.client(0).status().expect("a coordinator gets in despite 200 idle connections");
+    let (after, running) = cl.status().expect("an authenticated coordinator keeps its session during the flood");
+    drop(cl);
     drop(idle);
+    // Once they are gone, a new coordinator gets in.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while c.in_ns(0, move || Client::connect("h0", addr, serve_common::TOKEN).is_err()) {
+        assert!(Instant::now() < deadline, "no coordinator got in after the idle connections closed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     assert!(!running);
-    assert_eq!(after.unauthenticated - before.unauthenticated, 2, "{after:?}");
-    assert_eq!(after.bad_requests - before.bad_requests, 3, "{after:?}");
-    assert_eq!(after.oversized_requests - before.oversized_requests, 1, "{after:?}");
-    assert!(after.refused_connections - before.refused_connections >= 190, "{after:?}");
+    assert_eq!(after.unauthenticated - before.unauthenticated, 1, "{after:?}");
+    assert_eq!(after.bad_requests - before.bad_requests, 9, "{after:?}");
+    assert!(after.refused_connections - before.refused_connections >= 160, "{after:?}");
     assert_eq!(after.runs_started, 0, "nothing started: {after:?}");
     for i in 0..3 {
         assert!(!c.port_bound(i, DATA_PORT));

@@ -175,7 +175,7 @@ fn busy_poll_rings(leap: &Path, obj: &Path) -> Result<()> {
 const JUMBO_PLAIN_PROGRAM: &str = "refuses the multi-buffer XDP program";
 
 /// Crates only the `leap` binary may depend on (its `cli` feature).
-const BINARY_ONLY: &[&str] = &["clap", "indicatif", "env_logger", "toml", "anyhow"];
+const BINARY_ONLY: &[&str] = &["clap", "indicatif", "env_logger", "toml", "anyhow", "snow"];
 
 /// The library without its `cli` feature builds and depends on none of
 /// [`BINARY_ONLY`]: an embedder gets the transport alone.

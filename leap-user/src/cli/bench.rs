@@ -127,6 +127,7 @@ fn hosts(args: &BenchArgs) -> Result<Option<(Vec<HostSpec>, PathBuf)>> {
             control,
             data: args.data.get(i).copied().unwrap_or(SocketAddr::new(control.ip(), leap_common::DEFAULT_PORT)),
             iface: args.ifaces.get(i).cloned(),
+            token_file: None,
         })
         .collect();
     Ok(Some((specs, args.token_file.clone().unwrap_or_else(default_token))))
@@ -216,10 +217,9 @@ pub fn main(args: &BenchArgs) -> Result<()> {
     }
     let mut rings = match hosts {
         Some((specs, token_file)) => {
-            let token = crate::serve::protocol::read_token(&token_file)?;
             let names: Vec<String> = specs.iter().map(|h| format!("{} ({})", h.name, h.control)).collect();
             eprintln!("leap bench: connecting to {}", names.join(", "));
-            Some(HostRings::connect(specs, token, &args.site)?)
+            Some(HostRings::connect_files(specs, &token_file, &args.site)?)
         }
         None => None,
     };

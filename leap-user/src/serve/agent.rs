@@ -1,13 +1,15 @@
 //! The agent: one tokio thread serving coordinator connections, each ring
-//! member on a thread of its own. Every connection is bounded (count, time
-//! to authenticate, idle time, message size); a member is stopped, and its
-//! transport dropped (sockets closed, XDP detached), when its run ends, when
-//! the coordinator says `Stop`, when the run exceeds its time, and when the
-//! coordinator's connection goes away.
+//! member on a thread of its own. Every connection is bounded (pending
+//! handshakes and sessions counted apart, time to complete the handshake,
+//! idle time, message size); an unauthenticated connection never displaces
+//! another. A member is stopped, and its transport dropped (sockets closed,
+//! XDP detached), when its run ends, when the coordinator says `Stop`, when
+//! the run exceeds its time, and when the coordinator's connection goes
+//! away.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -16,22 +18,27 @@ use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
 
+use super::allow::AllowList;
 use super::capabilities;
 use super::protocol::{
-    AgentCounters, ErrorKind, HEADER_LEN, MAX_REQUEST, MemberReport, MemberSpec, ProtocolError, Request, Response,
-    Role, decode, encode, parse_header, token_eq,
+    AgentCounters, ErrorKind, HEADER_LEN, MAGIC, MAX_REQUEST, MemberReport, MemberSpec, ProtocolError, Request,
+    Response, Role, decode, encode, parse_header,
 };
+use super::session::{self, HANDSHAKE_HEADER, HandshakeError, Opener, Sealer};
 use crate::ring::{HeadConfig, HeadSummary, WorkerConfig, run_head, run_worker};
-use crate::telemetry::server::Connections;
+use crate::transport::config::TcpFraming;
 use crate::transport::open::{Endpoint, Options};
 
 /// How much the agent lets coordinators take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// Connections open at once. One more closes the oldest that has not
-    /// authenticated yet, else itself; both are counted.
+    /// Authenticated sessions open at once; a handshake that succeeds
+    /// beyond it is answered `busy` and closed.
     pub max_connections: usize,
-    /// Time to send the `Auth` message after connecting.
+    /// Handshakes in progress at once; a connection beyond it is closed at
+    /// once (and counted), displacing no one.
+    pub max_handshakes: usize,
+    /// Time to complete the handshake after connecting.
     pub auth_timeout: Duration,
     /// Time an authenticated connection may stay silent with no member.
     pub idle_timeout: Duration,
@@ -45,6 +52,7 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             max_connections: 8,
+            max_handshakes: 32,
             auth_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(120),
             max_run: Duration::from_secs(600),
@@ -58,13 +66,15 @@ impl Default for Limits {
 pub struct AgentConfig {
     /// Control address (the only one listened on).
     pub listen: SocketAddr,
-    /// The shared token.
+    /// This host's token (the handshake's pre-shared key).
     pub token: String,
     /// Bounds.
     pub limits: Limits,
     /// XDP object to load instead of the embedded one (never taken from
     /// the network).
     pub xdp_object: Option<PathBuf>,
+    /// What members may reach (addresses, ports, interfaces).
+    pub allow: AllowList,
 }
 
 /// Why the agent could not start.
@@ -121,6 +131,27 @@ struct Shared {
     counters: Counters,
     /// A member is open or running (on any connection).
     busy: Mutex<bool>,
+    /// Handshakes in progress.
+    handshakes: Arc<AtomicUsize>,
+    /// Authenticated sessions.
+    sessions: Arc<AtomicUsize>,
+}
+
+/// One of a bounded number of places, given back on drop.
+#[derive(Debug)]
+struct Slot(Arc<AtomicUsize>);
+
+impl Slot {
+    fn take(count: &Arc<AtomicUsize>, max: usize) -> Option<Self> {
+        count.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)).ok()?;
+        Some(Self(count.clone()))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Released when the member thread ends, after its transport is dropped.
@@ -159,15 +190,21 @@ pub fn serve(cfg: AgentConfig, stop: &AtomicBool) -> Result<(), AgentError> {
     let std_listener = std::net::TcpListener::bind(addr).map_err(|source| AgentError::Bind { addr, source })?;
     std_listener.set_nonblocking(true).map_err(|source| AgentError::Bind { addr, source })?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(AgentError::Runtime)?;
-    let shared = Arc::new(Shared { cfg, counters: Counters::default(), busy: Mutex::new(false) });
+    let shared = Arc::new(Shared {
+        cfg,
+        counters: Counters::default(),
+        busy: Mutex::new(false),
+        handshakes: Arc::new(AtomicUsize::new(0)),
+        sessions: Arc::new(AtomicUsize::new(0)),
+    });
     log::info!("leap serve: listening on {addr}");
     runtime.block_on(async {
         let listener = match tokio::net::TcpListener::from_std(std_listener) {
             Ok(l) => l,
             Err(e) => return Err(AgentError::Bind { addr, source: e }),
         };
-        let mut conns = Connections::new(shared.cfg.limits.max_connections);
         let mut tasks = tokio::task::JoinSet::new();
+        let mut refusals_logged = Instant::now() - Duration::from_secs(10);
         while !stop.load(Ordering::Relaxed) {
             let accepted = tokio::select! {
                 a = listener.accept() => a,
@@ -179,27 +216,24 @@ pub fn serve(cfg: AgentConfig, stop: &AtomicBool) -> Result<(), AgentError> {
                 continue;
             };
             bump(&shared.counters.connections);
-            let refused = || bump(&shared.counters.refused_connections);
-            let Some(permit) = conns.admit(&refused).await else {
-                log::warn!("leap serve: refused {peer}: {} connections open", shared.cfg.limits.max_connections);
-                let mut stream = stream;
-                let _ = tokio::time::timeout(
-                    Duration::from_millis(200),
-                    stream.write_all(&encode(&Response::Error {
-                        kind: ErrorKind::Busy,
-                        message: "too many connections".into(),
-                    })),
-                )
-                .await;
+            // Never displace anyone: a connection beyond the pending bound
+            // is closed at once, before a byte is read or written.
+            let Some(pending) = Slot::take(&shared.handshakes, shared.cfg.limits.max_handshakes) else {
+                bump(&shared.counters.refused_connections);
+                if refusals_logged.elapsed() >= Duration::from_secs(1) {
+                    refusals_logged = Instant::now();
+                    log::warn!(
+                        "leap serve: refusing connections (e.g. {peer}): {} handshakes pending",
+                        shared.cfg.limits.max_handshakes
+                    );
+                }
+                drop(stream);
                 continue;
             };
-            let waiting = Arc::new(AtomicBool::new(true));
-            let (sh, flag) = (shared.clone(), waiting.clone());
-            let task = tasks.spawn(async move {
-                let _permit = permit;
-                connection(stream, peer, sh, flag).await;
+            let sh = shared.clone();
+            tasks.spawn(async move {
+                connection(stream, peer, sh, pending).await;
             });
-            conns.waiting(task, waiting);
         }
         // Aborting the tasks drops their members' handles, which stops them.
         tasks.shutdown().await;
@@ -214,19 +248,48 @@ pub fn serve(cfg: AgentConfig, stop: &AtomicBool) -> Result<(), AgentError> {
     Ok(())
 }
 
+/// The reading half of a session: plaintext out of sealed records.
+struct SessionReader {
+    rd: OwnedReadHalf,
+    opener: Opener,
+    buf: Vec<u8>,
+    pos: usize,
+}
+
+impl SessionReader {
+    async fn read_exact(&mut self, out: &mut [u8]) -> std::io::Result<()> {
+        let mut done = 0;
+        while done < out.len() {
+            if self.pos == self.buf.len() {
+                let mut h = [0u8; 2];
+                self.rd.read_exact(&mut h).await?;
+                let mut rec = vec![0u8; Opener::record_len(h)?];
+                self.rd.read_exact(&mut rec).await?;
+                self.buf = self.opener.open(&rec)?;
+                self.pos = 0;
+            }
+            let n = (out.len() - done).min(self.buf.len() - self.pos);
+            out[done..done + n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
+            self.pos += n;
+            done += n;
+        }
+        Ok(())
+    }
+}
+
 /// Reads requests into `tx` until the connection or the channel closes.
-async fn read_loop(mut rd: OwnedReadHalf, tx: mpsc::Sender<Result<Request, ProtocolError>>) {
+async fn read_loop(mut rd: SessionReader, tx: mpsc::Sender<Result<Request, ProtocolError>>) {
     loop {
         let mut h = [0u8; HEADER_LEN];
         let msg = match rd.read_exact(&mut h).await {
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(ProtocolError::Closed),
             Err(e) => Err(e.into()),
-            Ok(_) => match parse_header(&h, MAX_REQUEST) {
+            Ok(()) => match parse_header(&h, MAX_REQUEST) {
                 Err(e) => Err(e),
                 Ok(len) => {
                     let mut body = vec![0u8; len];
                     match rd.read_exact(&mut body).await {
-                        Ok(_) => decode(&body),
+                        Ok(()) => decode(&body),
                         Err(e) => Err(e.into()),
                     }
                 }
@@ -239,8 +302,53 @@ async fn read_loop(mut rd: OwnedReadHalf, tx: mpsc::Sender<Result<Request, Proto
     }
 }
 
-async fn send(wr: &mut OwnedWriteHalf, r: &Response) -> bool {
-    tokio::time::timeout(Duration::from_secs(5), wr.write_all(&encode(r))).await.is_ok_and(|r| r.is_ok())
+/// The writing half of a session.
+struct SessionWriter {
+    wr: OwnedWriteHalf,
+    sealer: Sealer,
+}
+
+async fn send(w: &mut SessionWriter, r: &Response) -> bool {
+    let bytes = w.sealer.seal(&encode(r));
+    tokio::time::timeout(Duration::from_secs(5), w.wr.write_all(&bytes)).await.is_ok_and(|r| r.is_ok())
+}
+
+/// Why a handshake ended without a session.
+enum Refused {
+    /// Closed, timed out or failed at the socket.
+    Gone,
+    /// Not this protocol (counted as a bad request).
+    Garbage,
+    /// The token does not match (counted as unauthenticated).
+    WrongToken,
+}
+
+/// The agent's side of the handshake. Nothing is sent before the
+/// coordinator's first message has authenticated under the token, except
+/// to a coordinator of before the handshake (its magic), which is told in
+/// clear to upgrade.
+async fn handshake(stream: &mut TcpStream, token: &str) -> Result<(Sealer, Opener), Refused> {
+    let mut h = [0u8; HANDSHAKE_HEADER];
+    stream.read_exact(&mut h).await.map_err(|_| Refused::Gone)?;
+    if h[..4] == MAGIC {
+        let hint = error(
+            ErrorKind::Unauthenticated,
+            "this agent speaks leap serve 2 (a Noise handshake keyed by the token, which is never sent): \
+             upgrade the coordinator",
+        );
+        let _ = tokio::time::timeout(Duration::from_millis(500), stream.write_all(&encode(&hint))).await;
+        return Err(Refused::Garbage);
+    }
+    let len = session::parse_handshake_header(&h).map_err(|_| Refused::Garbage)?;
+    let mut msg = vec![0u8; len];
+    stream.read_exact(&mut msg).await.map_err(|_| Refused::Gone)?;
+    let (sealer, opener, answer) = match session::respond(token, &msg) {
+        Ok(x) => x,
+        Err(HandshakeError::WrongToken) => return Err(Refused::WrongToken),
+        Err(_) => return Err(Refused::Garbage),
+    };
+    stream.write_all(&answer).await.map_err(|_| Refused::Gone)?;
+    Ok((sealer, opener))
 }
 
 fn error(kind: ErrorKind, message: impl Into<String>) -> Response {
@@ -282,42 +390,42 @@ impl Drop for Member {
     }
 }
 
-async fn connection(stream: TcpStream, peer: SocketAddr, sh: Arc<Shared>, waiting: Arc<AtomicBool>) {
+async fn connection(mut stream: TcpStream, peer: SocketAddr, sh: Arc<Shared>, pending: Slot) {
     let limits = sh.cfg.limits;
     let _ = stream.set_nodelay(true);
-    let (rd, mut wr) = stream.into_split();
-    let (tx, mut rx) = mpsc::channel(1);
-    let reader = tokio::spawn(read_loop(rd, tx));
-    let _reader = AbortOnDrop(reader);
     let c = &sh.counters;
-    match tokio::time::timeout(limits.auth_timeout, rx.recv()).await {
+    let (sealer, opener) = match tokio::time::timeout(limits.auth_timeout, handshake(&mut stream, &sh.cfg.token)).await
+    {
         Err(_) => {
             bump(&c.timeouts);
-            log::info!("leap serve: {peer}: no Auth within {:?}", limits.auth_timeout);
-            let _ = send(&mut wr, &error(ErrorKind::Timeout, "no Auth in time")).await;
+            log::info!("leap serve: {peer}: no handshake within {:?}; closing", limits.auth_timeout);
             return;
         }
-        Ok(None) => return,
-        Ok(Some(Err(e))) => {
-            log::info!("leap serve: {peer}: {e}");
-            if let Some(r) = refuse_message(c, &e) {
-                let _ = send(&mut wr, &r).await;
-            }
+        Ok(Err(Refused::Gone)) => return,
+        Ok(Err(Refused::Garbage)) => {
+            bump(&c.bad_requests);
+            log::info!("leap serve: {peer}: not a leap serve 2 handshake; closing");
             return;
         }
-        Ok(Some(Ok(Request::Auth { token }))) if token_eq(token.as_bytes(), sh.cfg.token.as_bytes()) => {
-            waiting.store(false, Ordering::Relaxed);
-            if !send(&mut wr, &Response::Authenticated).await {
-                return;
-            }
-        }
-        Ok(Some(Ok(_))) => {
+        Ok(Err(Refused::WrongToken)) => {
             bump(&c.unauthenticated);
-            log::warn!("leap serve: {peer}: wrong token or no Auth first; closing");
-            let _ = send(&mut wr, &error(ErrorKind::Unauthenticated, "authenticate first with the right token")).await;
+            log::warn!("leap serve: {peer}: handshake with a wrong token; closing");
             return;
         }
-    }
+        Ok(Ok(keys)) => keys,
+    };
+    drop(pending);
+    let (rd, wr) = stream.into_split();
+    let mut wr = SessionWriter { wr, sealer };
+    let Some(_session) = Slot::take(&sh.sessions, limits.max_connections) else {
+        bump(&c.refused_connections);
+        log::warn!("leap serve: {peer}: {} sessions open already; refusing", limits.max_connections);
+        let _ = send(&mut wr, &error(ErrorKind::Busy, "too many coordinator sessions open")).await;
+        return;
+    };
+    let (tx, mut rx) = mpsc::channel(1);
+    let reader = tokio::spawn(read_loop(SessionReader { rd, opener, buf: Vec::new(), pos: 0 }, tx));
+    let _reader = AbortOnDrop(reader);
     log::info!("leap serve: coordinator {peer} authenticated");
     let mut member: Option<Member> = None;
     loop {
@@ -405,7 +513,6 @@ impl Drop for AbortOnDrop {
 async fn request(sh: &Arc<Shared>, req: Request, member: &mut Option<Member>) -> Option<Response> {
     let c = &sh.counters;
     Some(match req {
-        Request::Auth { .. } => error(ErrorKind::InvalidState, "already authenticated"),
         Request::Capabilities => {
             let object_ok = sh.cfg.xdp_object.as_ref().is_some_and(|p| p.is_file())
                 || crate::transport::xdp::object::embedded().is_some();
@@ -416,8 +523,9 @@ async fn request(sh: &Arc<Shared>, req: Request, member: &mut Option<Member>) ->
             if member.is_some() {
                 return Some(error(ErrorKind::InvalidState, "a member is already open on this connection"));
             }
-            if let Err(e) = spec.validate() {
+            if let Err(e) = spec.validate().and_then(|()| sh.cfg.allow.check(&spec, sh.cfg.listen)) {
                 bump(&c.bad_requests);
+                log::warn!("leap serve: refused a member: {e}");
                 return Some(error(ErrorKind::BadRequest, e));
             }
             let deadline = Instant::now() + sh.cfg.limits.busy_wait;
@@ -430,7 +538,7 @@ async fn request(sh: &Arc<Shared>, req: Request, member: &mut Option<Member>) ->
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             };
-            match start(sh, spec, guard) {
+            match start(sh, *spec, guard) {
                 Ok(m) => {
                     bump(&c.runs_started);
                     *member = Some(m);
@@ -472,6 +580,9 @@ fn start(sh: &Arc<Shared>, spec: MemberSpec, guard: BusyGuard) -> std::io::Resul
         crc: spec.crc,
         trains: spec.trains,
         inflight: spec.inflight,
+        // Never raw: a worker would forward whatever bytes arrive. Both
+        // ends of every hop are agents, so both use length framing.
+        tcp_framing: TcpFraming::Length,
         ..Options::default()
     };
     let st = stop.clone();

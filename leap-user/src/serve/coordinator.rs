@@ -1,10 +1,11 @@
-//! The coordinator side of `leap bench --hosts`: one authenticated
-//! connection per agent, one ring at a time across the hosts (the first is
+//! The coordinator side of `leap bench --hosts`: one session per agent
+//! (a Noise handshake keyed by that host's token, see [`super::session`]), one ring at a time across the hosts (the first is
 //! the head), measured at the head so that no clock synchronisation between
 //! the hosts is needed.
 
 use std::io::Write;
 use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -12,9 +13,10 @@ use serde::{Deserialize, Serialize};
 
 use super::capabilities::HostCapabilities;
 use super::protocol::{
-    MAX_RESPONSE, MemberReport, MemberSpec, ProtocolError, Request, Response, Role, XdpMode, read_message,
-    write_message,
+    MAX_RESPONSE, MemberReport, MemberSpec, ProtocolError, Request, Response, Role, TokenError, XdpMode, read_message,
+    read_token, write_message,
 };
+use super::session::{self, HandshakeError, SecureReader, SecureWriter};
 use crate::bench::{BenchHost, FloorOutcome, Rings};
 use crate::ring::{RingConfig, RingReport, assemble};
 use crate::transport::Stats;
@@ -42,10 +44,14 @@ pub struct HostSpec {
     /// Interface its frames arrive on (XDP attaches there).
     #[serde(default)]
     pub iface: Option<String>,
+    /// File holding this host's own token (default: the common one).
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
 }
 
-/// A hosts file: `token_file` and one `[[host]]` table per host, in ring
-/// order (the first is the head).
+/// A hosts file: `token_file` (the common token) and one `[[host]]` table
+/// per host, in ring order (the first is the head); a host may name its own
+/// `token_file`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct HostsFile {
@@ -89,32 +95,103 @@ pub enum CoordinatorError {
     /// Nothing came in time.
     #[error("{0}")]
     Timeout(String),
+    /// The handshake failed: nothing was sent to the agent but an
+    /// ephemeral key and a tag.
+    #[error("host {host} ({addr}): handshake failed: {message}")]
+    Handshake {
+        /// Host name.
+        host: String,
+        /// Control address.
+        addr: SocketAddr,
+        /// Why.
+        message: String,
+    },
+    /// A token file cannot be used.
+    #[error("host {host}: {source}")]
+    Token {
+        /// Host name.
+        host: String,
+        /// Why.
+        source: TokenError,
+    },
+}
+
+/// Each host's token: its own `token_file`, else `common` (read once, and
+/// only if some host needs it).
+///
+/// # Errors
+///
+/// [`CoordinatorError::Token`] for the first file that cannot be used.
+pub fn host_tokens(hosts: &[HostSpec], common: &Path) -> Result<Vec<String>, CoordinatorError> {
+    let mut shared: Option<String> = None;
+    hosts
+        .iter()
+        .map(|h| {
+            let err = |source| CoordinatorError::Token { host: h.name.clone(), source };
+            match &h.token_file {
+                Some(f) => read_token(f).map_err(err),
+                None => match &shared {
+                    Some(t) => Ok(t.clone()),
+                    None => {
+                        let t = read_token(common).map_err(err)?;
+                        shared = Some(t.clone());
+                        Ok(t)
+                    }
+                },
+            }
+        })
+        .collect()
 }
 
 /// A synchronous connection to one agent (for `leap bench --hosts`, tests
 /// and scripts).
 #[derive(Debug)]
 pub struct Client {
-    stream: TcpStream,
+    writer: SecureWriter<TcpStream>,
+    reader: Option<SecureReader<TcpStream>>,
     host: String,
 }
 
 impl Client {
-    /// Connects and authenticates.
+    /// Connects and runs the handshake with `token` (which never leaves
+    /// this process: it keys the handshake).
     ///
     /// # Errors
     ///
-    /// [`CoordinatorError`].
+    /// [`CoordinatorError`]; [`CoordinatorError::Handshake`] when the agent
+    /// refuses the token (it closes the connection without a word) or does
+    /// not prove it holds it.
     pub fn connect(host: &str, addr: SocketAddr, token: &str) -> Result<Self, CoordinatorError> {
         let connect_err = |source| CoordinatorError::Connect { host: host.into(), addr, source };
-        let stream = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT).map_err(connect_err)?;
+        let mut stream = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT).map_err(connect_err)?;
         stream.set_nodelay(true).map_err(connect_err)?;
         stream.set_read_timeout(Some(CONNECT_TIMEOUT)).map_err(connect_err)?;
-        let mut c = Self { stream, host: host.into() };
-        match c.call(&Request::Auth { token: token.into() })? {
-            Response::Authenticated => Ok(c),
-            other => Err(c.unexpected(other)),
-        }
+        stream.set_write_timeout(Some(CONNECT_TIMEOUT)).map_err(connect_err)?;
+        let hs_err = |message: String| CoordinatorError::Handshake { host: host.into(), addr, message };
+        let (sealer, opener) = match session::initiate(&mut stream, token) {
+            Ok(keys) => keys,
+            Err(HandshakeError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return Err(hs_err(
+                    "the agent closed the connection: wrong token for this host (check its token file), or an agent \
+                     of another version"
+                        .into(),
+                ));
+            }
+            Err(HandshakeError::WrongToken) => {
+                return Err(hs_err("the agent did not prove it holds this host's token".into()));
+            }
+            Err(e) => return Err(hs_err(e.to_string())),
+        };
+        let reader = stream.try_clone().map_err(connect_err)?;
+        Ok(Self {
+            writer: SecureWriter::new(stream, sealer),
+            reader: Some(SecureReader::new(reader, opener)),
+            host: host.into(),
+        })
+    }
+
+    fn stream(&self) -> &TcpStream {
+        self.writer.get_ref()
     }
 
     /// Sends `req` and reads one answer (within [`CONNECT_TIMEOUT`]).
@@ -124,13 +201,31 @@ impl Client {
     /// [`CoordinatorError`].
     pub fn call(&mut self, req: &Request) -> Result<Response, CoordinatorError> {
         self.send(req)?;
-        read_message(&mut self.stream, MAX_RESPONSE)
-            .map_err(|source| CoordinatorError::Lost { host: self.host.clone(), source })
+        self.recv()
     }
 
-    fn send(&mut self, req: &Request) -> Result<(), CoordinatorError> {
-        write_message(&mut self.stream, req)
-            .and_then(|()| self.stream.flush())
+    /// Reads one answer (within [`CONNECT_TIMEOUT`]).
+    ///
+    /// # Errors
+    ///
+    /// [`CoordinatorError`].
+    pub fn recv(&mut self) -> Result<Response, CoordinatorError> {
+        let host = self.host.clone();
+        let reader = self.reader.as_mut().ok_or_else(|| CoordinatorError::Agent {
+            host: host.clone(),
+            message: "the session's reader belongs to another thread".into(),
+        })?;
+        read_message(reader, MAX_RESPONSE).map_err(|source| CoordinatorError::Lost { host, source })
+    }
+
+    /// Sends `req` without waiting for an answer.
+    ///
+    /// # Errors
+    ///
+    /// [`CoordinatorError::Lost`].
+    pub fn send(&mut self, req: &Request) -> Result<(), CoordinatorError> {
+        write_message(&mut self.writer, req)
+            .and_then(|()| self.writer.flush())
             .map_err(|e| CoordinatorError::Lost { host: self.host.clone(), source: e.into() })
     }
 
@@ -180,7 +275,7 @@ struct Conn {
 impl Drop for Conn {
     fn drop(&mut self) {
         // Wakes the reader thread; the agent aborts anything still running.
-        let _ = self.client.stream.shutdown(Shutdown::Both);
+        let _ = self.client.stream().shutdown(Shutdown::Both);
     }
 }
 
@@ -188,7 +283,7 @@ impl Drop for Conn {
 #[derive(Debug)]
 pub struct HostRings {
     hosts: Vec<HostSpec>,
-    token: String,
+    tokens: Vec<String>,
     site: String,
     caps: Vec<HostCapabilities>,
     conns: Vec<Option<Conn>>,
@@ -198,14 +293,46 @@ pub struct HostRings {
 }
 
 impl HostRings {
-    /// Connects to every host's agent and asks for its capabilities.
+    /// Connects to every host's agent with `token`, or the host's own
+    /// `token_file` where it names one, and asks for its capabilities.
     ///
     /// # Errors
     ///
     /// [`CoordinatorError`] for the first host that cannot be used, or
     /// fewer than two hosts.
     pub fn connect(hosts: Vec<HostSpec>, token: String, site: &str) -> Result<Self, CoordinatorError> {
-        if hosts.len() < 2 {
+        let mut tokens = Vec::with_capacity(hosts.len());
+        for h in &hosts {
+            tokens.push(match &h.token_file {
+                Some(f) => read_token(f).map_err(|source| CoordinatorError::Token { host: h.name.clone(), source })?,
+                None => token.clone(),
+            });
+        }
+        Self::connect_with_tokens(hosts, tokens, site)
+    }
+
+    /// [`HostRings::connect`] with the common token read from `common`
+    /// only if some host has no `token_file` of its own.
+    ///
+    /// # Errors
+    ///
+    /// As [`HostRings::connect`], and unusable token files.
+    pub fn connect_files(hosts: Vec<HostSpec>, common: &Path, site: &str) -> Result<Self, CoordinatorError> {
+        let tokens = host_tokens(&hosts, common)?;
+        Self::connect_with_tokens(hosts, tokens, site)
+    }
+
+    /// [`HostRings::connect`] with one token per host, in order.
+    ///
+    /// # Errors
+    ///
+    /// As [`HostRings::connect`].
+    pub fn connect_with_tokens(
+        hosts: Vec<HostSpec>,
+        tokens: Vec<String>,
+        site: &str,
+    ) -> Result<Self, CoordinatorError> {
+        if hosts.len() < 2 || tokens.len() != hosts.len() {
             return Err(CoordinatorError::Agent { host: "-".into(), message: "a ring needs at least 2 hosts".into() });
         }
         let (tx, rx) = mpsc::channel();
@@ -213,7 +340,7 @@ impl HostRings {
             conns: (0..hosts.len()).map(|_| None).collect(),
             caps: Vec::new(),
             hosts,
-            token,
+            tokens,
             site: site.into(),
             generation: 0,
             tx,
@@ -234,11 +361,13 @@ impl HostRings {
     /// Connects to host `i` and starts its reader thread.
     fn open(&mut self, i: usize) -> Result<HostCapabilities, CoordinatorError> {
         let h = &self.hosts[i];
-        let mut client = Client::connect(&h.name, h.control, &self.token)?;
+        let mut client = Client::connect(&h.name, h.control, &self.tokens[i])?;
         let caps = client.capabilities()?;
         let lost = |source: std::io::Error| CoordinatorError::Lost { host: h.name.clone(), source: source.into() };
-        client.stream.set_read_timeout(None).map_err(lost)?;
-        let mut reader = client.stream.try_clone().map_err(lost)?;
+        client.stream().set_read_timeout(None).map_err(lost)?;
+        let Some(mut reader) = client.reader.take() else {
+            return Err(CoordinatorError::Agent { host: h.name.clone(), message: "no session reader".into() });
+        };
         self.generation += 1;
         let (tx, generation) = (self.tx.clone(), self.generation);
         std::thread::Builder::new()
@@ -330,6 +459,7 @@ impl HostRings {
             listen: self.hosts[i].data,
             next: self.hosts[(i + 1) % n].data,
             prev: self.hosts[(i + n - 1) % n].data,
+            members: self.hosts.iter().map(|h| h.data).collect(),
             iface: self.hosts[i].iface.clone(),
             crc: rc.options.crc,
             trains: rc.options.trains,
@@ -361,7 +491,7 @@ impl HostRings {
         // Workers first, so that they listen when the head connects.
         for i in (1..n).chain([0]) {
             let spec = self.spec(rc, i);
-            if let Err(e) = self.send(i, &Request::Open(spec)) {
+            if let Err(e) = self.send(i, &Request::Open(Box::new(spec))) {
                 self.abort(&mut active, rc.options.setup_timeout);
                 return Err(e);
             }

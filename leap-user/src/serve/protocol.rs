@@ -1,7 +1,8 @@
 //! The control protocol between `leap bench --hosts` (the coordinator) and
 //! `leap serve` (the agent): length-prefixed JSON messages of a fixed set of
-//! types over TCP. Every message is `MAGIC` (4 bytes), its length (u32,
-//! big-endian) and that many bytes of JSON; nothing is ever run as a command.
+//! types, carried inside the Noise session of [`super::session`] (never in
+//! clear). Every message is `MAGIC` (4 bytes), its length (u32, big-endian)
+//! and that many bytes of JSON; nothing is ever run as a command.
 
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
@@ -131,6 +132,9 @@ pub struct MemberSpec {
     pub next: SocketAddr,
     /// The previous member's.
     pub prev: SocketAddr,
+    /// Every member's data address in ring order, the head first: the
+    /// only addresses this member may send to or accept from.
+    pub members: Vec<SocketAddr>,
     /// Interface the frames arrive on (XDP attaches there).
     pub iface: Option<String>,
     /// CRC32C on frames.
@@ -181,6 +185,31 @@ impl MemberSpec {
                 return Err(format!("{name} address {} is not a host address", a.ip()));
             }
         }
+        let n = self.members.len();
+        if !(2..=64).contains(&n) || n != self.workers + 1 {
+            return Err(format!("members: {n} addresses for a ring of {} workers and a head", self.workers));
+        }
+        for (i, a) in self.members.iter().enumerate() {
+            if self.members[..i].contains(a) {
+                return Err(format!("members: {a} appears twice"));
+            }
+        }
+        let Some(me) = self.members.iter().position(|a| *a == self.listen) else {
+            return Err(format!("listen {} is not one of the run's members", self.listen));
+        };
+        if (me == 0) != (self.role == Role::Head) {
+            return Err(format!(
+                "role {:?} does not match place {me} in the run's members (the head is first)",
+                self.role
+            ));
+        }
+        let (next, prev) = (self.members[(me + 1) % n], self.members[(me + n - 1) % n]);
+        if self.next != next {
+            return Err(format!("next {} is not the member after {} in the run ({next})", self.next, self.listen));
+        }
+        if self.prev != prev {
+            return Err(format!("prev {} is not the member before {} in the run ({prev})", self.prev, self.listen));
+        }
         if let Some(i) = &self.iface
             && (i.is_empty() || i.len() > 15 || !i.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.@".contains(&b)))
         {
@@ -205,15 +234,17 @@ impl MemberSpec {
 pub struct AgentCounters {
     /// Connections accepted.
     pub connections: u64,
-    /// Connections closed at once: too many open.
+    /// Connections closed at once: too many handshakes pending, or too
+    /// many authenticated sessions open.
     pub refused_connections: u64,
-    /// Connections that sent a wrong token.
+    /// Handshakes that did not authenticate with the token.
     pub unauthenticated: u64,
     /// Messages that were not leap serve messages, or malformed.
     pub bad_requests: u64,
     /// Messages over [`MAX_REQUEST`].
     pub oversized_requests: u64,
-    /// Connections closed for sending nothing in time.
+    /// Connections closed for not completing the handshake in time, or
+    /// idle too long.
     pub timeouts: u64,
     /// Ring members started.
     pub runs_started: u64,
@@ -221,21 +252,17 @@ pub struct AgentCounters {
     pub runs_aborted: u64,
 }
 
-/// What the coordinator asks.
+/// What the coordinator asks (inside the session: the handshake has
+/// authenticated both sides already).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Request {
-    /// The first message of every connection: the shared token.
-    Auth {
-        /// The token.
-        token: String,
-    },
     /// What this host can run.
     Capabilities,
     /// Counters and whether a member runs.
     Status,
     /// Open a ring member's transport; answered `Opened` (or an error).
-    Open(MemberSpec),
+    Open(Box<MemberSpec>),
     /// Start the opened member; answered `Finished` when it ends.
     Go,
     /// Abort the member (answered by its `Finished` or, if none, `Stopped`).
@@ -246,7 +273,8 @@ pub enum Request {
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorKind {
-    /// Wrong or missing token.
+    /// Not the protocol of this agent (a coordinator of before the Noise
+    /// handshake is told so, in clear, and nothing else).
     Unauthenticated,
     /// Not a known message.
     BadRequest,
@@ -283,8 +311,6 @@ pub struct MemberReport {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Response {
-    /// The token is right.
-    Authenticated,
     /// The host's capabilities.
     Capabilities(HostCapabilities),
     /// Counters, and whether a member is running.
@@ -374,23 +400,10 @@ pub fn write_message<T: Serialize>(w: &mut impl Write, msg: &T) -> io::Result<()
     w.write_all(&encode(msg))
 }
 
-/// Compares `given` with `expected` in time that depends only on their
-/// lengths, never on where they differ.
-pub fn token_eq(given: &[u8], expected: &[u8]) -> bool {
-    // Every byte of `expected` is visited whatever `given` holds; a length
-    // mismatch is folded into the result, not returned early.
-    let mut diff = u8::from(given.len() != expected.len());
-    for (i, e) in expected.iter().enumerate() {
-        let g = given.get(i).copied().unwrap_or(!*e);
-        diff |= std::hint::black_box(g ^ e);
-    }
-    std::hint::black_box(diff) == 0
-}
-
 /// Why the token file cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
-    /// Reading it failed.
+    /// Opening or reading it failed.
     #[error("reading the token file {path}: {source}")]
     Read {
         /// The file.
@@ -398,8 +411,33 @@ pub enum TokenError {
         /// Why.
         source: io::Error,
     },
-    /// Others may read it.
-    #[error("the token file {path} is readable by group or others (mode {mode:o}); chmod 600 it")]
+    /// The last component is a symbolic link (never followed: whoever can
+    /// write the directory could aim it elsewhere).
+    #[error("the token file {path} is a symbolic link; give the path of the file itself (install -m 600 TOKEN {path})")]
+    Symlink {
+        /// The file.
+        path: String,
+    },
+    /// A directory, device, FIFO or socket.
+    #[error("the token file {path} is not a regular file; put the token in a plain file of mode 0600")]
+    NotRegular {
+        /// The file.
+        path: String,
+    },
+    /// Owned by someone who is neither root nor this process's user.
+    #[error(
+        "the token file {path} is owned by uid {owner}, neither root nor this service's user (uid {euid}); chown root {path} (or to the service user)"
+    )]
+    Owner {
+        /// The file.
+        path: String,
+        /// Its owner.
+        owner: u32,
+        /// Ours.
+        euid: u32,
+    },
+    /// Others may read or write it.
+    #[error("the token file {path} is readable or writable by group or others (mode {mode:o}); chmod 600 {path}")]
     Exposed {
         /// The file.
         path: String,
@@ -418,21 +456,40 @@ pub enum TokenError {
     },
 }
 
-/// Reads the shared token: the file's first line, which must be
-/// [`MIN_TOKEN`]..=[`MAX_TOKEN`] bytes; the file must not be readable by
-/// group or others.
+/// Reads a token: the file's first line, which must be
+/// [`MIN_TOKEN`]..=[`MAX_TOKEN`] bytes. The file is opened once, without
+/// following a symbolic link in its last component (`O_NOFOLLOW`), and
+/// checked on the open descriptor: a regular file, owned by root or by
+/// this process's effective user, of mode 0600 or stricter (no bit for
+/// group or others).
 ///
 /// # Errors
 ///
-/// [`TokenError`].
+/// [`TokenError`], naming the fix.
 pub fn read_token(path: &std::path::Path) -> Result<String, TokenError> {
-    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
     let p = || path.display().to_string();
-    let meta = std::fs::metadata(path).map_err(|source| TokenError::Read { path: p(), source })?;
-    if meta.mode() & 0o077 != 0 {
-        return Err(TokenError::Exposed { path: p(), mode: meta.mode() & 0o777 });
+    let mut f = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NOCTTY | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err(TokenError::Symlink { path: p() }),
+        Err(source) => return Err(TokenError::Read { path: p(), source }),
+    };
+    let meta = f.metadata().map_err(|source| TokenError::Read { path: p(), source })?;
+    let ft = meta.file_type();
+    if !ft.is_file() || ft.is_fifo() || ft.is_socket() {
+        return Err(TokenError::NotRegular { path: p() });
     }
-    let mut f = std::fs::File::open(path).map_err(|source| TokenError::Read { path: p(), source })?;
+    let euid = nix::unistd::geteuid().as_raw();
+    if meta.uid() != 0 && meta.uid() != euid {
+        return Err(TokenError::Owner { path: p(), owner: meta.uid(), euid });
+    }
+    if meta.mode() & 0o077 != 0 {
+        return Err(TokenError::Exposed { path: p(), mode: meta.mode() & 0o7777 });
+    }
     let mut buf = Vec::new();
     (&mut f)
         .take(MAX_TOKEN as u64 + 2)
@@ -461,6 +518,7 @@ mod tests {
             listen: "10.0.0.2:9999".parse().unwrap(),
             next: "10.0.0.3:9999".parse().unwrap(),
             prev: "10.0.0.1:9999".parse().unwrap(),
+            members: ["10.0.0.1:9999", "10.0.0.2:9999", "10.0.0.3:9999"].map(|a| a.parse().unwrap()).to_vec(),
             iface: Some("eth0".into()),
             crc: true,
             trains: true,
@@ -475,14 +533,7 @@ mod tests {
 
     #[test]
     fn every_request_round_trips() {
-        for r in [
-            Request::Auth { token: "x".repeat(20) },
-            Request::Capabilities,
-            Request::Status,
-            Request::Open(spec()),
-            Request::Go,
-            Request::Stop,
-        ] {
+        for r in [Request::Capabilities, Request::Status, Request::Open(Box::new(spec())), Request::Go, Request::Stop] {
             let bytes = encode(&r);
             let got: Request = read_message(&mut &bytes[..], MAX_REQUEST).unwrap();
             assert_eq!(got, r);
@@ -518,8 +569,8 @@ mod tests {
     fn unknown_requests_and_fields_are_malformed() {
         for body in [
             r#"{"type":"exec","cmd":"rm -rf /"}"#,
-            r#"{"type":"auth"}"#,
-            r#"{"type":"auth","token":"x","cmd":"id"}"#,
+            r#"{"type":"auth","token":"x"}"#,
+            r#"{"type":"open"}"#,
             r#"not json"#,
         ] {
             let mut m = MAGIC.to_vec();
@@ -530,27 +581,21 @@ mod tests {
                 "{body}"
             );
         }
-        let mut v = serde_json::to_value(Request::Open(spec())).unwrap();
+        let mut v = serde_json::to_value(Request::Open(Box::new(spec()))).unwrap();
         v["xdp_object"] = "/tmp/evil.o".into();
         assert!(serde_json::from_value::<Request>(v).is_err(), "no paths from the network");
-    }
-
-    #[test]
-    fn token_comparison_needs_every_byte() {
-        let t = b"0123456789abcdef0123";
-        assert!(token_eq(t, t));
-        assert!(!token_eq(b"0123456789abcdef0124", t));
-        assert!(!token_eq(b"0123456789abcdef012", t));
-        assert!(!token_eq(b"0123456789abcdef01234", t));
-        assert!(!token_eq(b"", t));
     }
 
     #[test]
     fn member_specs_out_of_bounds_are_refused() {
         assert_eq!(spec().validate(), Ok(()));
         type Breaker = fn(&mut MemberSpec);
-        let cases: [(&str, Breaker); 7] = [
+        let cases: [(&str, Breaker); 11] = [
             ("frame_size", |s| s.frame_size = MAX_FRAME + 1),
+            ("next", |s| s.next = "127.0.0.1:6379".parse().unwrap()),
+            ("prev", |s| s.prev = "10.0.0.9:9999".parse().unwrap()),
+            ("members", |s| s.members.push("10.0.0.2:9999".parse().unwrap())),
+            ("role", |s| s.role = Role::Head),
             ("frames", |s| s.frames = MAX_FRAMES + 1),
             ("inflight", |s| s.inflight = 0),
             ("listen port", |s| s.listen.set_port(22)),
@@ -569,14 +614,46 @@ mod tests {
     #[test]
     fn token_file_must_be_private_and_long_enough() {
         use std::os::unix::fs::PermissionsExt;
-        let p = std::env::temp_dir().join(format!("leap-token-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("leap-token-{}", std::process::id()));
+        let _ = std::fs::create_dir(&dir);
+        let p = dir.join("token");
         std::fs::write(&p, "short\n").unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert!(matches!(read_token(&p), Err(TokenError::Length { len: 5, .. })));
         std::fs::write(&p, "0123456789abcdef0123\n").unwrap();
         assert_eq!(read_token(&p).unwrap(), "0123456789abcdef0123");
+        let link = dir.join("link");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&p, &link).unwrap();
+        let e = read_token(&link).unwrap_err();
+        assert!(matches!(e, TokenError::Symlink { .. }), "{e}");
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        let e = read_token(&dir).unwrap_err();
+        assert!(matches!(e, TokenError::NotRegular { .. }), "{e}");
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
-        assert!(matches!(read_token(&p), Err(TokenError::Exposed { .. })));
-        let _ = std::fs::remove_file(&p);
+        let e = read_token(&p).unwrap_err();
+        assert!(matches!(e, TokenError::Exposed { .. }) && e.to_string().contains("chmod 600"), "{e}");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o620)).unwrap();
+        assert!(matches!(read_token(&p), Err(TokenError::Exposed { .. })), "group-writable");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn token_file_of_another_user_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root to give the file away (the privileged stage runs it)");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("leap-token-owner-{}", std::process::id()));
+        let _ = std::fs::create_dir(&dir);
+        let p = dir.join("token");
+        std::fs::write(&p, "0123456789abcdef0123\n").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::os::unix::fs::chown(&p, Some(65534), Some(65534)).unwrap();
+        let e = read_token(&p).unwrap_err();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(matches!(e, TokenError::Owner { owner: 65534, .. }), "{e}");
+        assert!(e.to_string().contains("chown root"), "{e}");
     }
 }

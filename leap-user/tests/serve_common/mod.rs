@@ -105,6 +105,7 @@ impl Cluster {
                     control: self.control(i),
                     data: SocketAddr::from((n.addr, DATA_PORT)),
                     iface: Some(n.rx_iface.clone()),
+                    token_file: None,
                 }
             })
             .collect()
@@ -114,6 +115,19 @@ impl Cluster {
     pub fn start_agent(&mut self, i: usize) {
         let ns = self.topo.nodes()[i].netns.clone();
         let log = std::fs::File::create(self.dir.join(format!("agent{i}.log"))).unwrap();
+        // The "hosts" hold /32 addresses: the run's members are allowed by
+        // address, and each member only its own interface.
+        let config = self.dir.join(format!("agent{i}.toml"));
+        let members: Vec<String> = self.topo.nodes().iter().map(|n| format!("\"{}\"", n.addr)).collect();
+        std::fs::write(
+            &config,
+            format!(
+                "[allow]\nnetworks = [{}]\nports = [\"{DATA_PORT}\"]\ninterfaces = [\"{}\"]\n",
+                members.join(", "),
+                self.topo.nodes()[i].rx_iface
+            ),
+        )
+        .unwrap();
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", &ns]);
         if self.privilege == Privilege::Unit {
@@ -124,6 +138,8 @@ impl Cluster {
             .arg(self.control(i).to_string())
             .arg("--token-file")
             .arg(&self.token_file)
+            .arg("--config")
+            .arg(&config)
             .arg("--max-run-s")
             .arg("60");
         if let Some(o) = &self.xdp_object {
