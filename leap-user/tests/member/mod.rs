@@ -151,6 +151,11 @@ fn become_member(place: Place) -> Result<(), (u8, u8)> {
         if libc::setresuid(id, id, id) != 0 {
             return Err((2, errno()));
         }
+        // Changing uid made the process undumpable, which leaves its
+        // /proc/self files root's: the maps below could not be written.
+        if libc::prctl(libc::PR_SET_DUMPABLE, 1) != 0 {
+            return Err((2, errno()));
+        }
     }
     if let Place::OwnUserns = place {
         // SAFETY: as above.
