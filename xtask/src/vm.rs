@@ -168,7 +168,7 @@ chown 0:1000 /dev/leap_tensor && chmod 0660 /dev/leap_tensor
 /sbin/setpriv --reuid=1000 --regid=1000 --groups=1000 --inh-caps=-all --bounding-set=-all \
 	unshare -Urn /bin/original_abi bind 24102 2>/tmp/userns.err
 rc=$?
-if [ $rc = 3 ] && grep -q "Operation not permitted" /tmp/userns.err; then
+if [ $rc = 3 ] && grep -q "^open /dev/leap_tensor: Operation not permitted" /tmp/userns.err; then
 	ok "a group member in its own user namespace (unshare -Urn) cannot open: EPERM"
 else
 	ko "a group member in its own user namespace (unshare -Urn) cannot open: EPERM (exit $rc: $(cat /tmp/userns.err))"
