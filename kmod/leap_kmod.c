@@ -16,7 +16,10 @@
  * first and stays untouched until released. A frame that stays incomplete
  * for frame_timeout_ms is reported as lost (by a timer, so poll() sees it).
  *
- * Opening the device needs CAP_NET_ADMIN in the opener's network namespace.
+ * Opening the device needs CAP_NET_ADMIN in the initial user namespace (or,
+ * with allow_userns=1, over the opener's network namespace); at most
+ * max_opens_per_net files are open per network namespace. Module-wide
+ * counters are for CAP_NET_ADMIN in the initial user namespace only.
  *
  * The user-space ABI is in leap_uapi.h; ioctls 1 to 6 and the mmap layout
  * are those of the original LEAP module.
@@ -47,6 +50,7 @@
 #include <linux/timer.h>
 #include <linux/udp.h>
 #include <linux/uaccess.h>
+#include <linux/user_namespace.h>
 #include <linux/version.h>
 #include <linux/vmalloc.h>
 #include <linux/wait.h>
@@ -103,6 +107,24 @@ MODULE_PARM_DESC(leap_buffer_size, "Bytes per half of the buffer; must be 838860
 static unsigned int max_opens = 16;
 module_param(max_opens, uint, 0444);
 MODULE_PARM_DESC(max_opens, "Most files open at once (each owns a 16 MiB buffer)");
+
+/* Below max_opens: one namespace alone cannot take every slot. */
+static unsigned int max_opens_per_net = 8;
+module_param(max_opens_per_net, uint, 0444);
+MODULE_PARM_DESC(max_opens_per_net, "Most files open at once per network namespace (default 8)");
+
+/*
+ * Off by default: opening needs CAP_NET_ADMIN in the initial user namespace.
+ * Anyone may create a user namespace and own a network namespace in it, so
+ * CAP_NET_ADMIN there proves nothing about the host. On: CAP_NET_ADMIN over
+ * the opener's network namespace (in the user namespace that owns it) is
+ * enough, which lets containers run nodes, and lets anyone who may open the
+ * file and create a user namespace do so too (up to max_opens_per_net per
+ * namespace).
+ */
+static bool allow_userns;
+module_param(allow_userns, bool, 0644);
+MODULE_PARM_DESC(allow_userns, "Let CAP_NET_ADMIN in a non-initial user namespace owning the opener's netns open the device (default off: CAP_NET_ADMIN in the initial user namespace only)");
 
 enum leap_bank_state {
 	LEAP_BANK_FREE,
@@ -590,7 +612,9 @@ static int leap_kernel_bind(struct socket *sock, struct sockaddr_in *sin)
 /*
  * Binds a new socket to `port` and only then replaces the file's socket:
  * when binding fails, the old binding stays as it was. Resets the learnt
- * sender. Called with cfg_lock held.
+ * sender once no chunk to the old port can reach the file any more, and
+ * before the new socket hands it any: nothing sent to the old port can take
+ * the new binding's lock. Called with cfg_lock held.
  */
 static int leap_bind(struct leap_file *f, u16 port)
 {
@@ -605,8 +629,11 @@ static int leap_bind(struct leap_file *f, u16 port)
 	err = sock_create_kern(f->net, AF_INET, SOCK_DGRAM, IPPROTO_UDP, &sock);
 	if (err)
 		return err;
-	/* UDP checksums stay on (sk_no_check_tx = 0), unlike the original. */
-	rcu_assign_sk_user_data(sock->sk, f);
+	/*
+	 * UDP checksums stay on (sk_no_check_tx = 0), unlike the original.
+	 * No sk_user_data yet: leap_encap_rcv drops what arrives before the
+	 * file is attached below.
+	 */
 	udp_sk(sock->sk)->encap_type = LEAP_UDP_ENCAP;
 	WRITE_ONCE(udp_sk(sock->sk)->encap_rcv, leap_encap_rcv);
 	udp_encap_enable();
@@ -627,9 +654,15 @@ static int leap_bind(struct leap_file *f, u16 port)
 	WRITE_ONCE(udp_sk(sock->sk)->gso_size, f->gso ? LEAP_CHUNK_WIRE_MAX : 0);
 
 	old = f->sock;
+	if (old) {
+		/* encap_rcv runs under RCU: once this returns, none sees f. */
+		rcu_assign_sk_user_data(old->sk, NULL);
+		synchronize_net();
+	}
 	spin_lock_bh(&f->rx_lock);
 	f->locked = false;
 	spin_unlock_bh(&f->rx_lock);
+	rcu_assign_sk_user_data(sock->sk, f);
 	f->sock = sock;
 	WRITE_ONCE(f->port, htons(port));
 	if (old)
@@ -836,14 +869,38 @@ static int leap_wait(struct leap_file *f, long timeout, struct leap_wait *w, boo
 	}
 }
 
+/*
+ * Whether the opener may run a node in `net`: a node takes a port's traffic,
+ * a host network administrator's business. CAP_NET_ADMIN in the initial user
+ * namespace, or with allow_userns, over `net` (in the user namespace owning
+ * it: which anyone who creates a user namespace has, see allow_userns).
+ */
+static bool leap_may_open(const struct net *net)
+{
+	if (capable(CAP_NET_ADMIN))
+		return true;
+	return READ_ONCE(allow_userns) && ns_capable(net->user_ns, CAP_NET_ADMIN);
+}
+
+/* Files open in `net`. Called with leap_files_lock held. */
+static unsigned int leap_net_opens(const struct net *net)
+{
+	const struct leap_file *o;
+	unsigned int n = 0;
+
+	list_for_each_entry(o, &leap_files, node)
+		if (net_eq(o->net, net))
+			n++;
+	return n;
+}
+
 static int leap_open(struct inode *inode, struct file *file)
 {
 	struct net *net = current->nsproxy->net_ns;
 	struct leap_file *f;
 	int err;
 
-	/* A node takes a port's traffic: only a network administrator may. */
-	if (!ns_capable(net->user_ns, CAP_NET_ADMIN))
+	if (!leap_may_open(net))
 		return -EPERM;
 	/* Charged to the opener's memory cgroup, as its own memory would be. */
 	f = kzalloc(sizeof(*f), GFP_KERNEL_ACCOUNT);
@@ -864,7 +921,8 @@ static int leap_open(struct inode *inode, struct file *file)
 	f->tx_seq = 0;
 
 	mutex_lock(&leap_files_lock);
-	if (leap_nr_open >= max_opens) {
+	/* One namespace never takes every slot: other namespaces still open. */
+	if (leap_nr_open >= max_opens || leap_net_opens(net) >= max_opens_per_net) {
 		mutex_unlock(&leap_files_lock);
 		err = -EBUSY;
 		goto err_free_buffer;
@@ -974,6 +1032,17 @@ static __poll_t leap_poll(struct file *file, poll_table *wait)
 	return READ_ONCE(f->events) ? EPOLLIN | EPOLLRDNORM : 0;
 }
 
+/*
+ * Whether module-wide counters (every node's, in every namespace) may be
+ * read through `file`: its opener and the caller both hold CAP_NET_ADMIN in
+ * the initial user namespace, so neither a file handed to someone else nor
+ * a caller that dropped the capability sees them.
+ */
+static bool leap_may_see_module(const struct file *file)
+{
+	return file_ns_capable(file, &init_user_ns, CAP_NET_ADMIN) && capable(CAP_NET_ADMIN);
+}
+
 static void leap_fill_info(struct leap_file *f, struct leap_info *info)
 {
 	struct leap_file *o;
@@ -999,7 +1068,8 @@ static void leap_fill_info(struct leap_file *f, struct leap_info *info)
 
 	memset(&info->counters, 0, sizeof(info->counters));
 	mutex_lock(&leap_files_lock);
-	info->open_files = leap_nr_open;
+	/* Module scope: every file; file scope: this file's netns only. */
+	info->open_files = info->scope == LEAP_INFO_SCOPE_MODULE ? leap_nr_open : leap_net_opens(f->net);
 	if (info->scope == LEAP_INFO_SCOPE_MODULE)
 		leap_counters_add(&info->counters, &leap_closed);
 	list_for_each_entry(o, &leap_files, node) {
@@ -1194,6 +1264,11 @@ static long leap_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 			return -ENOMEM;
 		if (copy_from_user(&info->scope, uarg + offsetof(struct leap_info, scope), sizeof(info->scope))) {
 			ret = -EFAULT;
+			goto out_free_info;
+		}
+		/* Every node's counters: a host administrator's view only. */
+		if (info->scope == LEAP_INFO_SCOPE_MODULE && !leap_may_see_module(file)) {
+			ret = -EPERM;
 			goto out_free_info;
 		}
 		leap_fill_info(f, info);

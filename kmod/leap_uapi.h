@@ -109,6 +109,7 @@ struct leap_counters {
 };
 
 #define LEAP_INFO_SCOPE_FILE	0u
+/* EPERM unless opener and caller hold CAP_NET_ADMIN in the initial user namespace. */
 #define LEAP_INFO_SCOPE_MODULE	1u
 
 /* LEAP_IOCTL_GET_INFO: versioned discovery and counters. */
@@ -117,7 +118,7 @@ struct leap_info {
 	__u32 info_size;	/* out: sizeof(struct leap_info) */
 	__u64 features;		/* out: LEAP_FEAT_* */
 	__u32 scope;		/* in: LEAP_INFO_SCOPE_* */
-	__u32 open_files;	/* out: files open on the device */
+	__u32 open_files;	/* out: module scope: files open on the device; file scope: in this file's netns */
 	__u32 rx_banks;		/* out */
 	__u32 bank_size;	/* out */
 	__u32 tx_size;		/* out */

@@ -307,18 +307,23 @@ static int run_control(unsigned short port)
 	return 0;
 }
 
+/* Exit status of a refused call; errno is read before perror() may change it. */
+static int refused(const char *what)
+{
+	int err = errno;
+
+	perror(what);
+	return err == EPERM || err == EACCES ? 3 : 1;
+}
+
 static int run_bind(unsigned short port)
 {
 	int fd = open(DEV, O_RDWR);
 
-	if (fd < 0) {
-		perror("open " DEV);
-		return errno == EPERM || errno == EACCES ? 3 : 1;
-	}
-	if (ioctl(fd, LEAP_IOCTL_SET_PORT, &port)) {
-		perror("LEAP_IOCTL_SET_PORT");
-		return errno == EPERM || errno == EACCES ? 3 : 1;
-	}
+	if (fd < 0)
+		return refused("open " DEV);
+	if (ioctl(fd, LEAP_IOCTL_SET_PORT, &port))
+		return refused("LEAP_IOCTL_SET_PORT");
 	close(fd);
 	return 0;
 }

@@ -180,7 +180,9 @@ impl Counters {
 
 /// [`Info::scope`]: counters of this open file.
 pub const INFO_SCOPE_FILE: u32 = 0;
-/// [`Info::scope`]: counters summed over the module since it was loaded.
+/// [`Info::scope`]: counters summed over the module since it was loaded
+/// (every node's, in every namespace): EPERM unless the file's opener and
+/// the caller hold `CAP_NET_ADMIN` in the initial user namespace.
 pub const INFO_SCOPE_MODULE: u32 = 1;
 
 /// `struct leap_info`: versioned discovery and counters ([`IOCTL_GET_INFO`]).
@@ -196,7 +198,8 @@ pub struct Info {
     pub features: u64,
     /// [`INFO_SCOPE_FILE`] or [`INFO_SCOPE_MODULE`] (in).
     pub scope: u32,
-    /// Files open on the device (out).
+    /// Files open on the device (out); with [`INFO_SCOPE_FILE`], those in
+    /// this file's network namespace.
     pub open_files: u32,
     /// Number of receive banks (out).
     pub rx_banks: u32,

@@ -5,6 +5,7 @@
 //! Packets are crafted with std sockets (and raw IPv4 sockets for checksums
 //! and fragments) to 127.0.0.1 only; every wait is bounded.
 
+mod member;
 mod original;
 mod support;
 
@@ -488,9 +489,8 @@ fn two_opens_with_different_ports_coexist_and_share_nothing() {
     assert!(module.open_files >= 2 && module.counters.rx_chunks >= 6, "{module:#?}");
 }
 
-#[test]
-#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
-fn opens_beyond_the_module_limit_are_refused() {
+/// Opens the device until the module refuses, keeping every file open.
+fn open_until_refused() -> (Vec<Device>, io::Error) {
     let mut open = Vec::new();
     let err = loop {
         match Device::open(Path::new(DEVICE_PATH)) {
@@ -499,10 +499,152 @@ fn opens_beyond_the_module_limit_are_refused() {
         }
         assert!(open.len() <= 64, "no limit on open files");
     };
+    (open, err)
+}
+
+/// Runs `f` on a thread of its own in a fresh network namespace.
+fn in_new_netns<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("unshare");
+            f()
+        })
+        .join()
+        .unwrap()
+    })
+}
+
+/// `max_opens_per_net` (8) per namespace, `max_opens` (16) in all: one
+/// namespace never takes the slots of the others.
+#[test]
+#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
+fn opens_beyond_the_namespace_and_module_limits_are_refused() {
+    let (here, err) = open_until_refused();
     assert_eq!(err.raw_os_error(), Some(libc::EBUSY));
-    assert_eq!(open.len(), 16);
-    drop(open);
+    assert_eq!(here.len(), 8, "opens from one namespace");
+    assert_eq!(here[0].info(INFO_SCOPE_FILE).unwrap().open_files, 8);
+    let (there, err) = in_new_netns(open_until_refused);
+    assert_eq!(err.raw_os_error(), Some(libc::EBUSY));
+    assert_eq!(there.len(), 8, "another namespace still opens, up to its own limit");
+    assert_eq!(here[0].info(INFO_SCOPE_MODULE).unwrap().open_files, 16);
+    let (third, err) = in_new_netns(open_until_refused);
+    assert_eq!((third.len(), err.raw_os_error()), (0, Some(libc::EBUSY)), "the module's limit");
+    drop(there);
+    let (third, _) = in_new_netns(open_until_refused);
+    assert_eq!(third.len(), 8, "slots closed in one namespace serve another");
+    drop((here, third));
     Device::open(Path::new(DEVICE_PATH)).expect("a slot is free again");
+}
+
+/// Issue 22: a member of the device's group without any capability owns a
+/// user namespace (`unshare -Urn`) and so has CAP_NET_ADMIN over its own
+/// network namespace. It must not open the device (by default), and a real
+/// node must still open afterwards.
+#[test]
+#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
+fn a_group_member_owning_a_user_namespace_cannot_open() {
+    let _access = member::DeviceAccess::new(false);
+    let mut m = member::Member::spawn(member::Place::OwnUserns, -1, member::open_until_refused);
+    assert_eq!(m.report(), [0, libc::EPERM as u8], "[files opened, errno]");
+    // Without a capability and without a namespace of its own: refused too.
+    let mut plain = member::Member::spawn(member::Place::Here, -1, member::open_until_refused);
+    assert_eq!(plain.report(), [0, libc::EPERM as u8], "[files opened, errno]");
+    let (dev, port) = node();
+    let frame = pattern(3, 2000);
+    send_all(&sender(), port, &chunks_of(3, &frame));
+    expect_frame(&dev, 3, &frame);
+}
+
+/// With `allow_userns=1` (containers), a user namespace's CAP_NET_ADMIN
+/// opens, but only up to the per-namespace limit: real nodes still open.
+#[test]
+#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
+fn with_allow_userns_a_user_namespace_opens_only_its_share() {
+    let _access = member::DeviceAccess::new(true);
+    let mut m = member::Member::spawn(member::Place::OwnUserns, -1, member::open_until_refused);
+    assert_eq!(m.report(), [8, libc::EBUSY as u8], "[files opened, errno]");
+    let (dev, port) = node();
+    let frame = pattern(4, 2000);
+    send_all(&sender(), port, &chunks_of(4, &frame));
+    expect_frame(&dev, 4, &frame);
+    // Without a namespace of its own the member has no capability at all.
+    let mut plain = member::Member::spawn(member::Place::Here, -1, member::open_until_refused);
+    assert_eq!(plain.report(), [0, libc::EPERM as u8], "[files opened, errno]");
+}
+
+/// Module-scope counters (every node's, every namespace's) only for
+/// CAP_NET_ADMIN in the initial user namespace: EPERM for a user
+/// namespace's root (allow_userns=1) and for a process that holds a file a
+/// real node opened but has no capability itself; file scope still answers.
+#[test]
+#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
+fn module_scope_info_needs_cap_net_admin_in_the_initial_namespace() {
+    let _access = member::DeviceAccess::new(true);
+    let (root_dev, _) = node();
+    root_dev.info(INFO_SCOPE_MODULE).expect("module scope for the host's administrator");
+    let mut m = member::Member::spawn(member::Place::OwnUserns, -1, member::info_scopes_own_file);
+    assert_eq!(m.report(), [0, libc::EPERM as u8], "[file scope errno, module scope errno], user namespace root");
+    drop(m);
+    let fd = root_dev.as_fd().as_raw_fd();
+    let mut h = member::Member::spawn(member::Place::Here, fd, member::info_scopes_inherited);
+    assert_eq!(h.report(), [0, libc::EPERM as u8], "[file scope errno, module scope errno], inherited file");
+}
+
+/// SET_PORT while a stranger floods the old port: the sender lock is reset
+/// only once no chunk to the old port can reach the file, so the first
+/// sender to the new port (the real one) takes it, round after round, and
+/// no chunk of the stranger's is ever taken.
+#[test]
+#[ignore = "needs /dev/leap_tensor: run inside the VM by cargo xtask vm"]
+fn set_port_under_a_flood_to_the_old_port_never_locks_on_the_stranger() {
+    const ROUNDS: u16 = 150;
+    const STRANGER_SEQ: u16 = 1;
+    let dev = Device::open(Path::new(DEVICE_PATH)).unwrap();
+    dev.set_frame_timeout(FRAME_TIMEOUT).unwrap();
+    let real = sender();
+    let target = AtomicU16::new(0);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let frame = |seq: u16| pattern(seq, 100);
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                let tx = sender();
+                let c = chunk(STRANGER_SEQ, 0, 1, flags::LEAP, &[0x5a; 100]);
+                while !stop.load(Ordering::Relaxed) {
+                    match target.load(Ordering::Relaxed) {
+                        0 => std::thread::yield_now(),
+                        p => {
+                            let _ = tx.send_to(&c, (LO, p));
+                        }
+                    }
+                }
+            });
+        }
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            for round in 0..ROUNDS {
+                let port = next_port();
+                dev.set_port(port).unwrap();
+                let seq = round + 2;
+                send_all(&real, port, &chunks_of(seq, &frame(seq)));
+                let w = wait(&dev, PATIENCE).unwrap_or_else(|| {
+                    panic!("round {round}: the real sender's frame was not taken: {:#?}", counters(&dev))
+                });
+                assert_eq!((w.status, w.seq), (WAIT_STATUS_FRAME, seq), "round {round}: {w:?}");
+                dev.release_bank(w.bank as u32).unwrap();
+                // The stranger floods this port now, while the real sender
+                // holds its lock; the next SET_PORT leaves it behind.
+                let c0 = counters(&dev).drop_stranger;
+                target.store(port, Ordering::Relaxed);
+                wait_counters(&dev, "the stranger's flood", |c| c.drop_stranger > c0);
+            }
+        }));
+        stop.store(true, Ordering::Relaxed);
+        if let Err(e) = result {
+            std::panic::resume_unwind(e);
+        }
+    });
+    let c = counters(&dev);
+    assert_eq!(c.rx_frames_completed, u64::from(ROUNDS), "{c:#?}");
 }
 
 #[test]

@@ -159,6 +159,25 @@ check "a user with only CAP_NET_ADMIN can open and bind" \
 	--ambient-caps=-all,+net_admin --bounding-set=-all,+net_admin /bin/original_abi bind 24101
 chmod 0600 /dev/leap_tensor
 
+# Issue 22: a member of the device's group (as the packaged udev rule makes
+# it) with no capability runs busybox's `unshare -Urn`: it owns a user and a
+# network namespace and holds CAP_NET_ADMIN there, which must not open the
+# device (EPERM from the module, not EACCES from the file mode: the same
+# member with CAP_NET_ADMIN in the initial namespace opens).
+chown 0:1000 /dev/leap_tensor && chmod 0660 /dev/leap_tensor
+/sbin/setpriv --reuid=1000 --regid=1000 --groups=1000 --inh-caps=-all --bounding-set=-all \
+	unshare -Urn /bin/original_abi bind 24102 2>/tmp/userns.err
+rc=$?
+if [ $rc = 3 ] && grep -q "^open /dev/leap_tensor: Operation not permitted" /tmp/userns.err; then
+	ok "a group member in its own user namespace (unshare -Urn) cannot open: EPERM"
+else
+	ko "a group member in its own user namespace (unshare -Urn) cannot open: EPERM (exit $rc: $(cat /tmp/userns.err))"
+fi
+check "a group member with CAP_NET_ADMIN in the initial namespace can open and bind" \
+	/sbin/setpriv --reuid=1000 --regid=1000 --groups=1000 --inh-caps=-all,+net_admin \
+	--ambient-caps=-all,+net_admin --bounding-set=-all,+net_admin /bin/original_abi bind 24103
+chown 0:0 /dev/leap_tensor && chmod 0600 /dev/leap_tensor
+
 # The 16 MiB buffer and the file state are charged to the opener's cgroup
 # (at least 15 MiB: memcg charges in per-CPU batches, the delta is not exact).
 mkdir -p /sys/fs/cgroup && mount -t cgroup2 none /sys/fs/cgroup 2>/dev/null

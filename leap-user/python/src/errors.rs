@@ -121,6 +121,9 @@ pub fn transport(e: TransportError) -> PyErr {
         TransportError::Udp(UdpError::Socket { call, ref source, .. }) => {
             raise::<SystemCallError>(msg.clone(), &[("call", Attr::Str(call.into())), ("errno", errno(source))])
         }
+        TransportError::Kmod(KmodError::NotPermitted { ref source, .. }) => {
+            raise::<SystemCallError>(msg.clone(), &[("call", Attr::Str("open".into())), ("errno", errno(source))])
+        }
         TransportError::Kmod(KmodError::Syscall { call, ref source, .. }) => {
             raise::<SystemCallError>(msg.clone(), &[("call", Attr::Str(call.into())), ("errno", errno(source))])
         }

@@ -1,11 +1,12 @@
 //! `leap kmod status`: whether `leap_kmod` is loaded, its ABI version,
-//! features and counters.
+//! features and counters (the module's, or this open file's where the
+//! module keeps its own for the host's administrator).
 
 use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
-use leap_common::kmod::{DEVICE_PATH, INFO_SCOPE_MODULE};
+use leap_common::kmod::{DEVICE_PATH, INFO_SCOPE_FILE, INFO_SCOPE_MODULE};
 
 use crate::transport::BackendCounters;
 use crate::transport::kmod::{KmodError, status};
@@ -39,10 +40,20 @@ pub enum KmodCmd {
 /// The device exists but cannot be queried.
 pub fn main(args: &KmodArgs) -> Result<()> {
     let KmodCmd::Status { device, json } = &args.cmd;
-    let v = match status(device, INFO_SCOPE_MODULE) {
+    // Module-wide counters need CAP_NET_ADMIN in the initial user namespace
+    // (EPERM otherwise, e.g. in a container with allow_userns=1).
+    let (scope, got) = match status(device, INFO_SCOPE_MODULE) {
+        Err(KmodError::Syscall { source, .. }) if source.raw_os_error() == Some(libc::EPERM) => {
+            log::warn!("module-wide counters need CAP_NET_ADMIN in the initial user namespace: this file's only");
+            ("file", status(device, INFO_SCOPE_FILE))
+        }
+        other => ("module", other),
+    };
+    let v = match got {
         Ok(i) => serde_json::json!({
             "loaded": true,
             "device": device,
+            "scope": scope,
             "abi_version": i.abi_version,
             "features": format!("{:#x}", i.features),
             "open_files": i.open_files,

@@ -97,8 +97,9 @@ impl Device {
     /// # Errors
     ///
     /// `open` (ENOENT when the module is not loaded, EPERM without
-    /// `CAP_NET_ADMIN` in this network namespace, EBUSY when the module's
-    /// limit of open files is reached) or `mmap`.
+    /// `CAP_NET_ADMIN` in the initial user namespace, EBUSY when this
+    /// network namespace's or the module's limit of open files is reached)
+    /// or `mmap`.
     pub fn open(path: &Path) -> io::Result<Self> {
         let file = OpenOptions::new().read(true).write(true).open(path)?;
         let map = MmapOptions::new().len(MMAP_LEN).map_raw(&file)?;
@@ -110,7 +111,9 @@ impl Device {
     ///
     /// # Errors
     ///
-    /// ENOTTY from a module without the call (the original).
+    /// ENOTTY from a module without the call (the original); EPERM for the
+    /// module scope without `CAP_NET_ADMIN` in the initial user namespace
+    /// (the opener's and the caller's).
     pub fn info(&self, scope: u32) -> io::Result<Info> {
         let mut info = Info { scope, ..Info::default() };
         // SAFETY: our open file of the device; `info` is a live `Info`, the

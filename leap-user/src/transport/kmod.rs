@@ -90,6 +90,18 @@ pub enum KmodError {
         /// The device path tried.
         path: PathBuf,
     },
+    /// The module refused the open (EPERM): the opener lacks `CAP_NET_ADMIN`
+    /// in the initial user namespace.
+    #[error(
+        "{path}: opening needs CAP_NET_ADMIN in the initial user namespace (run as root or with that capability, e.g. the packaged unit's); a user namespace's counts only where leap_kmod is loaded with allow_userns=1: {source}"
+    )]
+    NotPermitted {
+        /// The device.
+        path: PathBuf,
+        /// What the kernel said.
+        #[source]
+        source: io::Error,
+    },
     /// A call on the device failed.
     #[error("{call} on {path}: {source}")]
     Syscall {
@@ -203,8 +215,9 @@ fn syscall(call: &'static str, path: &Path, source: io::Error) -> KmodError {
 }
 
 fn open_device(path: &Path) -> Result<Device, KmodError> {
-    Device::open(path).map_err(|source| match source.kind() {
-        io::ErrorKind::NotFound => KmodError::NotLoaded { path: path.to_path_buf() },
+    Device::open(path).map_err(|source| match source.raw_os_error() {
+        Some(libc::ENOENT) => KmodError::NotLoaded { path: path.to_path_buf() },
+        Some(libc::EPERM) => KmodError::NotPermitted { path: path.to_path_buf(), source },
         _ => syscall("open+mmap", path, source),
     })
 }
