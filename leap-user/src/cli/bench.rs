@@ -10,7 +10,8 @@ use clap::Args;
 use super::TransportArgs;
 use crate::bench::programs::{self, RingProgram};
 use crate::bench::sched::{self, Sched};
-use crate::bench::{BenchConfig, BenchReport, DEFAULT_SIZES, run, run_on};
+use crate::bench::ssh::{HostAddr, SshHost, SshLauncher, SshRings, SshTarget};
+use crate::bench::{BenchConfig, BenchReport, DEFAULT_SIZES, Rings, run, run_on};
 use crate::ring::Placement;
 use crate::serve::coordinator::{HostRings, HostSpec, HostsFile};
 use crate::transport::open::TransportKind;
@@ -58,10 +59,20 @@ pub struct BenchArgs {
     /// size, one in flight) and report where the CPU went.
     #[arg(long)]
     pub profile: bool,
-    /// Run the rings across these hosts instead: their `leap serve`
-    /// control addresses (comma-separated, ring order; the first is the head).
-    #[arg(long, value_delimiter = ',', value_name = "ADDR:PORT,...", conflicts_with = "hosts_file")]
-    pub hosts: Vec<SocketAddr>,
+    /// Run the rings across these hosts instead (comma-separated, ring
+    /// order; the first is the head): `ssh://[USER@]HOST[:PORT]` starts
+    /// each member over ssh (batch mode, your keys and known_hosts), or
+    /// ADDR:PORT is a `leap serve` agent's control address.
+    #[arg(long, value_delimiter = ',', value_name = "HOST,...", conflicts_with = "hosts_file")]
+    pub hosts: Vec<HostAddr>,
+    /// With ssh:// hosts: an ssh option (`-o OPTION`, e.g.
+    /// IdentityFile=PATH, UserKnownHostsFile=PATH). Repeatable.
+    #[arg(long, value_name = "OPTION", requires = "hosts")]
+    pub ssh_option: Vec<String>,
+    /// With ssh:// hosts: the leap binary on the hosts (default: `leap`,
+    /// on the PATH of their non-interactive shell).
+    #[arg(long, value_name = "PATH", requires = "hosts")]
+    pub remote_leap: Option<String>,
     /// The hosts from a TOML file: `token_file`, and `[[host]]` tables with
     /// `name`, `control`, `data` and `iface`.
     #[arg(long, value_name = "PATH")]
@@ -99,14 +110,23 @@ pub struct BenchArgs {
     pub transport_args: TransportArgs,
 }
 
-/// The hosts and token file of `--hosts` or `--hosts-file`, if given.
-fn hosts(args: &BenchArgs) -> Result<Option<(Vec<HostSpec>, PathBuf)>> {
+/// How the members of rings across hosts start.
+enum Launch {
+    /// Each host's `leap serve`, with the token in this file.
+    Agents(Vec<HostSpec>, PathBuf),
+    /// Over ssh.
+    Ssh(Vec<SshHost>, SshLauncher),
+}
+
+/// The hosts of `--hosts` or `--hosts-file`, and how their members start,
+/// if given.
+fn hosts(args: &BenchArgs) -> Result<Option<Launch>> {
     let default_token = || PathBuf::from("/etc/leap/serve.token");
     if let Some(p) = &args.hosts_file {
         let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
         let f: HostsFile = toml::from_str(&text).with_context(|| format!("parsing {}", p.display()))?;
         let token = args.token_file.clone().or(f.token_file).unwrap_or_else(default_token);
-        return Ok(Some((f.hosts, token)));
+        return Ok(Some(Launch::Agents(f.hosts, token)));
     }
     if args.hosts.is_empty() {
         return Ok(None);
@@ -118,18 +138,44 @@ fn hosts(args: &BenchArgs) -> Result<Option<(Vec<HostSpec>, PathBuf)>> {
     if !args.ifaces.is_empty() && args.ifaces.len() != n {
         bail!("--ifaces: {} interfaces for {n} hosts", args.ifaces.len());
     }
+    let targets: Vec<SshTarget> =
+        args.hosts.iter().filter_map(|h| if let HostAddr::Ssh(t) = h { Some(t.clone()) } else { None }).collect();
+    if !targets.is_empty() {
+        if targets.len() != n {
+            bail!("--hosts: either every host is ssh://... or every host is a `leap serve` agent's ADDR:PORT");
+        }
+        if args.token_file.is_some() {
+            bail!("--token-file is the agents' token: hosts started over ssh need none");
+        }
+        let hosts = targets
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| SshHost::new(i, t, args.data.get(i).copied(), args.ifaces.get(i).cloned()))
+            .collect::<Result<Vec<_>, String>>()
+            .map_err(anyhow::Error::msg)?;
+        let launcher = SshLauncher::new(
+            args.ssh_option.clone(),
+            args.remote_leap.clone(),
+            args.transport_args.xdp_object.clone(),
+        )?;
+        return Ok(Some(Launch::Ssh(hosts, launcher)));
+    }
+    if !args.ssh_option.is_empty() || args.remote_leap.is_some() {
+        bail!("--ssh-option and --remote-leap apply to ssh://... hosts, not to `leap serve` agents");
+    }
     let specs = args
         .hosts
         .iter()
+        .filter_map(|h| if let HostAddr::Agent(a) = h { Some(*a) } else { None })
         .enumerate()
-        .map(|(i, &control)| HostSpec {
+        .map(|(i, control)| HostSpec {
             name: format!("h{i}"),
             control,
             data: args.data.get(i).copied().unwrap_or(SocketAddr::new(control.ip(), leap_common::DEFAULT_PORT)),
             iface: args.ifaces.get(i).cloned(),
         })
         .collect();
-    Ok(Some((specs, args.token_file.clone().unwrap_or_else(default_token))))
+    Ok(Some(Launch::Agents(specs, args.token_file.clone().unwrap_or_else(default_token))))
 }
 
 impl clap::builder::ValueParserFactory for TransportKind {
@@ -188,7 +234,7 @@ pub fn main(args: &BenchArgs) -> Result<()> {
     {
         bail!(
             "--profile, --cpus, --loopback, --sched, --busy-poll and --ring-program apply to rings on this host, not \
-             to --hosts (the `leap serve` agents do not take them)"
+             to --hosts (the members across hosts do not take them)"
         );
     }
     let ring_programs = ring_programs(&args.ring_program)?;
@@ -214,12 +260,17 @@ pub fn main(args: &BenchArgs) -> Result<()> {
             args.site
         ));
     }
-    let mut rings = match hosts {
-        Some((specs, token_file)) => {
+    let mut rings: Option<Box<dyn Rings>> = match hosts {
+        Some(Launch::Agents(specs, token_file)) => {
             let token = crate::serve::protocol::read_token(&token_file)?;
             let names: Vec<String> = specs.iter().map(|h| format!("{} ({})", h.name, h.control)).collect();
             eprintln!("leap bench: connecting to {}", names.join(", "));
-            Some(HostRings::connect(specs, token, &args.site)?)
+            Some(Box::new(HostRings::connect(specs, token, &args.site)?))
+        }
+        Some(Launch::Ssh(hosts, launcher)) => {
+            let names: Vec<String> = hosts.iter().map(|h| format!("{} ({})", h.name, h.target)).collect();
+            eprintln!("leap bench: asking {} over ssh", names.join(", "));
+            Some(Box::new(SshRings::connect(hosts, launcher, &args.site).map_err(anyhow::Error::msg)?))
         }
         None => None,
     };
@@ -232,7 +283,7 @@ pub fn main(args: &BenchArgs) -> Result<()> {
     let mut cfg = BenchConfig {
         transports,
         sizes,
-        nodes: rings.as_ref().map_or(args.nodes, |r| r.capabilities().len()),
+        nodes: rings.as_ref().map_or(args.nodes, |r| r.hosts().len()),
         repeat: args.repeat.unwrap_or(if args.quick { QUICK_ROUNDS } else { FULL_ROUNDS }).max(1),
         quick: args.quick,
         placement,
@@ -297,7 +348,7 @@ pub fn main(args: &BenchArgs) -> Result<()> {
         None => log::info!("bench {done}/{total}: {label}"),
     };
     let report = match &mut rings {
-        Some(r) => run_on(&cfg, r, &progress),
+        Some(r) => run_on(&cfg, r.as_mut(), &progress),
         None => run(&cfg, &progress),
     };
     drop(rings);
