@@ -132,25 +132,7 @@ impl SshCluster {
     /// `leap bench --hosts ssh://root@...` from host 0 with `extra`,
     /// waited for at most `limit`: (success, stderr).
     fn bench(&self, remote_leap: &str, extra: &[&str], limit: Duration) -> (bool, String) {
-        let hosts: Vec<String> =
-            (0..3).map(|i| format!("ssh://root@{}:{SSH_PORT}", self.topo.nodes()[i].addr)).collect();
-        let err_path = self.dir.join("bench.err");
-        let err = std::fs::File::create(&err_path).unwrap();
-        let opt = |k: &str, v: &Path| format!("{k}={}", v.display());
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &self.topo.nodes()[0].netns, env!("CARGO_BIN_EXE_leap"), "bench", "--hosts"])
-            .arg(hosts.join(","))
-            .args(["--ssh-option", &opt("IdentityFile", &self.dir.join("id"))])
-            .args(["--ssh-option", "IdentitiesOnly=yes"])
-            .args(["--ssh-option", &opt("UserKnownHostsFile", &self.dir.join("known_hosts"))])
-            .args(["--ssh-option", "GlobalKnownHostsFile=/dev/null"])
-            .args(["--remote-leap", remote_leap])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(err)
-            .spawn()
-            .unwrap();
+        let mut child = self.spawn_bench(remote_leap, extra);
         let start = Instant::now();
         let status = loop {
             if let Some(s) = child.try_wait().unwrap() {
@@ -163,7 +145,30 @@ impl SshCluster {
             }
             std::thread::sleep(Duration::from_millis(50));
         };
-        (status.success(), std::fs::read_to_string(err_path).unwrap_or_default())
+        (status.success(), std::fs::read_to_string(self.dir.join("bench.err")).unwrap_or_default())
+    }
+
+    /// Starts `leap bench --hosts ssh://root@...` in host 0 (`ip netns
+    /// exec` execs it: the child is leap), its stderr into `bench.err`.
+    fn spawn_bench(&self, remote_leap: &str, extra: &[&str]) -> Child {
+        let hosts: Vec<String> =
+            (0..3).map(|i| format!("ssh://root@{}:{SSH_PORT}", self.topo.nodes()[i].addr)).collect();
+        let err = std::fs::File::create(self.dir.join("bench.err")).unwrap();
+        let opt = |k: &str, v: &Path| format!("{k}={}", v.display());
+        Command::new("ip")
+            .args(["netns", "exec", &self.topo.nodes()[0].netns, env!("CARGO_BIN_EXE_leap"), "bench", "--hosts"])
+            .arg(hosts.join(","))
+            .args(["--ssh-option", &opt("IdentityFile", &self.dir.join("id"))])
+            .args(["--ssh-option", "IdentitiesOnly=yes"])
+            .args(["--ssh-option", &opt("UserKnownHostsFile", &self.dir.join("known_hosts"))])
+            .args(["--ssh-option", "GlobalKnownHostsFile=/dev/null"])
+            .args(["--remote-leap", remote_leap])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(err)
+            .spawn()
+            .unwrap()
     }
 
     /// Whether something in host `i`'s namespace has `port` bound.
@@ -329,4 +334,29 @@ fn a_missing_ssh_client_names_its_package() {
     eprintln!("leap bench said:\n{err}");
     assert!(!out.status.success());
     assert!(err.contains("openssh-client") && err.contains("apt-get install"), "{err}");
+}
+
+#[test]
+#[ignore = "needs root for namespaces and sshd: run by cargo xtask ci (stage privileged)"]
+fn killed_bench_ends_every_member_through_its_channel() {
+    let Some(sshd) = sshd() else { return };
+    let c = SshCluster::new("hx", &sshd);
+    // Large frames, many rounds: minutes if left alone.
+    let mut bench = c.spawn_bench(
+        env!("CARGO_BIN_EXE_leap"),
+        &["--sizes", "1048584", "--transports", "udp", "--repeat", "50", "--setup-timeout-s", "5"],
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while c.members_running().len() < 3 {
+        let err = std::fs::read_to_string(c.dir.join("bench.err")).unwrap_or_default();
+        assert!(bench.try_wait().unwrap().is_none(), "the bench ended before its ring ran: {err}");
+        assert!(Instant::now() < deadline, "the ring did not start: {:?}\n{err}", c.members_running());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    // SIGKILL: no clean-up of its own. Its ssh clients see their stdin
+    // close, their channels close, and the members see theirs.
+    bench.kill().unwrap();
+    bench.wait().unwrap();
+    c.assert_nothing_left();
 }
