@@ -8,6 +8,7 @@
 //! installs it; with `CI=true` a missing sshd fails the test.
 
 use std::net::{SocketAddr, TcpStream};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -183,19 +184,32 @@ impl SshCluster {
         })
     }
 
-    /// Command lines of `leap bench-member` processes on this cluster's
-    /// addresses (the remote side of an ssh channel).
-    fn members_running(&self) -> Vec<String> {
-        let addrs: Vec<String> = self.topo.nodes().iter().map(|n| format!("{}:{DATA_PORT}", n.addr)).collect();
+    /// (pid, command line) of every process in this cluster's namespaces:
+    /// its sshds, their sessions and the members those started.
+    fn processes(&self) -> Vec<(i32, String)> {
+        let inodes: Vec<String> = self
+            .topo
+            .nodes()
+            .iter()
+            .filter_map(|n| std::fs::metadata(n.path()).ok())
+            .map(|m| format!("net:[{}]", m.ino()))
+            .collect();
         let mut found = Vec::new();
         for e in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Ok(raw) = std::fs::read(e.path().join("cmdline")) else { continue };
-            let line = String::from_utf8_lossy(&raw).replace('\0', " ");
-            if line.contains("bench-member") && addrs.iter().any(|a| line.contains(a.as_str())) {
-                found.push(line);
+            let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<i32>().ok()) else { continue };
+            let Ok(ns) = std::fs::read_link(e.path().join("ns/net")) else { continue };
+            if inodes.iter().any(|i| ns.as_os_str() == i.as_str()) {
+                let raw = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+                found.push((pid, String::from_utf8_lossy(&raw).replace('\0', " ")));
             }
         }
         found
+    }
+
+    /// Command lines of the `leap bench-member` processes in this
+    /// cluster's namespaces (the remote side of ssh channels).
+    fn members_running(&self) -> Vec<String> {
+        self.processes().into_iter().map(|(_, l)| l).filter(|l| l.contains("bench-member")).collect()
     }
 
     /// Waits (bounded) until no member runs and no data port is bound.
@@ -218,6 +232,19 @@ impl Drop for SshCluster {
         for c in &mut self.sshds {
             let _ = c.kill();
             let _ = c.wait();
+        }
+        // A failed test may leave sessions and members behind: everything
+        // in the cluster's namespaces was started by it.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let left = self.processes();
+            if left.is_empty() || Instant::now() > deadline {
+                break;
+            }
+            for (pid, _) in left {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
         let _ = std::fs::remove_dir_all(&self.dir);
         // The topology goes next (field drop): namespaces and veths.
