@@ -133,7 +133,26 @@ impl SshCluster {
     /// `leap bench --hosts ssh://root@...` from host 0 with `extra`,
     /// waited for at most `limit`: (success, stderr).
     fn bench(&self, remote_leap: &str, extra: &[&str], limit: Duration) -> (bool, String) {
-        let mut child = self.spawn_bench(remote_leap, extra);
+        self.wait(self.spawn_bench(remote_leap, extra), limit)
+    }
+
+    /// `leap bench --hosts-file FILE EXTRA...` from host 0, waited for at
+    /// most `limit`: (success, stderr).
+    fn bench_file(&self, file: &Path, extra: &[&str], limit: Duration) -> (bool, String) {
+        let err = std::fs::File::create(self.dir.join("bench.err")).unwrap();
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.topo.nodes()[0].netns, env!("CARGO_BIN_EXE_leap"), "bench", "--hosts-file"])
+            .arg(file)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(err)
+            .spawn()
+            .unwrap();
+        self.wait(child, limit)
+    }
+
+    fn wait(&self, mut child: Child, limit: Duration) -> (bool, String) {
         let start = Instant::now();
         let status = loop {
             if let Some(s) = child.try_wait().unwrap() {
@@ -344,6 +363,22 @@ fn a_host_whose_key_is_not_known_is_refused_in_one_line_and_nothing_starts() {
         err.contains("host h0 (") && err.contains("leap is not installed there (`/nonexistent/leap`"),
         "says the remote leap is missing: {err}"
     );
+    c.assert_nothing_left();
+    // The same from a hosts file: its ssh options and remote leap are used.
+    let file = c.dir.join("hosts.toml");
+    let mut toml = format!(
+        "ssh_options = [\"IdentityFile={d}/id\", \"IdentitiesOnly=yes\", \"UserKnownHostsFile={d}/known_hosts\"]\n\
+         remote_leap = \"/nonexistent/leap2\"\n",
+        d = c.dir.display()
+    );
+    for (i, n) in c.topo.nodes().iter().enumerate() {
+        toml += &format!("[[host]]\nname = \"n{i}\"\nssh = \"ssh://root@{}:{SSH_PORT}\"\n", n.addr);
+    }
+    std::fs::write(&file, toml).unwrap();
+    let (ok, err) = c.bench_file(&file, &["--transports", "udp"], Duration::from_secs(60));
+    eprintln!("leap bench said:\n{err}");
+    assert!(!ok);
+    assert!(err.contains("host n0 (") && err.contains("(`/nonexistent/leap2`"), "{err}");
     c.assert_nothing_left();
 }
 

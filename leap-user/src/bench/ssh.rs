@@ -148,6 +148,61 @@ pub struct SshHost {
     pub iface: Option<String>,
 }
 
+/// A hosts file of hosts started over ssh (`leap bench --hosts-file`):
+/// `[[host]]` tables with `ssh` instead of an agent's `control`.
+#[derive(Clone, Debug, serde::Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SshHostsFile {
+    /// `-o` options for every ssh.
+    #[serde(default)]
+    pub ssh_options: Vec<String>,
+    /// The leap binary on the hosts.
+    #[serde(default)]
+    pub remote_leap: Option<String>,
+    /// The hosts, in ring order (the first is the head).
+    #[serde(rename = "host")]
+    pub hosts: Vec<SshHostEntry>,
+}
+
+/// One `[[host]]` of an [`SshHostsFile`].
+#[derive(Clone, Debug, serde::Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SshHostEntry {
+    /// Name in the report (default `hI`).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// `ssh://[USER@]HOST[:PORT]`.
+    pub ssh: String,
+    /// Its ring member's data address (default: the host's, port 9999).
+    #[serde(default)]
+    pub data: Option<SocketAddr>,
+    /// Interface its frames arrive on (XDP attaches there).
+    #[serde(default)]
+    pub iface: Option<String>,
+}
+
+impl SshHostsFile {
+    /// The hosts.
+    ///
+    /// # Errors
+    ///
+    /// An `ssh` that is not an ssh:// address, or a name that does not
+    /// resolve (and no `data`).
+    pub fn hosts(&self) -> Result<Vec<SshHost>, String> {
+        self.hosts
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                let mut host = SshHost::new(i, h.ssh.parse()?, h.data, h.iface.clone())?;
+                if let Some(n) = &h.name {
+                    host.name.clone_from(n);
+                }
+                Ok(host)
+            })
+            .collect()
+    }
+}
+
 impl SshHost {
     /// Host `i` of the ring at `target`; its data address is `data`, else
     /// the target's address as this host resolves it, port 9999.
@@ -627,6 +682,23 @@ mod tests {
         let e = classify(who, "leap", exit(2), "leap: unrecognized subcommand 'capabilities'\n").to_string();
         assert!(e.contains("`leap` failed") && e.contains("unrecognized"), "{e}");
         assert!(SshError::spawn(std::io::ErrorKind::NotFound.into()).to_string().contains("openssh-client"));
+    }
+
+    #[test]
+    fn a_hosts_file_of_ssh_hosts_names_each_one() {
+        let f: SshHostsFile = toml::from_str(
+            "ssh_options = [\"IdentityFile=/k\"]\nremote_leap = \"/opt/leap\"\n\
+             [[host]]\nname = \"a\"\nssh = \"ssh://root@10.0.0.1\"\niface = \"eth1\"\n\
+             [[host]]\nssh = \"ssh://10.0.0.2:2222\"\ndata = \"192.168.1.2:9999\"\n",
+        )
+        .unwrap();
+        let hosts = f.hosts().unwrap();
+        assert_eq!((hosts[0].name.as_str(), hosts[0].data), ("a", "10.0.0.1:9999".parse().unwrap()));
+        assert_eq!((hosts[1].name.as_str(), hosts[1].data), ("h1", "192.168.1.2:9999".parse().unwrap()));
+        assert_eq!(hosts[1].target.port, Some(2222));
+        assert_eq!((f.ssh_options.len(), f.remote_leap.as_deref()), (1, Some("/opt/leap")));
+        let agent_file = "[[host]]\nname = \"a\"\ncontrol = \"10.0.0.1:7700\"\ndata = \"10.0.0.1:9999\"\n";
+        assert!(toml::from_str::<SshHostsFile>(agent_file).is_err(), "an agent's file is not an ssh hosts file");
     }
 
     #[test]

@@ -10,7 +10,7 @@ use clap::Args;
 use super::TransportArgs;
 use crate::bench::programs::{self, RingProgram};
 use crate::bench::sched::{self, Sched};
-use crate::bench::ssh::{HostAddr, SshHost, SshLauncher, SshRings, SshTarget};
+use crate::bench::ssh::{HostAddr, SshHost, SshHostsFile, SshLauncher, SshRings, SshTarget};
 use crate::bench::{BenchConfig, BenchReport, DEFAULT_SIZES, Rings, run, run_on};
 use crate::ring::Placement;
 use crate::serve::coordinator::{HostRings, HostSpec, HostsFile};
@@ -67,14 +67,16 @@ pub struct BenchArgs {
     pub hosts: Vec<HostAddr>,
     /// With ssh:// hosts: an ssh option (`-o OPTION`, e.g.
     /// IdentityFile=PATH, UserKnownHostsFile=PATH). Repeatable.
-    #[arg(long, value_name = "OPTION", requires = "hosts")]
+    #[arg(long, value_name = "OPTION")]
     pub ssh_option: Vec<String>,
     /// With ssh:// hosts: the leap binary on the hosts (default: `leap`,
     /// on the PATH of their non-interactive shell).
-    #[arg(long, value_name = "PATH", requires = "hosts")]
+    #[arg(long, value_name = "PATH")]
     pub remote_leap: Option<String>,
     /// The hosts from a TOML file: `token_file`, and `[[host]]` tables with
-    /// `name`, `control`, `data` and `iface`.
+    /// `name`, `control`, `data` and `iface`; or, started over ssh,
+    /// `ssh_options`, `remote_leap`, and `[[host]]` tables with `name`,
+    /// `ssh` (ssh://[USER@]HOST[:PORT]), `data` and `iface`.
     #[arg(long, value_name = "PATH")]
     pub hosts_file: Option<PathBuf>,
     /// With --hosts: each host's data address (default: its control IP,
@@ -110,6 +112,12 @@ pub struct BenchArgs {
     pub transport_args: TransportArgs,
 }
 
+/// Whether a hosts file's `[[host]]` tables name ssh:// hosts.
+fn is_ssh_hosts_file(text: &str) -> bool {
+    let v: toml::Value = toml::from_str(text).unwrap_or(toml::Value::Boolean(false));
+    v.get("host").and_then(toml::Value::as_array).is_some_and(|h| h.iter().any(|t| t.get("ssh").is_some()))
+}
+
 /// How the members of rings across hosts start.
 enum Launch {
     /// Each host's `leap serve`, with the token in this file.
@@ -124,11 +132,29 @@ fn hosts(args: &BenchArgs) -> Result<Option<Launch>> {
     let default_token = || PathBuf::from("/etc/leap/serve.token");
     if let Some(p) = &args.hosts_file {
         let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+        if is_ssh_hosts_file(&text) {
+            if args.token_file.is_some() {
+                bail!("--token-file is the agents' token: hosts started over ssh need none");
+            }
+            let f: SshHostsFile = toml::from_str(&text).with_context(|| format!("parsing {}", p.display()))?;
+            let hosts = f.hosts().map_err(anyhow::Error::msg).with_context(|| format!("in {}", p.display()))?;
+            // The command line's options first: ssh keeps an option's first value.
+            let options = args.ssh_option.iter().chain(&f.ssh_options).cloned().collect();
+            let remote = args.remote_leap.clone().or(f.remote_leap);
+            let launcher = SshLauncher::new(options, remote, args.transport_args.xdp_object.clone())?;
+            return Ok(Some(Launch::Ssh(hosts, launcher)));
+        }
+        if !args.ssh_option.is_empty() || args.remote_leap.is_some() {
+            bail!("--ssh-option and --remote-leap apply to ssh://... hosts, not to `leap serve` agents");
+        }
         let f: HostsFile = toml::from_str(&text).with_context(|| format!("parsing {}", p.display()))?;
         let token = args.token_file.clone().or(f.token_file).unwrap_or_else(default_token);
         return Ok(Some(Launch::Agents(f.hosts, token)));
     }
     if args.hosts.is_empty() {
+        if !args.ssh_option.is_empty() || args.remote_leap.is_some() {
+            bail!("--ssh-option and --remote-leap apply to ssh://... hosts (--hosts or --hosts-file)");
+        }
         return Ok(None);
     }
     let n = args.hosts.len();
