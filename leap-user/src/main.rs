@@ -38,6 +38,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => leap::cli::bench::main(a),
         Command::BenchMember(a) => leap::cli::bench_member::main(a),
         Command::Stats(a) => leap::cli::stats::main(a),
+        Command::Capabilities(a) => leap::cli::capabilities::main(a),
         Command::Serve(a) => leap::cli::serve::main(a),
         Command::Xdp(a) => leap::cli::xdp::main(a),
         Command::Kmod(a) => leap::cli::kmod::main(a),

@@ -24,7 +24,11 @@ pub struct Args {
 
 /// What `leap` and the privileged tests run on the host (namespaces, veth,
 /// loss injection, the unit's capabilities).
-const HOST_TOOLS: &[Tool] = &[Tool::Ip, Tool::Nft, Tool::Sysctl, Tool::Setpriv, Tool::Nsenter];
+const HOST_TOOLS: &[Tool] = &[Tool::Ip, Tool::Ss, Tool::Nft, Tool::Sysctl, Tool::Setpriv, Tool::Nsenter];
+
+/// What the privileged test of `leap bench --hosts ssh://...` runs: a
+/// client, keys, and an sshd in each of its namespaces.
+const SSH_TOOLS: &[Tool] = &[Tool::Ssh, Tool::SshKeygen, Tool::Sshd];
 
 /// For commands that compile the workspace from nothing on a fresh machine
 /// (clippy, the tests); every other command gets [`util::DEFAULT_LIMIT`].
@@ -301,6 +305,7 @@ pub fn run_ci(args: Args) -> Result<()> {
             return Ok(());
         }
         tools::ensure(HOST_TOOLS)?;
+        tools::ensure(SSH_TOOLS)?;
         for t in privileged_tests(&root)? {
             if t.starts_with("xdp_") {
                 // Needs the BPF object: run in the ebpf stage.

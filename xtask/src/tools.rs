@@ -141,6 +141,16 @@ table! {
     Nsenter => "nsenter", Source::Apt("util-linux");
     /// `leap bench --profile`: where the CPU goes.
     Perf => "perf", Source::Apt("linux-perf");
+    /// Which sockets a test's namespace still has open.
+    Ss => "ss", Source::Apt("iproute2");
+
+    // `leap bench --hosts ssh://...` and its privileged test.
+    /// Starts the ring members on the hosts.
+    Ssh => "ssh", Source::Apt("openssh-client");
+    /// The test's host and client keys.
+    SshKeygen => "ssh-keygen", Source::Apt("openssh-client");
+    /// One server per test namespace (run by absolute path, /usr/sbin/sshd).
+    Sshd => "sshd", Source::Apt("openssh-server");
 }
 
 impl Tool {

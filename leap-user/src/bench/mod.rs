@@ -9,6 +9,7 @@ pub mod profile;
 pub mod programs;
 pub mod report;
 pub mod sched;
+pub mod ssh;
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -46,7 +46,7 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -232,6 +232,8 @@ pub struct MemberReport {
     frames_lost: u64,
     elapsed_s: f64,
     stats: Option<Stats>,
+    /// CPU time of the member's data phase (`leap bench-member` prints it).
+    pub cpu_s: Option<f64>,
 }
 
 impl MemberReport {
@@ -247,6 +249,22 @@ impl MemberReport {
 ///
 /// A head report without round trips.
 pub fn report_of(rc: &RingConfig, head: &MemberReport, workers: &[MemberReport]) -> Result<RingReport, String> {
+    // The processes' CPU time is not measured (it would include starting
+    // an interpreter): the report shows none for these rows.
+    report_with_cpu(rc, head, workers, Duration::ZERO)
+}
+
+/// [`report_of`], with `cpu` as the members' CPU time.
+///
+/// # Errors
+///
+/// A head report without round trips.
+pub fn report_with_cpu(
+    rc: &RingConfig,
+    head: &MemberReport,
+    workers: &[MemberReport],
+    cpu: Duration,
+) -> Result<RingReport, String> {
     let rtt = head.rtt_us.ok_or("the head's JSON line has no rtt_us")?;
     let mut stats = Stats::default();
     for s in std::iter::once(head).chain(workers).filter_map(|m| m.stats.as_ref()) {
@@ -264,28 +282,51 @@ pub fn report_of(rc: &RingConfig, head: &MemberReport, workers: &[MemberReport])
         elapsed_s: if head.elapsed_s > 0.0 { head.elapsed_s } else { head.frames_delivered as f64 * mean / 1e6 },
         ..HeadSummary::default()
     };
-    // The processes' CPU time is not measured (it would include starting
-    // an interpreter): the report shows none for these rows.
-    Ok(assemble(rc, summary, stats, &[], Duration::ZERO))
+    Ok(assemble(rc, summary, stats, &[], cpu))
 }
 
 /// One running member.
-struct Member {
-    name: String,
-    child: Child,
+pub(super) struct Member {
+    pub(super) name: String,
+    pub(super) child: Child,
+    /// Its standard input, when piped (closing it stops a member that
+    /// watches it).
+    pub(super) stdin: Option<ChildStdin>,
     lines: mpsc::Receiver<String>,
-    stdout: Vec<String>,
+    pub(super) stdout: Vec<String>,
     stderr: Option<std::thread::JoinHandle<String>>,
 }
 
 impl Member {
+    /// Reads the output of `child`, started as member `name`.
+    pub(super) fn attach(name: String, mut child: Child) -> Self {
+        let (tx, lines) = mpsc::channel();
+        if let Some(out) = child.stdout.take() {
+            std::thread::spawn(move || {
+                for l in BufReader::new(out).lines().map_while(Result::ok) {
+                    if tx.send(l).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        let stderr = child.stderr.take().map(|e| std::thread::spawn(move || tail(e)));
+        let stdin = child.stdin.take();
+        Self { name, child, stdin, lines, stdout: Vec::new(), stderr }
+    }
+
+    /// The end of its stderr (once, after it exited or was killed).
+    pub(super) fn stderr_tail(&mut self) -> String {
+        self.stderr.take().and_then(|h| h.join().ok()).unwrap_or_default()
+    }
+
     /// Takes the lines printed so far.
     fn drain(&mut self) {
         self.stdout.extend(self.lines.try_iter());
     }
 
     /// Waits for the line `ready` until `until`.
-    fn ready(&mut self, until: Instant) -> Result<(), String> {
+    pub(super) fn ready(&mut self, until: Instant) -> Result<(), String> {
         loop {
             let left = until.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left.min(POLL)) {
@@ -305,7 +346,7 @@ impl Member {
     }
 
     /// Its stdout to the end (bounded: a grandchild may hold the pipe).
-    fn finish_output(&mut self) {
+    pub(super) fn finish_output(&mut self) {
         let until = Instant::now() + Duration::from_secs(2);
         while let Ok(l) = self.lines.recv_timeout(until.saturating_duration_since(Instant::now())) {
             self.stdout.push(l);
@@ -315,15 +356,15 @@ impl Member {
     /// The counters of a `{"leap_stats": ...}` line on its stderr (the C++
     /// drop-in's, with `LEAP_STATS=1`), once it has exited.
     fn stderr_stats(&mut self) -> Option<Stats> {
-        let err = self.stderr.take().and_then(|h| h.join().ok())?;
+        let err = self.stderr_tail();
         err.lines().rev().filter(|l| l.starts_with("{\"leap_stats\"")).find_map(|l| serde_json::from_str(l).ok())
     }
 
     /// What went wrong, with the end of its stderr.
-    fn failure(&mut self, what: &str) -> String {
+    pub(super) fn failure(&mut self, what: &str) -> String {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let err = self.stderr.take().and_then(|h| h.join().ok()).unwrap_or_default();
+        let err = self.stderr_tail();
         let err = err.trim();
         if err.is_empty() { format!("{} {what}", self.name) } else { format!("{} {what}: {err}", self.name) }
     }
@@ -331,7 +372,7 @@ impl Member {
 
 /// The ring's members; whatever still runs is killed when it is dropped.
 #[derive(Default)]
-struct Members(Vec<Member>);
+pub(super) struct Members(pub(super) Vec<Member>);
 
 impl Drop for Members {
     fn drop(&mut self) {
@@ -395,19 +436,8 @@ impl Members {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child = spawn_at(&mut cmd, ns, &rc.options.cpus, i).map_err(|e| format!("{name}: {e}"))?;
-        let (tx, lines) = mpsc::channel();
-        if let Some(out) = child.stdout.take() {
-            std::thread::spawn(move || {
-                for l in BufReader::new(out).lines().map_while(Result::ok) {
-                    if tx.send(l).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-        let stderr = child.stderr.take().map(|e| std::thread::spawn(move || tail(e)));
-        self.0.push(Member { name, child, lines, stdout: Vec::new(), stderr });
+        let child = spawn_at(&mut cmd, ns, &rc.options.cpus, i).map_err(|e| format!("{name}: {e}"))?;
+        self.0.push(Member::attach(name, child));
         Ok(())
     }
 }
@@ -441,8 +471,27 @@ pub fn run(prog: &RingProgram, rc: &RingConfig) -> Result<RingReport, String> {
     }
     members.start(prog, &rc, 0, &eps[0], ns(0).as_deref())?;
     let head_status = wait_head(&mut members, until)?;
-    // The head is done: the workers end by themselves (after --frames),
-    // or at SIGINT; they may print their counters meanwhile.
+    let (head_report, worker_reports) =
+        end_ring(&mut members, head_status, &|m: &mut Member| crate::sys::interrupt(m.child.id()))?;
+    drop(members);
+    drop(topo);
+    report_of(&rc, &head_report, &worker_reports)
+}
+
+/// Once the head (the last member) exited with `head_status`: lets the
+/// workers end by themselves (after `--frames`), else `stop`s each, kills
+/// what is left after a grace period, and returns what the head and the
+/// workers printed.
+///
+/// # Errors
+///
+/// A head that failed or printed no JSON line.
+pub(super) fn end_ring(
+    members: &mut Members,
+    head_status: ExitStatus,
+    stop: &dyn Fn(&mut Member),
+) -> Result<(MemberReport, Vec<MemberReport>), String> {
+    // The workers may print their counters meanwhile.
     let workers = members.0.len() - 1;
     let running = |m: &mut Member| m.child.try_wait().ok().flatten().is_none();
     let own_end = Instant::now() + WORKER_OWN_END;
@@ -451,7 +500,7 @@ pub fn run(prog: &RingProgram, rc: &RingConfig) -> Result<RingReport, String> {
     }
     for m in &mut members.0[..workers] {
         if running(m) {
-            crate::sys::interrupt(m.child.id());
+            stop(m);
         }
     }
     let grace = Instant::now() + WORKER_GRACE;
@@ -483,14 +532,12 @@ pub fn run(prog: &RingProgram, rc: &RingConfig) -> Result<RingReport, String> {
             r.stats.is_some().then_some(r)
         })
         .collect();
-    drop(members);
-    drop(topo);
-    report_of(&rc, &head_report, &worker_reports)
+    Ok((head_report, worker_reports))
 }
 
 /// Waits for the head (the last member) to exit, by `until`; a worker that
 /// fails meanwhile ends the run at once.
-fn wait_head(members: &mut Members, until: Instant) -> Result<ExitStatus, String> {
+pub(super) fn wait_head(members: &mut Members, until: Instant) -> Result<ExitStatus, String> {
     let n = members.0.len();
     loop {
         for m in &mut members.0 {

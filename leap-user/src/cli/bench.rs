@@ -10,7 +10,8 @@ use clap::Args;
 use super::TransportArgs;
 use crate::bench::programs::{self, RingProgram};
 use crate::bench::sched::{self, Sched};
-use crate::bench::{BenchConfig, BenchReport, DEFAULT_SIZES, run, run_on};
+use crate::bench::ssh::{HostAddr, SshHost, SshHostsFile, SshLauncher, SshRings, SshTarget};
+use crate::bench::{BenchConfig, BenchReport, DEFAULT_SIZES, Rings, run, run_on};
 use crate::ring::Placement;
 use crate::serve::coordinator::{HostRings, HostSpec, HostsFile};
 use crate::transport::open::TransportKind;
@@ -58,12 +59,24 @@ pub struct BenchArgs {
     /// size, one in flight) and report where the CPU went.
     #[arg(long)]
     pub profile: bool,
-    /// Run the rings across these hosts instead: their `leap serve`
-    /// control addresses (comma-separated, ring order; the first is the head).
-    #[arg(long, value_delimiter = ',', value_name = "ADDR:PORT,...", conflicts_with = "hosts_file")]
-    pub hosts: Vec<SocketAddr>,
+    /// Run the rings across these hosts instead (comma-separated, ring
+    /// order; the first is the head): `ssh://[USER@]HOST[:PORT]` starts
+    /// each member over ssh (batch mode, your keys and known_hosts), or
+    /// ADDR:PORT is a `leap serve` agent's control address.
+    #[arg(long, value_delimiter = ',', value_name = "HOST,...", conflicts_with = "hosts_file")]
+    pub hosts: Vec<HostAddr>,
+    /// With ssh:// hosts: an ssh option (`-o OPTION`, e.g.
+    /// IdentityFile=PATH, UserKnownHostsFile=PATH). Repeatable.
+    #[arg(long, value_name = "OPTION")]
+    pub ssh_option: Vec<String>,
+    /// With ssh:// hosts: the leap binary on the hosts (default: `leap`,
+    /// on the PATH of their non-interactive shell).
+    #[arg(long, value_name = "PATH")]
+    pub remote_leap: Option<String>,
     /// The hosts from a TOML file: `token_file`, and `[[host]]` tables with
-    /// `name`, `control`, `data` and `iface`.
+    /// `name`, `control`, `data` and `iface`; or, started over ssh,
+    /// `ssh_options`, `remote_leap`, and `[[host]]` tables with `name`,
+    /// `ssh` (ssh://[USER@]HOST[:PORT]), `data` and `iface`.
     #[arg(long, value_name = "PATH")]
     pub hosts_file: Option<PathBuf>,
     /// With --hosts: each host's data address (default: its control IP,
@@ -99,16 +112,49 @@ pub struct BenchArgs {
     pub transport_args: TransportArgs,
 }
 
-/// The hosts and token file of `--hosts` or `--hosts-file`, if given.
-fn hosts(args: &BenchArgs) -> Result<Option<(Vec<HostSpec>, PathBuf)>> {
+/// Whether a hosts file's `[[host]]` tables name ssh:// hosts.
+fn is_ssh_hosts_file(text: &str) -> bool {
+    let v: toml::Value = toml::from_str(text).unwrap_or(toml::Value::Boolean(false));
+    v.get("host").and_then(toml::Value::as_array).is_some_and(|h| h.iter().any(|t| t.get("ssh").is_some()))
+}
+
+/// How the members of rings across hosts start.
+enum Launch {
+    /// Each host's `leap serve`, with the token in this file.
+    Agents(Vec<HostSpec>, PathBuf),
+    /// Over ssh.
+    Ssh(Vec<SshHost>, SshLauncher),
+}
+
+/// The hosts of `--hosts` or `--hosts-file`, and how their members start,
+/// if given.
+fn hosts(args: &BenchArgs) -> Result<Option<Launch>> {
     let default_token = || PathBuf::from("/etc/leap/serve.token");
     if let Some(p) = &args.hosts_file {
         let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+        if is_ssh_hosts_file(&text) {
+            if args.token_file.is_some() {
+                bail!("--token-file is the agents' token: hosts started over ssh need none");
+            }
+            let f: SshHostsFile = toml::from_str(&text).with_context(|| format!("parsing {}", p.display()))?;
+            let hosts = f.hosts().map_err(anyhow::Error::msg).with_context(|| format!("in {}", p.display()))?;
+            // The command line's options first: ssh keeps an option's first value.
+            let options = args.ssh_option.iter().chain(&f.ssh_options).cloned().collect();
+            let remote = args.remote_leap.clone().or(f.remote_leap);
+            let launcher = SshLauncher::new(options, remote, args.transport_args.xdp_object.clone())?;
+            return Ok(Some(Launch::Ssh(hosts, launcher)));
+        }
+        if !args.ssh_option.is_empty() || args.remote_leap.is_some() {
+            bail!("--ssh-option and --remote-leap apply to ssh://... hosts, not to `leap serve` agents");
+        }
         let f: HostsFile = toml::from_str(&text).with_context(|| format!("parsing {}", p.display()))?;
         let token = args.token_file.clone().or(f.token_file).unwrap_or_else(default_token);
-        return Ok(Some((f.hosts, token)));
+        return Ok(Some(Launch::Agents(f.hosts, token)));
     }
     if args.hosts.is_empty() {
+        if !args.ssh_option.is_empty() || args.remote_leap.is_some() {
+            bail!("--ssh-option and --remote-leap apply to ssh://... hosts (--hosts or --hosts-file)");
+        }
         return Ok(None);
     }
     let n = args.hosts.len();
@@ -118,11 +164,37 @@ fn hosts(args: &BenchArgs) -> Result<Option<(Vec<HostSpec>, PathBuf)>> {
     if !args.ifaces.is_empty() && args.ifaces.len() != n {
         bail!("--ifaces: {} interfaces for {n} hosts", args.ifaces.len());
     }
+    let targets: Vec<SshTarget> =
+        args.hosts.iter().filter_map(|h| if let HostAddr::Ssh(t) = h { Some(t.clone()) } else { None }).collect();
+    if !targets.is_empty() {
+        if targets.len() != n {
+            bail!("--hosts: either every host is ssh://... or every host is a `leap serve` agent's ADDR:PORT");
+        }
+        if args.token_file.is_some() {
+            bail!("--token-file is the agents' token: hosts started over ssh need none");
+        }
+        let hosts = targets
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| SshHost::new(i, t, args.data.get(i).copied(), args.ifaces.get(i).cloned()))
+            .collect::<Result<Vec<_>, String>>()
+            .map_err(anyhow::Error::msg)?;
+        let launcher = SshLauncher::new(
+            args.ssh_option.clone(),
+            args.remote_leap.clone(),
+            args.transport_args.xdp_object.clone(),
+        )?;
+        return Ok(Some(Launch::Ssh(hosts, launcher)));
+    }
+    if !args.ssh_option.is_empty() || args.remote_leap.is_some() {
+        bail!("--ssh-option and --remote-leap apply to ssh://... hosts, not to `leap serve` agents");
+    }
     let specs = args
         .hosts
         .iter()
+        .filter_map(|h| if let HostAddr::Agent(a) = h { Some(*a) } else { None })
         .enumerate()
-        .map(|(i, &control)| HostSpec {
+        .map(|(i, control)| HostSpec {
             name: format!("h{i}"),
             control,
             data: args.data.get(i).copied().unwrap_or(SocketAddr::new(control.ip(), leap_common::DEFAULT_PORT)),
@@ -130,7 +202,7 @@ fn hosts(args: &BenchArgs) -> Result<Option<(Vec<HostSpec>, PathBuf)>> {
             token_file: None,
         })
         .collect();
-    Ok(Some((specs, args.token_file.clone().unwrap_or_else(default_token))))
+    Ok(Some(Launch::Agents(specs, args.token_file.clone().unwrap_or_else(default_token))))
 }
 
 impl clap::builder::ValueParserFactory for TransportKind {
@@ -189,7 +261,7 @@ pub fn main(args: &BenchArgs) -> Result<()> {
     {
         bail!(
             "--profile, --cpus, --loopback, --sched, --busy-poll and --ring-program apply to rings on this host, not \
-             to --hosts (the `leap serve` agents do not take them)"
+             to --hosts (the members across hosts do not take them)"
         );
     }
     let ring_programs = ring_programs(&args.ring_program)?;
@@ -215,11 +287,16 @@ pub fn main(args: &BenchArgs) -> Result<()> {
             args.site
         ));
     }
-    let mut rings = match hosts {
-        Some((specs, token_file)) => {
+    let mut rings: Option<Box<dyn Rings>> = match hosts {
+        Some(Launch::Agents(specs, token_file)) => {
             let names: Vec<String> = specs.iter().map(|h| format!("{} ({})", h.name, h.control)).collect();
             eprintln!("leap bench: connecting to {}", names.join(", "));
-            Some(HostRings::connect_files(specs, &token_file, &args.site)?)
+            Some(Box::new(HostRings::connect_files(specs, &token_file, &args.site)?))
+        }
+        Some(Launch::Ssh(hosts, launcher)) => {
+            let names: Vec<String> = hosts.iter().map(|h| format!("{} ({})", h.name, h.target)).collect();
+            eprintln!("leap bench: asking {} over ssh", names.join(", "));
+            Some(Box::new(SshRings::connect(hosts, launcher, &args.site).map_err(anyhow::Error::msg)?))
         }
         None => None,
     };
@@ -232,7 +309,7 @@ pub fn main(args: &BenchArgs) -> Result<()> {
     let mut cfg = BenchConfig {
         transports,
         sizes,
-        nodes: rings.as_ref().map_or(args.nodes, |r| r.capabilities().len()),
+        nodes: rings.as_ref().map_or(args.nodes, |r| r.hosts().len()),
         repeat: args.repeat.unwrap_or(if args.quick { QUICK_ROUNDS } else { FULL_ROUNDS }).max(1),
         quick: args.quick,
         placement,
@@ -297,7 +374,7 @@ pub fn main(args: &BenchArgs) -> Result<()> {
         None => log::info!("bench {done}/{total}: {label}"),
     };
     let report = match &mut rings {
-        Some(r) => run_on(&cfg, r, &progress),
+        Some(r) => run_on(&cfg, r.as_mut(), &progress),
         None => run(&cfg, &progress),
     };
     drop(rings);

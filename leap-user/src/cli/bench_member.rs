@@ -4,9 +4,9 @@
 //! programs. The head and worker loops are `leap ring`'s own
 //! (`run_head`, `run_worker`); only the layout differs.
 
-use std::io::Write as _;
+use std::io::{Read as _, Write as _};
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -54,6 +54,31 @@ pub struct MemberArgs {
     /// A transport setting (the keys of `leap_config_set`).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub sets: Vec<String>,
+    /// End as at SIGINT when standard input closes: `leap bench --hosts
+    /// ssh://...` starts members so, and the member ends with the ssh
+    /// channel, whoever closed it.
+    #[arg(long)]
+    pub watch_stdin: bool,
+}
+
+/// Sets `stop` once standard input reaches its end (or fails).
+fn watch_stdin(stop: Arc<AtomicBool>) -> Result<()> {
+    std::thread::Builder::new()
+        .name("leap-stdin".into())
+        .spawn(move || {
+            let mut buf = [0u8; 256];
+            let mut input = std::io::stdin().lock();
+            while matches!(input.read(&mut buf), Ok(n) if n > 0) {}
+            stop.store(true, Ordering::SeqCst);
+        })
+        .context("starting the thread watching standard input")?;
+    Ok(())
+}
+
+/// User plus system CPU time of this thread since `from`, in seconds.
+fn cpu_since(from: (Duration, Duration)) -> f64 {
+    let now = crate::sys::thread_cpu_time();
+    (now.0 + now.1).saturating_sub(from.0 + from.1).as_secs_f64()
 }
 
 /// Runs `leap bench-member`.
@@ -76,6 +101,9 @@ pub fn main(args: &MemberArgs) -> Result<()> {
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
     }
+    if args.watch_stdin {
+        watch_stdin(stop.clone())?;
+    }
     let inflight = s.options().inflight;
     let reliability = s.options().reliability;
     let mut t = s.open().with_context(|| format!("opening {} on {}", args.kind, args.listen))?;
@@ -86,8 +114,13 @@ pub fn main(args: &MemberArgs) -> Result<()> {
             // Passes frames on until --frames were, or the benchmark's SIGINT.
             let mut wc = WorkerConfig::new(args.frame_size);
             wc.max_frames = Some(args.frames);
+            let cpu0 = crate::sys::thread_cpu_time();
             run_worker(&mut *t, &wc, &stop).context("worker")?;
-            println!("{}", serde_json::json!({ "role": "worker", "index": args.index, "stats": t.stats() }));
+            let cpu_s = cpu_since(cpu0);
+            println!(
+                "{}",
+                serde_json::json!({ "role": "worker", "index": args.index, "stats": t.stats(), "cpu_s": cpu_s })
+            );
         }
         Role::Head => {
             let (lost_after, retry) = loss_policy(args.kind, reliability);
@@ -97,7 +130,9 @@ pub fn main(args: &MemberArgs) -> Result<()> {
             hc.lost_after = Some(lost_after);
             hc.retry = retry;
             hc.stop = Some(stop);
+            let cpu0 = crate::sys::thread_cpu_time();
             let rep = run_head(&mut *t, &hc)?;
+            let cpu_s = cpu_since(cpu0);
             println!(
                 "{}",
                 serde_json::json!({
@@ -109,6 +144,7 @@ pub fn main(args: &MemberArgs) -> Result<()> {
                     "frames_lost": rep.lost,
                     "elapsed_s": rep.elapsed.as_secs_f64(),
                     "stats": t.stats(),
+                    "cpu_s": cpu_s,
                 })
             );
             if rep.corrupt > 0 {

@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod bench_member;
+pub mod capabilities;
 pub mod config;
 pub mod flood;
 pub mod kmod;
@@ -50,6 +51,9 @@ pub enum Command {
     Serve(serve::ServeArgs),
     /// Show a running node's counters.
     Stats(stats::StatsArgs),
+    /// Print what this host can run, as JSON (transports, interfaces,
+    /// kernel): what `leap bench --hosts ssh://...` asks every host.
+    Capabilities(capabilities::CapabilitiesArgs),
     /// Send random and malformed LEAP packets at a test address (for tests).
     #[command(hide = true)]
     Flood(flood::FloodArgs),

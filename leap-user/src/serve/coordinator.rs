@@ -600,6 +600,27 @@ impl HostRings {
     }
 }
 
+/// Why `kind` cannot run across `hosts` (name, interface, capabilities),
+/// naming every host that lacks something.
+pub fn unavailable_across<'a>(
+    hosts: impl IntoIterator<Item = (&'a str, Option<&'a str>, &'a HostCapabilities)>,
+    kind: TransportKind,
+) -> Option<String> {
+    let mut why = Vec::new();
+    for (name, iface, c) in hosts {
+        if let Some(w) = c.unavailable(kind) {
+            why.push(format!("host {name}: {w}"));
+        } else if matches!(kind, TransportKind::Xdp | TransportKind::XdpRingbuf) {
+            match iface {
+                None => why.push(format!("host {name}: no interface given (iface in the hosts file, or --ifaces)")),
+                Some(i) if c.interface(i).is_none() => why.push(format!("host {name} has no interface {i}")),
+                Some(_) => {}
+            }
+        }
+    }
+    (!why.is_empty()).then(|| why.join("; "))
+}
+
 impl Rings for HostRings {
     fn kernels(&self) -> Vec<(String, String)> {
         self.hosts
@@ -610,21 +631,8 @@ impl Rings for HostRings {
     }
 
     fn unavailable(&self, kind: TransportKind) -> Option<String> {
-        let mut why = Vec::new();
-        for (h, c) in self.hosts.iter().zip(&self.caps) {
-            if let Some(w) = c.unavailable(kind) {
-                why.push(format!("host {}: {w}", h.name));
-            } else if matches!(kind, TransportKind::Xdp | TransportKind::XdpRingbuf) {
-                match &h.iface {
-                    None => {
-                        why.push(format!("host {}: no interface given (iface in the hosts file, or --ifaces)", h.name))
-                    }
-                    Some(i) if c.interface(i).is_none() => why.push(format!("host {} has no interface {i}", h.name)),
-                    Some(_) => {}
-                }
-            }
-        }
-        (!why.is_empty()).then(|| why.join("; "))
+        let hosts = self.hosts.iter().zip(&self.caps).map(|(h, c)| (h.name.as_str(), h.iface.as_deref(), c));
+        unavailable_across(hosts, kind)
     }
 
     fn floor(&mut self, _nodes: usize, _rounds: usize) -> Result<FloorOutcome, String> {
