@@ -376,7 +376,41 @@ fn install(packages: &[&'static str]) -> Result<()> {
     apt_update()?;
     let mut args = vec!["install", "-y", "-qq", "--no-install-recommends"];
     args.extend(packages);
+    let _no_starts = NoServiceStarts::new();
     apt_get(&args)
+}
+
+/// Debian's `policy-rc.d` refusing every service start while packages are
+/// installed: the tests run their own daemons (sshd in namespaces), and
+/// installing openssh-server must not leave an sshd listening on port 22 of
+/// the machine. Left alone where the machine already has one; removed
+/// again on drop when this made it.
+struct NoServiceStarts(Option<&'static std::path::Path>);
+
+impl NoServiceStarts {
+    const PATH: &'static str = "/usr/sbin/policy-rc.d";
+
+    fn new() -> Self {
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = std::path::Path::new(Self::PATH);
+        // create_new: never replace what is there.
+        let Ok(mut f) = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o755).open(path) else {
+            return Self(None);
+        };
+        let script = b"#!/bin/sh\n# cargo xtask: no service starts while it installs packages\nexit 101\n";
+        if let Err(e) = std::io::Write::write_all(&mut f, script) {
+            eprintln!("xtask: {}: {e}; services may start while packages install", Self::PATH);
+        }
+        Self(Some(path))
+    }
+}
+
+impl Drop for NoServiceStarts {
+    fn drop(&mut self) {
+        if let Some(p) = self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+    }
 }
 
 /// How long apt-get waits for another apt or dpkg (another CI job).
