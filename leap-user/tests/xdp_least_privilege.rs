@@ -20,8 +20,8 @@ use support::{Reaper, wait_bounded};
 /// The unit's capabilities (plus the memlock stand-in): no CAP_PERFMON,
 /// whose absence makes the verifier refuse packet-pointer arithmetic.
 const UNIT_CAPS: &str = "+bpf,+net_admin,+net_raw,+ipc_lock";
-/// The unit's capabilities without CAP_BPF: the kernel must refuse the
-/// program, or `--check` proves nothing.
+/// The unit's capabilities without CAP_BPF: `--check` must say xdp is
+/// unavailable, or it proves nothing.
 const WITHOUT_BPF: &str = "+net_admin,+net_raw,+ipc_lock";
 
 /// `leap ARGS` in namespace `ns`, holding exactly `caps`.
@@ -58,7 +58,7 @@ fn xdp_rings_run_with_exactly_the_units_capabilities() {
     };
     // --check proves it with the kernel: the verifier takes the program
     // with the unit's capabilities, CAP_PERFMON not among them; without
-    // CAP_BPF the kernel refuses it.
+    // CAP_BPF it says xdp is unavailable.
     let check = |caps: &str| {
         let mut a = node_args(1, "xdp");
         a.extend(["--role".into(), "worker".into(), "--check".into()]);
@@ -67,7 +67,7 @@ fn xdp_rings_run_with_exactly_the_units_capabilities() {
     };
     let without = check(WITHOUT_BPF);
     assert!(!without.status.success(), "--check passed without CAP_BPF: {}", text(&without));
-    assert!(text(&without).contains("xdp: unavailable (the kernel refuses"), "{}", text(&without));
+    assert!(text(&without).contains("xdp: unavailable (xdp needs CAP_BPF"), "{}", text(&without));
     let with = check(UNIT_CAPS);
     assert!(with.status.success() && text(&with).contains("xdp: ok"), "{}", text(&with));
 
