@@ -466,14 +466,11 @@ pub const fn ip_of_family(addr: [u8; 16], family: u16) -> IpAddr {
 /// Whether a 16-byte address is `::ffff:a.b.c.d`.
 #[inline(always)]
 pub const fn is_v4_mapped(addr: &[u8; 16]) -> bool {
-    let mut i = 0;
-    while i < 10 {
-        if addr[i] != 0 {
-            return false;
-        }
-        i += 1;
-    }
-    addr[10] == 0xff && addr[11] == 0xff
+    // Constant indices, no loop: the XDP program reads the address from its
+    // stack, where a loaded program without CAP_PERFMON may not index with
+    // a variable.
+    let a = addr;
+    (a[0] | a[1] | a[2] | a[3] | a[4] | a[5] | a[6] | a[7] | a[8] | a[9]) == 0 && a[10] == 0xff && a[11] == 0xff
 }
 
 /// `::ffff:a.b.c.d` from the four bytes of an IPv4 address.

@@ -16,10 +16,14 @@
 //! is counted in `LEAP_COUNTERS` (see `leap_common::xdp::Counter`).
 //!
 //! Two entry points share the maps and one body: `leap_xdp` for linear
-//! packets (any kernel with XDP), and `leap_xdp_frags` (section
-//! `xdp.frags`, kernels ≥ 5.18), which also takes multi-buffer packets (a
-//! train at a 9000-byte MTU) and reads past the linear part with
-//! `bpf_xdp_load_bytes`. A LEAP datagram longer than any train (a GSO/GRO
+//! packets, and `leap_xdp_frags` (section `xdp.frags`), which also takes
+//! multi-buffer packets (a train at a 9000-byte MTU). Both read every
+//! header with `bpf_xdp_load_bytes` (kernels ≥ 5.18; one 54-byte copy for
+//! untagged IPv4 without options), which follows the fragments, and hold
+//! no packet pointer: the program passes the verifier
+//! with `CAP_BPF` alone, without `CAP_PERFMON` (whose absence makes the
+//! verifier refuse packet-pointer arithmetic with a register, and
+//! `data_end - data`, as Spectre-v1 gadgets). A LEAP datagram longer than any train (a GSO/GRO
 //! super-datagram that generic XDP sees whole) is passed to the kernel's
 //! UDP socket, as is a datagram the ring buffer has no room for.
 //!
@@ -28,7 +32,7 @@
 #![no_std]
 #![no_main]
 
-use core::mem::size_of;
+use core::mem::{MaybeUninit, size_of};
 use core::ptr::addr_of_mut;
 
 use aya_ebpf::bindings::{BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, xdp_action};
@@ -71,6 +75,7 @@ use leap_common::xdp::wire::{
 
 // Wire headers as byte arrays: alignment 1, so a pointer into the packet at
 // any offset is a valid pointer to them.
+#[derive(Clone, Copy)]
 #[repr(C)]
 struct EthHdr {
     dst: [u8; 6],
@@ -78,12 +83,14 @@ struct EthHdr {
     proto: [u8; 2],
 }
 
+#[derive(Clone, Copy)]
 #[repr(C)]
 struct VlanHdr {
     tci: [u8; 2],
     proto: [u8; 2],
 }
 
+#[derive(Clone, Copy)]
 #[repr(C)]
 struct Ipv4Hdr {
     version_ihl: u8,
@@ -98,6 +105,7 @@ struct Ipv4Hdr {
     daddr: [u8; 4],
 }
 
+#[derive(Clone, Copy)]
 #[repr(C)]
 struct Ipv6Hdr {
     vtc_flow: [u8; 4],
@@ -108,6 +116,7 @@ struct Ipv6Hdr {
     daddr: [u8; 16],
 }
 
+#[derive(Clone, Copy)]
 #[repr(C)]
 struct UdpHdr {
     sport: [u8; 2],
@@ -137,15 +146,27 @@ const _: () = assert!(size_of::<LeapHdr>() == CHUNK_HEADER_LEN);
 const IPV4_DADDR_OFF: usize = core::mem::offset_of!(Ipv4Hdr, daddr);
 const IPV6_DADDR_OFF: usize = core::mem::offset_of!(Ipv6Hdr, daddr);
 
-/// A pointer to a `T` at `offset` in the packet, checked against `data_end`.
+/// A copy of the `size_of::<T>()` bytes at `offset` of the packet, or `None`
+/// when the packet is shorter. Every header is read this way, through
+/// `bpf_xdp_load_bytes` into the stack, never through a packet pointer:
+/// the program then holds no packet pointer at all, so the verifier's
+/// Spectre-v1 rules for loaders without `CAP_PERFMON` (no packet pointer
+/// plus a register, no `data_end - data`) have nothing to refuse, and the
+/// offsets may be any scalar. The helper follows the fragments of a
+/// multi-buffer packet too.
 #[inline(always)]
-fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Option<*const T> {
-    let start = ctx.data();
-    let end = ctx.data_end();
-    if start + offset + size_of::<T>() > end {
+fn load<T: Copy>(ctx: &XdpContext, offset: usize) -> Option<T> {
+    let mut v = MaybeUninit::<T>::uninit();
+    // SAFETY: `v` is `size_of::<T>()` writable bytes on the stack; the
+    // helper bounds-checks the packet offset and length and writes all of
+    // them or fails.
+    let r = unsafe { bpf_xdp_load_bytes(ctx.ctx, offset as u32, v.as_mut_ptr().cast(), size_of::<T>() as u32) };
+    if r != 0 {
         return None;
     }
-    Some((start + offset) as *const T)
+    // SAFETY: the helper succeeded, so every byte was written; `T` is a
+    // plain array-of-bytes header for which any bytes are valid.
+    Some(unsafe { v.assume_init() })
 }
 
 #[inline(always)]
@@ -193,46 +214,29 @@ struct L3 {
 
 #[xdp]
 pub fn leap_xdp(ctx: XdpContext) -> u32 {
-    try_leap_xdp::<false>(&ctx)
+    try_leap_xdp(&ctx)
 }
 
 #[xdp(frags)]
 pub fn leap_xdp_frags(ctx: XdpContext) -> u32 {
-    try_leap_xdp::<true>(&ctx)
+    try_leap_xdp(&ctx)
 }
 
 /// Bytes of the packet from `l4` on: the linear part only for the plain
 /// program (it never sees more), every fragment for the frags program.
+/// The helper's length, not `data_end - data`, which the verifier refuses
+/// to loaders without `CAP_PERFMON`.
 #[inline(always)]
-fn bytes_from<const FRAGS: bool>(ctx: &XdpContext, l4: usize) -> usize {
-    if FRAGS {
-        // SAFETY: the helper only reads the context it is given.
-        let total = unsafe { bpf_xdp_get_buff_len(ctx.ctx) } as usize;
-        total.wrapping_sub(l4)
-    } else {
-        ctx.data_end() - ctx.data() - l4
-    }
+fn bytes_from(ctx: &XdpContext, l4: usize) -> usize {
+    // SAFETY: the helper only reads the context it is given.
+    let total = unsafe { bpf_xdp_get_buff_len(ctx.ctx) } as usize;
+    total.wrapping_sub(l4)
 }
 
-/// The LEAP header at `off`: read straight from the linear part by the
-/// plain program, copied out with `bpf_xdp_load_bytes` (which follows the
-/// fragments) by the frags program.
+/// The LEAP header at `off`, copied out of the packet (and its fragments).
 #[inline(always)]
-fn chunk_header<const FRAGS: bool>(ctx: &XdpContext, off: usize) -> Option<LeapHdr> {
-    if FRAGS {
-        let mut hdr = LeapHdr { magic: [0; 4], seq: [0; 2], chunk_id: [0; 2], total_chunks: [0; 2], reserved: [0; 2] };
-        // SAFETY: `hdr` is 12 writable bytes on the stack; the helper
-        // bounds-checks the packet offset and length.
-        let r = unsafe { bpf_xdp_load_bytes(ctx.ctx, off as u32, addr_of_mut!(hdr).cast(), CHUNK_HEADER_LEN as u32) };
-        if r != 0 {
-            return None;
-        }
-        Some(hdr)
-    } else {
-        let p = ptr_at::<LeapHdr>(ctx, off)?;
-        // SAFETY: `ptr_at` checked the whole header against `data_end`.
-        Some(unsafe { core::ptr::read(p) })
-    }
+fn chunk_header(ctx: &XdpContext, off: usize) -> Option<LeapHdr> {
+    load::<LeapHdr>(ctx, off)
 }
 
 /// The chunks of a train of `datagram` bytes (12..=`TRAIN_DATAGRAM_MAX`)
@@ -252,21 +256,34 @@ fn train_shape(datagram: usize) -> Option<(usize, usize)> {
 }
 
 #[inline(always)]
-fn try_leap_xdp<const FRAGS: bool>(ctx: &XdpContext) -> u32 {
+fn try_leap_xdp(ctx: &XdpContext) -> u32 {
     let Some(config) = LEAP_CONFIG.get(0) else {
         return decide(Counter::Passed, xdp_action::XDP_PASS);
     };
     if config.delivery == delivery::PASS {
         return decide(Counter::Passed, xdp_action::XDP_PASS);
     }
-    let Some(l3) = parse_l3(ctx, config) else {
+    // The common layout in one copy; anything else header by header.
+    let fast = load::<FastHdr>(ctx, 0).filter(|f| be16(f.eth.proto) == ETH_P_IP && f.ip.version_ihl == 0x45);
+    let parsed = match &fast {
+        Some(f) => {
+            let l2 = L2 { dst_mac: f.eth.dst, vlan: None };
+            parse_ipv4(ctx, config, &l2, ETH_HLEN, &f.ip, Some(f.udp))
+        }
+        None => parse_l3(ctx, config),
+    };
+    let Some(l3) = parsed else {
         return decide(Counter::Passed, xdp_action::XDP_PASS);
     };
     let (sport, dport) = (l3.sport, l3.dport);
     let rejected = if config.flags & cfg::DROP_REJECTED != 0 { xdp_action::XDP_DROP } else { xdp_action::XDP_PASS };
 
     let leap_off = l3.l4 + UDP_HDR_LEN;
-    let Some(hdr) = chunk_header::<FRAGS>(ctx, leap_off) else {
+    let hdr = match &fast {
+        Some(f) => Some(f.leap),
+        None => chunk_header(ctx, leap_off),
+    };
+    let Some(hdr) = hdr else {
         return decide(Counter::NotLeap, xdp_action::XDP_PASS);
     };
     if u32::from_be_bytes(hdr.magic) != LEAP_MAGIC {
@@ -276,7 +293,7 @@ fn try_leap_xdp<const FRAGS: bool>(ctx: &XdpContext) -> u32 {
     // What the kernel's receive path would drop before any socket sees it.
     if let Some(counter) = l3.verdict {
         if config.flags & cfg::LOG != 0 {
-            debug!(ctx, "leap: chunk from port {} not for this host (counter {})", sport, counter as u32);
+            log_not_for_host(ctx, sport, counter as u32);
         }
         return decide(counter, rejected);
     }
@@ -291,12 +308,12 @@ fn try_leap_xdp<const FRAGS: bool>(ctx: &XdpContext) -> u32 {
 
     // The UDP length must be the IP payload, fit in the packet (which may
     // carry Ethernet padding after it) and leave a train of 1..=6 chunks.
-    let in_packet = bytes_from::<FRAGS>(ctx, l3.l4);
+    let in_packet = bytes_from(ctx, l3.l4);
     let datagram = udp_len.wrapping_sub(UDP_HDR_LEN);
     let shape = if udp_len != l3.ip_payload || udp_len > in_packet { None } else { train_shape(datagram) };
     let Some((chunks, last)) = shape else {
         if config.flags & cfg::LOG != 0 {
-            debug!(ctx, "leap: malformed datagram udp_len {} from port {}", udp_len, sport);
+            log_malformed_datagram(ctx, udp_len, sport);
         }
         return decide(Counter::Malformed, rejected);
     };
@@ -310,35 +327,26 @@ fn try_leap_xdp<const FRAGS: bool>(ctx: &XdpContext) -> u32 {
     };
     // Every chunk of the train on its own: one bad header makes the whole
     // datagram malformed, one kind the source may not send makes it wrong.
-    let mut i = 0;
-    while i < TRAIN_CHUNKS_MAX {
-        if i >= chunks {
-            break;
-        }
-        let h = if i == 0 { Some(hdr) } else { chunk_header::<FRAGS>(ctx, leap_off + i * CHUNK_DATAGRAM_MAX) };
-        let Some(h) = h else {
-            return decide(Counter::Malformed, rejected);
+    // Unrolled, with a constant index each: without CAP_PERFMON the verifier
+    // also walks the mispredicted side of every branch, where a loop
+    // counter keeps no bound, so a loop would never converge.
+    macro_rules! check_chunk {
+        ($i:literal) => {
+            if $i < chunks {
+                let h = if $i == 0 { Some(hdr) } else { chunk_header(ctx, leap_off + $i * CHUNK_DATAGRAM_MAX) };
+                if let Some(counter) = chunk_verdict(ctx, config, h, rule, udp_len, sport) {
+                    return decide(counter, rejected);
+                }
+            }
         };
-        let (chunk_id, total_chunks, reserved) = (be16(h.chunk_id), be16(h.total_chunks), be16(h.reserved));
-        if u32::from_be_bytes(h.magic) != LEAP_MAGIC || chunk_id >= total_chunks {
-            if config.flags & cfg::LOG != 0 {
-                debug!(
-                    ctx,
-                    "leap: malformed chunk {}/{} udp_len {} from port {}", chunk_id, total_chunks, udp_len, sport
-                );
-            }
-            return decide(Counter::Malformed, rejected);
-        }
-        if let Some(rule) = rule
-            && !rule.allows(reserved)
-        {
-            if config.flags & cfg::LOG != 0 {
-                debug!(ctx, "leap: chunk kind {} from unexpected source port {}", reserved & 0xF, sport);
-            }
-            return decide(Counter::WrongSource, rejected);
-        }
-        i += 1;
     }
+    check_chunk!(0);
+    check_chunk!(1);
+    check_chunk!(2);
+    check_chunk!(3);
+    check_chunk!(4);
+    check_chunk!(5);
+    const _: () = assert!(TRAIN_CHUNKS_MAX == 6, "one check_chunk! per chunk of a train");
 
     match config.delivery {
         delivery::XSK => to_xsk(ctx),
@@ -347,16 +355,69 @@ fn try_leap_xdp<const FRAGS: bool>(ctx: &XdpContext) -> u32 {
     }
 }
 
-/// Byte-wise MAC comparison (no `memcmp` call for the BPF linker).
+/// Why one chunk header `h` of a train (`None`: not in the packet) makes
+/// the datagram rejected, or `None` when it is sane and its kind allowed by
+/// `rule`.
+#[inline(always)]
+fn chunk_verdict(
+    ctx: &XdpContext,
+    config: &XdpConfig,
+    h: Option<LeapHdr>,
+    rule: Option<PeerRule>,
+    udp_len: usize,
+    sport: u16,
+) -> Option<Counter> {
+    let Some(h) = h else {
+        return Some(Counter::Malformed);
+    };
+    let (chunk_id, total_chunks, reserved) = (be16(h.chunk_id), be16(h.total_chunks), be16(h.reserved));
+    if u32::from_be_bytes(h.magic) != LEAP_MAGIC || chunk_id >= total_chunks {
+        if config.flags & cfg::LOG != 0 {
+            log_malformed_chunk(ctx, chunk_id, total_chunks, udp_len, sport);
+        }
+        return Some(Counter::Malformed);
+    }
+    if let Some(rule) = rule
+        && !rule.allows(reserved)
+    {
+        if config.flags & cfg::LOG != 0 {
+            log_wrong_kind(ctx, reserved & 0xF, sport);
+        }
+        return Some(Counter::WrongSource);
+    }
+    None
+}
+
+// The events of `cfg::LOG`, each in a function of its own (a BPF-to-BPF
+// call): aya-log spills pointers to its arguments on the stack, and the
+// verifier refuses a loader without `CAP_PERFMON` to write over a spilled
+// pointer, which the caller's frame would do when it reuses the slot.
+
+#[inline(never)]
+fn log_not_for_host(ctx: &XdpContext, sport: u16, counter: u32) {
+    debug!(ctx, "leap: chunk from port {} not for this host (counter {})", sport, counter);
+}
+
+#[inline(never)]
+fn log_malformed_datagram(ctx: &XdpContext, udp_len: usize, sport: u16) {
+    debug!(ctx, "leap: malformed datagram udp_len {} from port {}", udp_len, sport);
+}
+
+#[inline(never)]
+fn log_malformed_chunk(ctx: &XdpContext, chunk_id: u16, total_chunks: u16, udp_len: usize, sport: u16) {
+    debug!(ctx, "leap: malformed chunk {}/{} udp_len {} from port {}", chunk_id, total_chunks, udp_len, sport);
+}
+
+#[inline(never)]
+fn log_wrong_kind(ctx: &XdpContext, kind: u16, sport: u16) {
+    debug!(ctx, "leap: chunk kind {} from unexpected source port {}", kind, sport);
+}
+
+/// MAC comparison at constant indices (no `memcmp` call for the BPF
+/// linker, no variable stack offset for the verifier).
 #[inline(always)]
 fn mac_eq(a: &[u8; 6], b: &[u8; 6]) -> bool {
-    let mut diff = 0u8;
-    let mut i = 0;
-    while i < 6 {
-        diff |= a[i] ^ b[i];
-        i += 1;
-    }
-    diff == 0
+    (a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3]) | (a[4] ^ b[4]) | (a[5] ^ b[5]) == 0
 }
 
 /// What [`verdict`] needs of the link layer.
@@ -405,13 +466,10 @@ fn verdict(config: &XdpConfig, l2: &L2, mapped_src: bool, dst: &LocalAddr, ip_cs
     None
 }
 
-/// The UDP header at `l4` when its destination port is a leap port:
+/// The UDP header `u` when its destination port is a leap port:
 /// `(sport, dport, len, check)`.
 #[inline(always)]
-fn udp_to_leap_port(ctx: &XdpContext, l4: usize) -> Option<(u16, u16, u16, u16)> {
-    let udp = ptr_at::<UdpHdr>(ctx, l4)?;
-    // SAFETY: `ptr_at` checked the whole header against `data_end`.
-    let u = unsafe { &*udp };
+fn udp_to_leap_port(u: &UdpHdr) -> Option<(u16, u16, u16, u16)> {
     let dport = be16(u.dport);
     // SAFETY: plain lookup of a Pod value; the reference does not outlive
     // this statement.
@@ -419,6 +477,12 @@ fn udp_to_leap_port(ctx: &XdpContext, l4: usize) -> Option<(u16, u16, u16, u16)>
         return None;
     }
     Some((be16(u.sport), dport, be16(u.len), be16(u.check)))
+}
+
+/// The ones'-complement sum of the four 16-bit words of `x` (not folded).
+#[inline(always)]
+const fn sum64(x: u64) -> u32 {
+    ((x >> 48) as u32) + ((x >> 32) as u32 & 0xFFFF) + ((x >> 16) as u32 & 0xFFFF) + (x as u32 & 0xFFFF)
 }
 
 /// The ones'-complement sum of the 20 bytes of an IPv4 header without
@@ -437,95 +501,92 @@ fn ipv4_fixed_sum(ip: &Ipv4Hdr) -> u32 {
         + pair(ip.daddr)
 }
 
-/// Whether the IPv4 header at `off`, `ihl` bytes (20..=60) long, sums to
-/// 0xFFFF, as the kernel's `ip_fast_csum` checks; `fixed` is the sum of
-/// its first 20 bytes.
+/// The ones'-complement sum of the options of an IPv4 header of `ihl`
+/// bytes (24..=60) at `off`, or `None` when the packet ends inside them.
+/// They are copied into a zeroed buffer of the largest size, and the whole
+/// buffer is summed at constant offsets: the zeros past the options add
+/// nothing.
 #[inline(always)]
-fn ipv4_checksum_ok(ctx: &XdpContext, off: usize, ihl: usize, fixed: u32) -> bool {
-    let mut sum = fixed;
-    let words = ihl / 2;
-    let mut i = IPV4_HLEN / 2;
-    // Options, if any: a bounded loop over at most 20 16-bit words.
-    while i < IPV4_HLEN_MAX / 2 {
-        if i >= words {
-            break;
-        }
-        let Some(w) = ptr_at::<[u8; 2]>(ctx, off + 2 * i) else {
-            return false;
-        };
-        // SAFETY: `ptr_at` checked both bytes against `data_end`.
-        sum += u32::from(be16(unsafe { *w }));
-        i += 1;
+fn ipv4_options_sum(ctx: &XdpContext, off: usize, ihl: usize) -> Option<u32> {
+    const OPTIONS_MAX: usize = IPV4_HLEN_MAX - IPV4_HLEN;
+    let mut opts = [0u64; OPTIONS_MAX / 8];
+    // Clamped right before the call, in a form the verifier follows (as in
+    // `ring_record`): 1..=40 bytes. The caller checked the range already.
+    let len = (ihl - IPV4_HLEN) as u32;
+    // SAFETY: reads a local variable.
+    let len = unsafe { core::ptr::read_volatile(&len) };
+    if len == 0 {
+        return Some(0);
     }
+    let mut len = ((len - 1) & 0x3F) + 1;
+    if len > OPTIONS_MAX as u32 {
+        len = OPTIONS_MAX as u32;
+    }
+    // SAFETY: `opts` is 40 writable bytes on the stack and `len` is at most
+    // 40; the helper bounds-checks the packet offset.
+    let r = unsafe { bpf_xdp_load_bytes(ctx.ctx, (off + IPV4_HLEN) as u32, opts.as_mut_ptr().cast(), len) };
+    if r != 0 {
+        return None;
+    }
+    let be = u64::from_be;
+    Some(sum64(be(opts[0])) + sum64(be(opts[1])) + sum64(be(opts[2])) + sum64(be(opts[3])) + sum64(be(opts[4])))
+}
+
+/// Whether a ones'-complement sum (not folded) is 0xFFFF, as the kernel's
+/// `ip_fast_csum` checks.
+#[inline(always)]
+const fn folds_to_ffff(mut sum: u32) -> bool {
     sum = (sum & 0xFFFF) + (sum >> 16);
     sum = (sum & 0xFFFF) + (sum >> 16);
     sum == 0xFFFF
+}
+
+/// Ethernet, IPv4 without options, UDP and a LEAP header: 54 bytes, the
+/// layout of nearly every chunk, read in one copy.
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct FastHdr {
+    eth: EthHdr,
+    ip: Ipv4Hdr,
+    udp: UdpHdr,
+    leap: LeapHdr,
+}
+const _: () = assert!(size_of::<FastHdr>() == ETH_HLEN + IPV4_HLEN + UDP_HDR_LEN + CHUNK_HEADER_LEN);
+
+/// Ethernet and one VLAN tag, as read in one copy: `tag` is meaningful
+/// only when `eth.proto` says there is one.
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct EthVlanHdr {
+    eth: EthHdr,
+    tag: VlanHdr,
 }
 
 /// Ethernet (+ one VLAN tag), IPv4/IPv6 and a UDP header to a leap port;
 /// `None` for anything else.
 #[inline(always)]
 fn parse_l3(ctx: &XdpContext, config: &XdpConfig) -> Option<L3> {
-    let eth = ptr_at::<EthHdr>(ctx, 0)?;
+    // Any LEAP datagram is longer than 18 bytes: a shorter packet is not
+    // one, whatever it is.
+    let head = load::<EthVlanHdr>(ctx, 0)?;
     let mut off = size_of::<EthHdr>();
-    // SAFETY: `ptr_at` checked the header against `data_end`.
-    let (mut proto, dst_mac) = unsafe { (be16((*eth).proto), (*eth).dst) };
-    let mut l2 = L2 { dst_mac, vlan: None };
+    let mut proto = be16(head.eth.proto);
+    let mut l2 = L2 { dst_mac: head.eth.dst, vlan: None };
     if proto == ETH_P_8021Q || proto == ETH_P_8021AD {
-        let vlan = ptr_at::<VlanHdr>(ctx, off)?;
-        // SAFETY: as above.
-        let (tci, inner) = unsafe { (be16((*vlan).tci), be16((*vlan).proto)) };
-        l2.vlan = Some(tci & VLAN_VID_MASK);
-        proto = inner;
+        l2.vlan = Some(be16(head.tag.tci) & VLAN_VID_MASK);
+        proto = be16(head.tag.proto);
         off += size_of::<VlanHdr>();
     }
     match proto {
-        ETH_P_IP => {
-            let ip = ptr_at::<Ipv4Hdr>(ctx, off)?;
-            // SAFETY: `ptr_at` checked the header against `data_end`.
-            let ip = unsafe { &*ip };
-            let ihl = usize::from(ip.version_ihl & 0x0F) * 4;
-            if ip.version_ihl >> 4 != 4 || ihl < size_of::<Ipv4Hdr>() || ip.proto != IPPROTO_UDP {
-                return None;
-            }
-            // A fragment: the UDP header and payload are not all here.
-            if be16(ip.frag_off) & IP_MF_OFFSET != 0 {
-                return None;
-            }
-            let tot_len = usize::from(be16(ip.tot_len));
-            if tot_len < ihl {
-                return None;
-            }
-            let (saddr, daddr) = (ip.saddr, ip.daddr);
-            // Before the UDP header is checked against `data_end`, so that
-            // the compiler cannot prove the options' own checks redundant
-            // (the verifier needs them).
-            let csum_ok = ipv4_checksum_ok(ctx, off, ihl, ipv4_fixed_sum(ip));
-            let (sport, dport, udp_len, udp_check) = udp_to_leap_port(ctx, off + ihl)?;
-            let dst = LocalAddr { addr: v4_mapped(daddr), family: FAMILY_V4, _pad: 0 };
-            Some(L3 {
-                l3: off,
-                l4: off + ihl,
-                ip_payload: tot_len - ihl,
-                src: v4_mapped(saddr),
-                family: FAMILY_V4,
-                sport,
-                dport,
-                udp_len,
-                udp_check,
-                verdict: verdict(config, &l2, false, &dst, csum_ok),
-            })
-        }
+        ETH_P_IP => parse_ipv4(ctx, config, &l2, off, &load::<Ipv4Hdr>(ctx, off)?, None),
         ETH_P_IPV6 => {
-            let ip = ptr_at::<Ipv6Hdr>(ctx, off)?;
-            // SAFETY: `ptr_at` checked the header against `data_end`.
-            let ip = unsafe { &*ip };
+            let ip = load::<Ipv6Hdr>(ctx, off)?;
             // Extension headers (fragments among them) are not walked.
             if ip.vtc_flow[0] >> 4 != 6 || ip.next_hdr != IPPROTO_UDP {
                 return None;
             }
             let l4 = off + size_of::<Ipv6Hdr>();
-            let (sport, dport, udp_len, udp_check) = udp_to_leap_port(ctx, l4)?;
+            let (sport, dport, udp_len, udp_check) = udp_to_leap_port(&load::<UdpHdr>(ctx, l4)?)?;
             let dst = LocalAddr { addr: ip.daddr, family: FAMILY_V6, _pad: 0 };
             Some(L3 {
                 l3: off,
@@ -542,6 +603,55 @@ fn parse_l3(ctx: &XdpContext, config: &XdpConfig) -> Option<L3> {
         }
         _ => None,
     }
+}
+
+/// The IPv4 header `ip` at `off` (after the link layer `l2`) and the UDP
+/// header after it (`udp`, when the caller has read it already) to a leap
+/// port; `None` for anything else.
+#[inline(always)]
+fn parse_ipv4(
+    ctx: &XdpContext,
+    config: &XdpConfig,
+    l2: &L2,
+    off: usize,
+    ip: &Ipv4Hdr,
+    udp: Option<UdpHdr>,
+) -> Option<L3> {
+    let ihl = usize::from(ip.version_ihl & 0x0F) * 4;
+    if ip.version_ihl >> 4 != 4 || ihl < size_of::<Ipv4Hdr>() || ip.proto != IPPROTO_UDP {
+        return None;
+    }
+    // A fragment: the UDP header and payload are not all here.
+    if be16(ip.frag_off) & IP_MF_OFFSET != 0 {
+        return None;
+    }
+    let tot_len = usize::from(be16(ip.tot_len));
+    if tot_len < ihl {
+        return None;
+    }
+    let mut sum = ipv4_fixed_sum(ip);
+    if ihl > IPV4_HLEN {
+        // The packet ends inside the options: no UDP header either.
+        sum += ipv4_options_sum(ctx, off, ihl)?;
+    }
+    let udp = match udp {
+        Some(u) => u,
+        None => load::<UdpHdr>(ctx, off + ihl)?,
+    };
+    let (sport, dport, udp_len, udp_check) = udp_to_leap_port(&udp)?;
+    let dst = LocalAddr { addr: v4_mapped(ip.daddr), family: FAMILY_V4, _pad: 0 };
+    Some(L3 {
+        l3: off,
+        l4: off + ihl,
+        ip_payload: tot_len - ihl,
+        src: v4_mapped(ip.saddr),
+        family: FAMILY_V4,
+        sport,
+        dport,
+        udp_len,
+        udp_check,
+        verdict: verdict(config, l2, false, &dst, folds_to_ffff(sum)),
+    })
 }
 
 /// Whether a chunk recovers a loss (a retransmission or a NACK from a leap
@@ -571,22 +681,29 @@ fn to_ring(ctx: &XdpContext, wakeup_every: u32, l3: &L3, leap_off: usize, chunks
     let every = u64::from(wakeup_every);
     let nth = LEAP_COUNTERS.get(Counter::ToRingBuf as u32).copied().unwrap_or_default();
     let periodic = every <= 1 || (nth + 1) % every == 0;
-    let mut i = 0;
-    while i < TRAIN_CHUNKS_MAX {
-        if i >= chunks {
-            break;
-        }
-        let len = if i + 1 == chunks { last } else { CHUNK_DATAGRAM_MAX };
-        // Which piece of how many: user space checks the UDP checksum of a
-        // train once it has every piece.
-        let train = if chunks > 1 { train_tag(i as u8, chunks as u8) } else { 0 };
-        match ring_record(ctx, l3, leap_off + i * CHUNK_DATAGRAM_MAX, len, train, periodic) {
-            RingOutcome::Submitted => {}
-            RingOutcome::Full => return decide(Counter::RingBufFull, xdp_action::XDP_PASS),
-            RingOutcome::Failed => return decide(Counter::Malformed, xdp_action::XDP_DROP),
-        }
-        i += 1;
+    // Unrolled as the header checks are (see `try_leap_xdp`).
+    macro_rules! record {
+        ($i:literal) => {
+            if $i < chunks {
+                let len = if $i + 1 == chunks { last } else { CHUNK_DATAGRAM_MAX };
+                // Which piece of how many: user space checks the UDP checksum
+                // of a train once it has every piece.
+                let train = if chunks > 1 { train_tag($i, chunks as u8) } else { 0 };
+                match ring_record(ctx, l3, leap_off + $i * CHUNK_DATAGRAM_MAX, len, train, periodic) {
+                    RingOutcome::Submitted => {}
+                    RingOutcome::Full => return decide(Counter::RingBufFull, xdp_action::XDP_PASS),
+                    RingOutcome::Failed => return decide(Counter::Malformed, xdp_action::XDP_DROP),
+                }
+            }
+        };
     }
+    record!(0);
+    record!(1);
+    record!(2);
+    record!(3);
+    record!(4);
+    record!(5);
+    const _: () = assert!(TRAIN_CHUNKS_MAX == 6, "one record! per chunk of a train");
     decide(Counter::ToRingBuf, xdp_action::XDP_DROP)
 }
 

@@ -1,9 +1,10 @@
 //! The XDP paths with exactly the capabilities the packaged unit grants
-//! (`leap-user/packaging/leap-node@.service`), not as root: `leap node
-//! --check` loads the program under those capabilities and says whether the
-//! kernel takes it, and 3-node rings over `xdp` and `xdp-ringbuf` run with
-//! them. `+ipc_lock` stands in for the unit's `LimitMEMLOCK=infinity` (root
-//! here cannot raise the memlock limit: machine-notes).
+//! (`leap-user/packaging/leap-node@.service`: CAP_BPF, CAP_NET_ADMIN,
+//! CAP_NET_RAW, no CAP_PERFMON), not as root: `leap node --check` loads
+//! the program under those capabilities and says whether the kernel takes
+//! it, and 3-node rings over `xdp` and `xdp-ringbuf` run with them.
+//! `+ipc_lock` stands in for the unit's `LimitMEMLOCK=infinity` (root here
+//! cannot raise the memlock limit: machine-notes).
 
 mod xdp_common;
 
@@ -16,10 +17,12 @@ use leap::netns::Topology;
 use leap::transport::xdp::ObjectSource;
 use support::{Reaper, wait_bounded};
 
-/// The unit's capabilities (plus the memlock stand-in).
-const UNIT_CAPS: &str = "+bpf,+perfmon,+net_admin,+net_raw,+ipc_lock";
-/// The unit's capabilities as they were before CAP_PERFMON was added.
-const WITHOUT_PERFMON: &str = "+bpf,+net_admin,+net_raw,+ipc_lock";
+/// The unit's capabilities (plus the memlock stand-in): no CAP_PERFMON,
+/// whose absence makes the verifier refuse packet-pointer arithmetic.
+const UNIT_CAPS: &str = "+bpf,+net_admin,+net_raw,+ipc_lock";
+/// The unit's capabilities without CAP_BPF: `--check` must say xdp is
+/// unavailable, or it proves nothing.
+const WITHOUT_BPF: &str = "+net_admin,+net_raw,+ipc_lock";
 
 /// `leap ARGS` in namespace `ns`, holding exactly `caps`.
 fn leap_with(ns: &str, caps: &str, args: &[&str]) -> Command {
@@ -53,17 +56,18 @@ fn xdp_rings_run_with_exactly_the_units_capabilities() {
         a.extend(["--listen".into(), addr(i), "--next".into(), addr(i + 1), "--prev".into(), addr(i + 2)]);
         a
     };
-    // --check proves it with the kernel: without CAP_PERFMON the verifier
-    // refuses the program, with the unit's capabilities it takes it.
+    // --check proves it with the kernel: the verifier takes the program
+    // with the unit's capabilities, CAP_PERFMON not among them; without
+    // CAP_BPF it says xdp is unavailable.
     let check = |caps: &str| {
         let mut a = node_args(1, "xdp");
         a.extend(["--role".into(), "worker".into(), "--check".into()]);
         let a: Vec<&str> = a.iter().map(String::as_str).collect();
         leap_with(&n[1].netns, caps, &a).output().unwrap()
     };
-    let without = check(WITHOUT_PERFMON);
-    assert!(!without.status.success(), "--check passed without CAP_PERFMON: {}", text(&without));
-    assert!(text(&without).contains("xdp: unavailable (the kernel refuses"), "{}", text(&without));
+    let without = check(WITHOUT_BPF);
+    assert!(!without.status.success(), "--check passed without CAP_BPF: {}", text(&without));
+    assert!(text(&without).contains("xdp: unavailable (xdp needs CAP_BPF"), "{}", text(&without));
     let with = check(UNIT_CAPS);
     assert!(with.status.success() && text(&with).contains("xdp: ok"), "{}", text(&with));
 

@@ -4,10 +4,9 @@
 //! a run, nor on the surviving hosts when an agent is killed in the middle
 //! of one. Needs root and the BPF object: `cargo xtask ci` (stage ebpf).
 //!
-//! The agents run as root here: with only the unit's capabilities (no
-//! CAP_PERFMON) the verifier rejects the XDP program of this tree ("pointer
-//! arithmetic with it prohibited for !root", a register offset added to a
-//! packet pointer), as it would under leap-node@.service.
+//! The agents run with only the unit's capabilities (CAP_BPF, CAP_NET_ADMIN,
+//! CAP_NET_RAW, + CAP_IPC_LOCK for its LimitMEMLOCK), as under
+//! leap-serve.service: no CAP_PERFMON.
 
 mod serve_common;
 mod xdp_common;
@@ -39,7 +38,7 @@ fn assert_detached(c: &Cluster, hosts: &[usize]) {
 #[test]
 #[ignore = "needs root and the BPF object: run by cargo xtask ci (stage ebpf)"]
 fn bench_across_agents_measures_both_xdp_paths_and_detaches() {
-    let c = Cluster::new("xb", Some(&object_path()), Privilege::Root);
+    let c = Cluster::new("xb", Some(&object_path()), Privilege::Unit);
     let out = c.dir.join("report");
     let (ok, err) = c.bench(
         &["--quick", "--sizes", "16392", "--transports", "xdp,xdp-ringbuf", "--out", out.to_str().unwrap()],
@@ -61,7 +60,7 @@ fn bench_across_agents_measures_both_xdp_paths_and_detaches() {
 #[test]
 #[ignore = "needs root and the BPF object: run by cargo xtask ci (stage ebpf)"]
 fn killed_agent_during_an_xdp_run_leaves_no_program_attached_on_the_others() {
-    let mut c = Cluster::new("xk", Some(&object_path()), Privilege::Root);
+    let mut c = Cluster::new("xk", Some(&object_path()), Privilege::Unit);
     let Coordinator { rings: to_coord, results, thread: coord } = c.coordinator();
     let ring = |frames| {
         let mut rc = RingConfig::new(TransportKind::Xdp, 3, 16_392, frames);

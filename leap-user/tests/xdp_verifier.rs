@@ -26,6 +26,32 @@ fn program_passes_the_verifier() {
 
 #[test]
 #[ignore = "needs root + BPF: run by cargo xtask ci"]
+fn both_programs_pass_the_verifier_with_only_the_units_capabilities() {
+    // CAP_BPF (+ CAP_NET_ADMIN, CAP_NET_RAW, CAP_IPC_LOCK), not CAP_PERFMON:
+    // the verifier then applies its Spectre-v1 rules, which refuse any
+    // packet-pointer arithmetic with a register and `data_end - data`.
+    // Capabilities are per thread: only this one drops them.
+    std::thread::spawn(|| {
+        leap::sys::restrict_thread_caps(leap::sys::UNIT_CAPS).unwrap();
+        let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+        let eff = status.lines().find_map(|l| l.strip_prefix("CapEff:")).unwrap().trim();
+        let eff = u64::from_str_radix(eff, 16).unwrap();
+        const PERFMON: u32 = 38;
+        const BPF: u32 = 39;
+        assert_eq!(eff & (1 << PERFMON), 0, "CAP_PERFMON still held: {eff:#x}");
+        assert_ne!(eff & (1 << BPF), 0, "CAP_BPF missing: {eff:#x}");
+        for kind in [ProgramKind::Frags, ProgramKind::Linear] {
+            let prog = XdpProgram::load_kind(&object(), None, kind)
+                .unwrap_or_else(|e| panic!("the verifier accepts {kind} without CAP_PERFMON: {e}"));
+            assert_eq!(prog.kind(), kind);
+        }
+    })
+    .join()
+    .expect("the load thread panicked");
+}
+
+#[test]
+#[ignore = "needs root + BPF: run by cargo xtask ci"]
 fn program_attaches_to_veth_in_both_modes_and_detaches_on_drop() {
     let topo = Topology::ring(&xdp_common::unique("lxv"), 2).unwrap();
     let node = topo.nodes()[0].clone();

@@ -33,6 +33,7 @@ pub mod packet;
 pub mod program;
 mod ringbuf;
 mod sys;
+pub use sys::{ETH_FLAG_RXVLAN, ETH_FLAG_TXVLAN, if_offload_flags, netns_socket, set_if_offload_flags};
 pub mod xsk;
 
 use std::io;
@@ -267,7 +268,10 @@ pub fn host_filter(cfg: &XdpTransportConfig) -> Result<RxFilter, XdpError> {
 /// `iface` accepts: `iface`'s MAC, `listen` (or, for a wildcard address or
 /// `None`, every address of the current network namespace of its family;
 /// both families for `None` and `::`), the VLANs `vlans`, and partial UDP
-/// checksums as `partial` says. Logs what it chose, once.
+/// checksums as `partial` says. Loopback addresses (`127.0.0.0/8`, `::1`)
+/// count only when `iface` is a loopback interface: the kernel drops a
+/// packet to one that arrives on any other ("martian destination"). Logs
+/// what it chose, once.
 ///
 /// # Errors
 ///
@@ -281,7 +285,8 @@ pub fn host_filter_for(
     partial: PartialChecksums,
 ) -> Result<RxFilter, XdpError> {
     let mac = sys::if_hwaddr(iface).map_err(|source| XdpError::Syscall { call: "ioctl(SIOCGIFHWADDR)", source })?;
-    let local = match listen {
+    let on_loopback = sys::if_is_loopback(iface).map_err(|source| XdpError::Syscall { call: "getifaddrs", source })?;
+    let local: Vec<std::net::IpAddr> = match listen {
         Some(ip) if !ip.is_unspecified() => vec![ip],
         _ => {
             let all = sys::host_addrs().map_err(|source| XdpError::Syscall { call: "getifaddrs", source })?;
@@ -289,6 +294,7 @@ pub fn host_filter_for(
             all.into_iter().filter(|a| !listen.is_some_and(|l| l.is_ipv4()) || a.is_ipv4()).collect()
         }
     };
+    let local: Vec<_> = local.into_iter().filter(|a| on_loopback || !a.is_loopback()).collect();
     if local.len() > map::MAX_LOCAL_ADDRS as usize {
         return Err(XdpError::Config(format!(
             "{} local addresses, more than the {} the XDP program holds: listen on one address",

@@ -5,7 +5,7 @@
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, RingBuf, XskMap};
@@ -109,6 +109,78 @@ struct Attachment {
     iface: String,
     mode: AttachedMode,
     link: aya::programs::xdp::XdpLinkId,
+    /// Turns receive VLAN offload back on when the attachment goes.
+    rx_vlan: Option<RxVlanOffloadOff>,
+}
+
+/// Receive VLAN offload (`rx-vlan-offload`, `ETH_FLAG_RXVLAN`) turned off
+/// on an interface while the program is attached there, and turned back on
+/// when this is dropped. A NIC that strips 802.1Q tags hands them over
+/// beside the packet, where an XDP program does not see them: a chunk from
+/// a VLAN this host does not carry would look untagged and be taken, while
+/// the kernel drops it. (`bpf_xdp_metadata_rx_vlan_tag` would tell, on
+/// kernels >= 6.8, but only to a device-bound program calling a kfunc,
+/// which aya 0.14 cannot load.)
+#[derive(Debug)]
+struct RxVlanOffloadOff {
+    /// A socket of the interface's network namespace: the name resolves
+    /// there whichever thread drops this. `None`: leave the offload off.
+    sock: Option<OwnedFd>,
+    iface: String,
+}
+
+impl RxVlanOffloadOff {
+    /// Turns the offload off on `iface` (of the calling thread's network
+    /// namespace) if it is on. `None` when it is off already, or when it
+    /// cannot be turned off, which is said once in the log.
+    fn turn_off(iface: &str) -> Option<Self> {
+        let sock = sys::netns_socket().map_err(|e| log::warn!("{iface}: no socket for ethtool ({e})")).ok()?;
+        let flags = match sys::if_offload_flags(sock.as_fd(), iface) {
+            Ok(f) => f,
+            Err(e) => {
+                log::debug!("{iface}: no offload flags ({e}): assuming VLAN tags stay in the packet");
+                return None;
+            }
+        };
+        if flags & sys::ETH_FLAG_RXVLAN == 0 {
+            return None;
+        }
+        match sys::set_if_offload_flags(sock.as_fd(), iface, flags & !sys::ETH_FLAG_RXVLAN) {
+            Ok(()) => {
+                log::info!(
+                    "{iface}: rx-vlan-offload turned off while the XDP program is attached, so that it sees VLAN \
+                     tags (and drops chunks of VLANs this host does not carry, as the kernel does)"
+                );
+                Some(Self { sock: Some(sock), iface: iface.to_string() })
+            }
+            Err(e) => {
+                log::warn!(
+                    "{iface}: rx-vlan-offload is on and cannot be turned off ({e}): the NIC strips VLAN tags before \
+                     the XDP program sees them, so it takes chunks from VLANs this host does not carry"
+                );
+                None
+            }
+        }
+    }
+
+    /// Leaves the offload off for good (a pinned attachment outlives the
+    /// process).
+    fn leave_off(mut self) {
+        log::info!("{}: rx-vlan-offload stays off while the pinned program is attached", self.iface);
+        self.sock = None;
+    }
+}
+
+impl Drop for RxVlanOffloadOff {
+    fn drop(&mut self) {
+        let Some(sock) = &self.sock else { return };
+        let on = sys::if_offload_flags(sock.as_fd(), &self.iface)
+            .and_then(|f| sys::set_if_offload_flags(sock.as_fd(), &self.iface, f | sys::ETH_FLAG_RXVLAN));
+        match on {
+            Ok(()) => log::debug!("{}: rx-vlan-offload on again", self.iface),
+            Err(e) => log::warn!("{}: could not turn rx-vlan-offload back on ({e})", self.iface),
+        }
+    }
 }
 
 /// The loaded (and possibly attached) XDP program with its maps. Dropping
@@ -209,6 +281,8 @@ impl XdpProgram {
             return Err(XdpError::NoInterface(iface.to_string()));
         }
         let prog = program_mut(&mut self.ebpf, self.kind)?;
+        // Before the program sees a packet; back on if attaching fails.
+        let mut rx_vlan = RxVlanOffloadOff::turn_off(iface);
         let tries: &[(AttachedMode, XdpMode)] = match mode {
             AttachMode::Auto => &[(AttachedMode::Drv, XdpMode::Driver), (AttachedMode::Skb, XdpMode::Skb)],
             AttachMode::Drv => &[(AttachedMode::Drv, XdpMode::Driver)],
@@ -224,7 +298,8 @@ impl XdpProgram {
                         );
                     }
                     log::debug!("{iface}: XDP program attached in {attached} mode");
-                    self.attachment = Some(Attachment { iface: iface.to_string(), mode: attached, link });
+                    let rx_vlan = rx_vlan.take();
+                    self.attachment = Some(Attachment { iface: iface.to_string(), mode: attached, link, rx_vlan });
                     return Ok(attached);
                 }
                 Err(e) if is_busy(&e) => {
@@ -485,6 +560,8 @@ impl XdpProgram {
         })();
         if result.is_err() {
             let _ = remove_pins(&dir);
+        } else if let Some(off) = a.rx_vlan {
+            off.leave_off();
         }
         result.map(|()| dir)
     }

@@ -323,6 +323,75 @@ pub fn if_rx_queues(name: &str) -> io::Result<u32> {
     Ok(ch.rx_count + ch.combined_count)
 }
 
+/// `struct ethtool_value` of `linux/ethtool.h`.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Zeroable)]
+struct EthtoolValue {
+    cmd: u32,
+    data: u32,
+}
+const _: () = assert!(size_of::<EthtoolValue>() == 8);
+
+/// `ETHTOOL_GFLAGS`.
+const ETHTOOL_GFLAGS: u32 = 0x0000_0025;
+/// `ETHTOOL_SFLAGS`.
+const ETHTOOL_SFLAGS: u32 = 0x0000_0026;
+/// `ETH_FLAG_TXVLAN`: 802.1Q tags inserted by the NIC on transmit
+/// (`tx-vlan-offload`).
+pub const ETH_FLAG_TXVLAN: u32 = 1 << 7;
+/// `ETH_FLAG_RXVLAN`: 802.1Q tags stripped by the NIC on receive and
+/// handed over beside the packet (`rx-vlan-offload`): an XDP program does
+/// not see them in the bytes.
+pub const ETH_FLAG_RXVLAN: u32 = 1 << 8;
+
+/// The offload flags (`ETH_FLAG_*`) of an interface, through a socket of
+/// the network namespace the interface is in (`ETHTOOL_GFLAGS`).
+///
+/// # Errors
+///
+/// The `ioctl` error (`ENODEV` for no such interface).
+pub fn if_offload_flags(sock: BorrowedFd<'_>, name: &str) -> io::Result<u32> {
+    let mut req = ifreq(name)?;
+    let mut v: EthtoolValue = bytemuck::Zeroable::zeroed();
+    v.cmd = ETHTOOL_GFLAGS;
+    req.ifr_ifru.ifru_data = (&raw mut v).cast();
+    // SAFETY: the socket is open; `req` names the interface and points to
+    // `v`, the writable `ethtool_value` that ETHTOOL_GFLAGS fills, alive
+    // for the call.
+    unsafe { ioctl::ethtool(sock.as_raw_fd(), &mut req) }?;
+    Ok(v.data)
+}
+
+/// Sets the offload flags (`ETH_FLAG_*`) of an interface (`ETHTOOL_SFLAGS`;
+/// needs `CAP_NET_ADMIN`).
+///
+/// # Errors
+///
+/// The `ioctl` error: `EOPNOTSUPP` when a flag to change is fixed on this
+/// device, `EPERM` without the capability.
+pub fn set_if_offload_flags(sock: BorrowedFd<'_>, name: &str, flags: u32) -> io::Result<()> {
+    let mut req = ifreq(name)?;
+    let mut v = EthtoolValue { cmd: ETHTOOL_SFLAGS, data: flags };
+    req.ifr_ifru.ifru_data = (&raw mut v).cast();
+    // SAFETY: the socket is open; `req` names the interface and points to
+    // `v`, the `ethtool_value` that ETHTOOL_SFLAGS reads, alive for the
+    // call.
+    unsafe { ioctl::ethtool(sock.as_raw_fd(), &mut req) }?;
+    Ok(())
+}
+
+/// A datagram socket of the calling thread's network namespace, for
+/// [`if_offload_flags`] and [`set_if_offload_flags`]: interface names
+/// resolve in the namespace the socket was made in, whichever thread uses
+/// it later.
+///
+/// # Errors
+///
+/// The `socket` error.
+pub fn netns_socket() -> io::Result<OwnedFd> {
+    ioctl_socket()
+}
+
 /// Every address configured on an interface of the current network
 /// namespace (`getifaddrs`): the destinations the kernel accepts for a
 /// socket bound to the wildcard address.
@@ -344,6 +413,17 @@ pub fn host_addrs() -> io::Result<Vec<IpAddr>> {
     Ok(out)
 }
 
+/// Whether `name` is a loopback interface (`IFF_LOOPBACK`) of the current
+/// network namespace; `false` when there is no such interface.
+///
+/// # Errors
+///
+/// The `getifaddrs` error.
+pub fn if_is_loopback(name: &str) -> io::Result<bool> {
+    Ok(getifaddrs()?
+        .any(|ifa| ifa.interface_name == name && ifa.flags.contains(nix::net::if_::InterfaceFlags::IFF_LOOPBACK)))
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::fd::AsFd;
@@ -356,6 +436,8 @@ mod tests {
         assert_eq!(if_hwaddr("no-such-if0").unwrap_err().raw_os_error(), Some(libc::ENODEV));
         assert!(if_hwaddr("a-name-too-long-for-ifreq").is_err());
         assert!(if_driver("no-such-if0").is_err());
+        assert!(if_is_loopback("lo").unwrap());
+        assert!(!if_is_loopback("no-such-if0").unwrap());
     }
 
     #[test]
