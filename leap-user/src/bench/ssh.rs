@@ -20,7 +20,7 @@ use super::programs::{self, Member, Members};
 use super::{BenchHost, FloorOutcome, Rings};
 use crate::ring::{RingConfig, RingReport};
 use crate::serve::capabilities::HostCapabilities;
-use crate::serve::coordinator::unavailable_across;
+use crate::serve::coordinator::{kernels_across, unavailable_across};
 use crate::transport::open::{Endpoint, TransportKind};
 
 /// The URL scheme of a host started over SSH.
@@ -545,11 +545,7 @@ impl SshRings {
 
 impl Rings for SshRings {
     fn kernels(&self) -> Vec<(String, String)> {
-        self.hosts
-            .iter()
-            .zip(&self.caps)
-            .map(|(h, c)| (format!("{}/{}", self.site, h.name), c.kernel.clone()))
-            .collect()
+        kernels_across(&self.site, self.hosts.iter().map(|h| h.name.as_str()).zip(&self.caps))
     }
 
     fn unavailable(&self, kind: TransportKind) -> Option<String> {

@@ -600,6 +600,14 @@ impl HostRings {
     }
 }
 
+/// Each host's kernel as the report names it (`SITE/NAME`).
+pub fn kernels_across<'a>(
+    site: &str,
+    hosts: impl Iterator<Item = (&'a str, &'a HostCapabilities)>,
+) -> Vec<(String, String)> {
+    hosts.map(|(name, c)| (format!("{site}/{name}"), c.kernel.clone())).collect()
+}
+
 /// Why `kind` cannot run across `hosts` (name, interface, capabilities),
 /// naming every host that lacks something.
 pub fn unavailable_across<'a>(
@@ -623,11 +631,7 @@ pub fn unavailable_across<'a>(
 
 impl Rings for HostRings {
     fn kernels(&self) -> Vec<(String, String)> {
-        self.hosts
-            .iter()
-            .zip(&self.caps)
-            .map(|(h, c)| (format!("{}/{}", self.site, h.name), c.kernel.clone()))
-            .collect()
+        kernels_across(&self.site, self.hosts.iter().map(|h| h.name.as_str()).zip(&self.caps))
     }
 
     fn unavailable(&self, kind: TransportKind) -> Option<String> {
