@@ -20,7 +20,7 @@ use super::programs::{self, Member, Members};
 use super::{BenchHost, FloorOutcome, Rings};
 use crate::ring::{RingConfig, RingReport};
 use crate::serve::capabilities::HostCapabilities;
-use crate::serve::coordinator::{kernels_across, unavailable_across};
+use crate::serve::coordinator::{bench_host, kernels_across, unavailable_across};
 use crate::transport::open::{Endpoint, TransportKind};
 
 /// The URL scheme of a host started over SSH.
@@ -571,13 +571,7 @@ impl Rings for SshRings {
         self.hosts
             .iter()
             .zip(&self.caps)
-            .map(|(h, c)| BenchHost {
-                name: h.name.clone(),
-                control: h.target.to_string(),
-                data: h.data.to_string(),
-                iface: h.iface.clone(),
-                capabilities: c.clone(),
-            })
+            .map(|(h, c)| bench_host(&h.name, &h.target, &h.data, h.iface.as_deref(), c))
             .collect()
     }
 

@@ -600,6 +600,23 @@ impl HostRings {
     }
 }
 
+/// A host as the report lists it.
+pub fn bench_host(
+    name: &str,
+    control: &dyn std::fmt::Display,
+    data: &SocketAddr,
+    iface: Option<&str>,
+    caps: &HostCapabilities,
+) -> BenchHost {
+    BenchHost {
+        name: name.into(),
+        control: control.to_string(),
+        data: data.to_string(),
+        iface: iface.map(Into::into),
+        capabilities: caps.clone(),
+    }
+}
+
 /// Each host's kernel as the report names it (`SITE/NAME`).
 pub fn kernels_across<'a>(
     site: &str,
@@ -655,13 +672,7 @@ impl Rings for HostRings {
         self.hosts
             .iter()
             .zip(&self.caps)
-            .map(|(h, c)| BenchHost {
-                name: h.name.clone(),
-                control: h.control.to_string(),
-                data: h.data.to_string(),
-                iface: h.iface.clone(),
-                capabilities: c.clone(),
-            })
+            .map(|(h, c)| bench_host(&h.name, &h.control, &h.data, h.iface.as_deref(), c))
             .collect()
     }
 

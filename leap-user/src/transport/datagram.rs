@@ -715,8 +715,7 @@ impl DatagramLink {
                 self.probe = ProbeTimer::default();
             }
             if is_prev {
-                self.reasm.resync();
-                self.nack = NackTimer::default();
+                self.restart_prev();
             }
         }
     }
@@ -763,9 +762,16 @@ impl DatagramLink {
         }
         self.prev = Some(peer.addr());
         self.prev_peer = Some(peer);
+        self.restart_prev();
+        None
+    }
+
+    /// Frames from the previous node start afresh (it restarted, or another
+    /// node took its place): reassembly takes its next chunks, NACK timers
+    /// start over.
+    fn restart_prev(&mut self) {
         self.reasm.resync();
         self.nack = NackTimer::default();
-        None
     }
 
     /// Releases a lock taken on the first source (no previous node
@@ -776,8 +782,7 @@ impl DatagramLink {
         self.lock = Some(SourceLock::released(Instant::now()));
         self.prev = None;
         self.prev_peer = None;
-        self.reasm.resync();
-        self.nack = NackTimer::default();
+        self.restart_prev();
         log::warn!(
             "released the lock on {old}: frames are taken from the first source that proves to be a leap node \
              within {:?}, then from the first that sends a valid chunk",
