@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod support;
+
 use leap::bench::BenchReport;
 use leap::netns::Topology;
 
@@ -153,18 +155,7 @@ impl SshCluster {
     }
 
     fn wait(&self, mut child: Child, limit: Duration) -> (bool, String) {
-        let start = Instant::now();
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            if start.elapsed() > limit {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("leap bench --hosts ssh://... did not finish within {limit:?}");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
+        let status = support::wait_bounded(&mut child, limit);
         (status.success(), std::fs::read_to_string(self.dir.join("bench.err")).unwrap_or_default())
     }
 
