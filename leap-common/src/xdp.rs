@@ -32,6 +32,12 @@ pub const PROGRAM_NAME: &str = "leap_xdp";
 /// the same body and maps, and it also takes packets spread over several
 /// buffers (chunk trains at a jumbo MTU).
 pub const PROGRAM_NAME_FRAGS: &str = "leap_xdp_frags";
+/// [`PROGRAM_NAME`] with the debug events of `cfg::LOG` (aya-log): the
+/// verifiers of kernels before 6.17 take it only from a loader with
+/// `CAP_PERFMON`.
+pub const PROGRAM_NAME_LOG: &str = "leap_log";
+/// [`PROGRAM_NAME_FRAGS`] with the debug events of `cfg::LOG`.
+pub const PROGRAM_NAME_LOG_FRAGS: &str = "leap_log_frags";
 /// `Array<XdpConfig>` with one entry.
 pub const MAP_CONFIG: &str = "LEAP_CONFIG";
 /// `HashMap<u16, PortRule>`: destination ports (host order) to pick up.

@@ -32,11 +32,12 @@
 #![no_std]
 #![no_main]
 
-use core::mem::{MaybeUninit, size_of};
-use core::ptr::addr_of_mut;
+use core::ffi::c_void;
+use core::mem::size_of;
+use core::ptr::{NonNull, addr_of, addr_of_mut};
 
 use aya_ebpf::bindings::{BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, xdp_action};
-use aya_ebpf::helpers::generated::{bpf_xdp_get_buff_len, bpf_xdp_load_bytes};
+use aya_ebpf::helpers::generated::{bpf_map_lookup_elem, bpf_xdp_get_buff_len, bpf_xdp_load_bytes};
 use aya_ebpf::macros::{map, xdp};
 use aya_ebpf::maps::{Array, HashMap, PerCpuArray, RingBuf, XskMap};
 use aya_ebpf::programs::XdpContext;
@@ -47,8 +48,7 @@ use leap_common::chunk::{
 };
 use leap_common::xdp::{
     COUNTERS, Counter, FAMILY_V4, FAMILY_V6, LocalAddr, MAX_LOCAL_ADDRS, MAX_PEERS, MAX_PORTS, MAX_QUEUES, MAX_VLANS,
-    PeerKey, PeerRule, PortRule, RING_BYTES, RingRecord, XdpConfig, cfg, delivery, is_v4_mapped, kind_bit, train_tag,
-    v4_mapped,
+    PeerKey, PeerRule, PortRule, RING_BYTES, RingRecord, XdpConfig, cfg, delivery, kind_bit, train_tag,
 };
 
 #[map]
@@ -73,110 +73,222 @@ use leap_common::xdp::wire::{
     IPV6_HLEN, UDP_HLEN as UDP_HDR_LEN, VLAN_HLEN, VLAN_VID_MASK,
 };
 
-// Wire headers as byte arrays: alignment 1, so a pointer into the packet at
-// any offset is a valid pointer to them.
+// Everything the program reads or builds on its stack is whole 64-bit words.
+// The 6.1 verifier refuses a loader without `CAP_PERFMON` any store
+// narrower than 8 bytes into a stack slot that holds a spilled register,
+// scalars included ("attempt to corrupt spilled pointer on stack"), and the
+// compiler reuses slots freely: a 6-byte copy of an address into a map key
+// was refused that way. So headers are copied into word buffers and read
+// with shifts at constant offsets (in registers), map keys are built as
+// words, and array maps are looked up with the index in a word (aya's
+// `get(index)` stores a `u32`).
+
+/// Bytes of the packet as little-endian words: byte `i` is bits
+/// `8 * (i % 8)..` of word `i / 8` (BPF is little-endian); bytes past
+/// what was read are zero.
 #[derive(Clone, Copy)]
-#[repr(C)]
-struct EthHdr {
-    dst: [u8; 6],
-    src: [u8; 6],
-    proto: [u8; 2],
+struct Words<const N: usize>([u64; N]);
+
+impl<const N: usize> Words<N> {
+    /// Word `w`, zero past the end.
+    #[inline(always)]
+    const fn at(&self, w: usize) -> u64 {
+        if w < N { self.0[w] } else { 0 }
+    }
+
+    /// The eight bytes from byte `i`, as a word.
+    #[inline(always)]
+    const fn word(&self, i: usize) -> u64 {
+        let (w, s) = (i / 8, (i % 8) * 8);
+        if s == 0 { self.at(w) } else { self.at(w) >> s | self.at(w + 1) << (64 - s) }
+    }
+
+    #[inline(always)]
+    const fn u8(&self, i: usize) -> u8 {
+        self.word(i) as u8
+    }
+
+    /// The big-endian (network order) 16-bit field at byte `i`.
+    #[inline(always)]
+    const fn be16(&self, i: usize) -> u16 {
+        (self.u8(i) as u16) << 8 | self.u8(i + 1) as u16
+    }
+
+    /// The big-endian 32-bit field at byte `i`.
+    #[inline(always)]
+    const fn be32(&self, i: usize) -> u32 {
+        (self.be16(i) as u32) << 16 | self.be16(i + 2) as u32
+    }
 }
 
-#[derive(Clone, Copy)]
-#[repr(C)]
-struct VlanHdr {
-    tci: [u8; 2],
-    proto: [u8; 2],
+/// `N` zero words, stored one by one: with a zero the compiler cannot see,
+/// so that it does not call `memset`, whose byte loop has a variable stack
+/// offset (refused without `CAP_PERFMON`).
+#[inline(always)]
+fn zeroed<const N: usize>() -> [u64; N] {
+    let zero = 0u64;
+    // SAFETY: reads a local variable.
+    [unsafe { core::ptr::read_volatile(&zero) }; N]
 }
 
-#[derive(Clone, Copy)]
-#[repr(C)]
-struct Ipv4Hdr {
-    version_ihl: u8,
-    tos: u8,
-    tot_len: [u8; 2],
-    id: [u8; 2],
-    frag_off: [u8; 2],
-    ttl: u8,
-    proto: u8,
-    check: [u8; 2],
-    saddr: [u8; 4],
-    daddr: [u8; 4],
-}
-
-#[derive(Clone, Copy)]
-#[repr(C)]
-struct Ipv6Hdr {
-    vtc_flow: [u8; 4],
-    payload_len: [u8; 2],
-    next_hdr: u8,
-    hop_limit: u8,
-    saddr: [u8; 16],
-    daddr: [u8; 16],
-}
-
-#[derive(Clone, Copy)]
-#[repr(C)]
-struct UdpHdr {
-    sport: [u8; 2],
-    dport: [u8; 2],
-    len: [u8; 2],
-    check: [u8; 2],
-}
-
-#[derive(Clone, Copy)]
-#[repr(C)]
-struct LeapHdr {
-    magic: [u8; 4],
-    seq: [u8; 2],
-    chunk_id: [u8; 2],
-    total_chunks: [u8; 2],
-    reserved: [u8; 2],
-}
-
-const _: () = assert!(size_of::<EthHdr>() == ETH_HLEN);
-const _: () = assert!(size_of::<VlanHdr>() == VLAN_HLEN);
-const _: () = assert!(size_of::<Ipv4Hdr>() == IPV4_HLEN);
-const _: () = assert!(size_of::<Ipv6Hdr>() == IPV6_HLEN);
-const _: () = assert!(size_of::<UdpHdr>() == UDP_HDR_LEN);
-const _: () = assert!(size_of::<LeapHdr>() == CHUNK_HEADER_LEN);
-
-/// Offsets of the destination address in the IPv4 and IPv6 headers.
-const IPV4_DADDR_OFF: usize = core::mem::offset_of!(Ipv4Hdr, daddr);
-const IPV6_DADDR_OFF: usize = core::mem::offset_of!(Ipv6Hdr, daddr);
-
-/// A copy of the `size_of::<T>()` bytes at `offset` of the packet, or `None`
-/// when the packet is shorter. Every header is read this way, through
-/// `bpf_xdp_load_bytes` into the stack, never through a packet pointer:
-/// the program then holds no packet pointer at all, so the verifier's
-/// Spectre-v1 rules for loaders without `CAP_PERFMON` (no packet pointer
-/// plus a register, no `data_end - data`) have nothing to refuse, and the
-/// offsets may be any scalar. The helper follows the fragments of a
+/// The first `len` bytes (a constant, at most `8 * N`) at `offset` of the
+/// packet, or `None` when the packet is shorter. Every header is read this
+/// way, through `bpf_xdp_load_bytes` into the stack, never through a packet
+/// pointer: the program then holds no packet pointer at all, so the
+/// verifier's Spectre-v1 rules for loaders without `CAP_PERFMON` (no packet
+/// pointer plus a register, no `data_end - data`) have nothing to refuse,
+/// and the offsets may be any scalar. The helper follows the fragments of a
 /// multi-buffer packet too.
 #[inline(always)]
-fn load<T: Copy>(ctx: &XdpContext, offset: usize) -> Option<T> {
-    let mut v = MaybeUninit::<T>::uninit();
-    // SAFETY: `v` is `size_of::<T>()` writable bytes on the stack; the
-    // helper bounds-checks the packet offset and length and writes all of
-    // them or fails.
-    let r = unsafe { bpf_xdp_load_bytes(ctx.ctx, offset as u32, v.as_mut_ptr().cast(), size_of::<T>() as u32) };
-    if r != 0 {
+fn load<const N: usize>(ctx: &XdpContext, offset: usize, len: usize) -> Option<Words<N>> {
+    if len > 8 * N {
         return None;
     }
-    // SAFETY: the helper succeeded, so every byte was written; `T` is a
-    // plain array-of-bytes header for which any bytes are valid.
-    Some(unsafe { v.assume_init() })
+    // Zeroed first: the helper writes `len` bytes, and a loader without
+    // `CAP_PERFMON` may not read stack bytes nobody wrote.
+    let mut w = zeroed::<N>();
+    // SAFETY: `w` is `8 * N` writable bytes on the stack and `len` at most
+    // that; the helper bounds-checks the packet offset and length and
+    // writes all `len` bytes or fails.
+    let r = unsafe { bpf_xdp_load_bytes(ctx.ctx, offset as u32, w.as_mut_ptr().cast(), len as u32) };
+    (r == 0).then_some(Words(w))
+}
+
+// The headers, and the offsets of their fields this program reads.
+
+/// Ethernet and, when `PROTO` says so, one VLAN tag: 18 bytes.
+type Eth = Words<3>;
+const ETH_PROTO: usize = 12;
+const VLAN_TCI: usize = ETH_HLEN;
+const VLAN_PROTO: usize = ETH_HLEN + 2;
+const ETH_VLAN_LEN: usize = ETH_HLEN + VLAN_HLEN;
+
+/// An IPv4 header without options: 20 bytes.
+type Ip4 = Words<3>;
+const IP4_VERSION_IHL: usize = 0;
+const IP4_TOT_LEN: usize = 2;
+const IP4_FRAG_OFF: usize = 6;
+const IP4_PROTO: usize = 9;
+const IP4_SADDR: usize = 12;
+const IPV4_DADDR_OFF: usize = 16;
+
+/// An IPv6 header: 40 bytes.
+type Ip6 = Words<5>;
+const IP6_VTC_FLOW: usize = 0;
+const IP6_PAYLOAD_LEN: usize = 4;
+const IP6_NEXT_HDR: usize = 6;
+const IP6_SADDR: usize = 8;
+const IPV6_DADDR_OFF: usize = 24;
+
+/// A UDP header: 8 bytes.
+type Udp = Words<1>;
+const UDP_SPORT: usize = 0;
+const UDP_DPORT: usize = 2;
+const UDP_LEN: usize = 4;
+const UDP_CHECK: usize = 6;
+
+/// A LEAP chunk header: 12 bytes.
+type Leap = Words<2>;
+const LEAP_MAGIC_OFF: usize = 0;
+const LEAP_CHUNK_ID: usize = 6;
+const LEAP_TOTAL: usize = 8;
+const LEAP_RESERVED: usize = 10;
+
+/// Ethernet, IPv4 without options, UDP and a LEAP header: 54 bytes, the
+/// layout of nearly every chunk, read in one copy.
+type Fast = Words<7>;
+const FAST_IP: usize = ETH_HLEN;
+const FAST_UDP: usize = FAST_IP + IPV4_HLEN;
+const FAST_LEAP: usize = FAST_UDP + UDP_HDR_LEN;
+const FAST_LEN: usize = FAST_LEAP + CHUNK_HEADER_LEN;
+const _: () = assert!(FAST_LEN == 54 && FAST_LEN <= 8 * 7);
+const _: () = assert!(ETH_VLAN_LEN <= 8 * 3 && IPV4_HLEN <= 8 * 3 && IPV6_HLEN == 8 * 5);
+const _: () = assert!(UDP_HDR_LEN == 8 && CHUNK_HEADER_LEN <= 8 * 2);
+
+/// The header of `N` words at byte `i` of a longer copy.
+#[inline(always)]
+const fn part3(f: &Fast, i: usize) -> Words<3> {
+    Words([f.word(i), f.word(i + 8), f.word(i + 16)])
+}
+
+/// A 16-byte address as two words: IPv6, or IPv4 as `::ffff:a.b.c.d`.
+type Addr = [u64; 2];
+
+/// The IPv6 address at byte `i` of `ip`.
+#[inline(always)]
+const fn ip6_addr(ip: &Ip6, i: usize) -> Addr {
+    [ip.word(i), ip.word(i + 8)]
+}
+
+/// `::ffff:a.b.c.d` from the IPv4 address at byte `i` of `ip`: bytes 10
+/// and 11 are 0xff, 12..16 the address.
+#[inline(always)]
+const fn ip4_mapped(ip: &Ip4, i: usize) -> Addr {
+    [0, 0xFFFF_0000 | (ip.word(i) & 0xFFFF_FFFF) << 32]
+}
+
+/// Whether an address is `::ffff:a.b.c.d`.
+#[inline(always)]
+const fn is_mapped(a: &Addr) -> bool {
+    a[0] == 0 && a[1] & 0xFFFF_FFFF == 0xFFFF_0000
+}
+
+/// A 20-byte map key of an address and two `u16` ([`LocalAddr`],
+/// [`PeerKey`]), in words.
+#[repr(C, align(8))]
+struct Key20([u64; 3]);
+
+impl Key20 {
+    #[inline(always)]
+    const fn new(addr: Addr, a: u16, b: u16) -> Self {
+        Self([addr[0], addr[1], a as u64 | (b as u64) << 16])
+    }
+
+    /// The key as the map's key type.
+    #[inline(always)]
+    fn get<K: Key20Layout>(&self) -> &K {
+        // SAFETY: `K` is 20 bytes, an address and two `u16` (checked
+        // below), aligned to at most 8, and any bytes are a valid `K`; the
+        // words hold them in memory order.
+        unsafe { &*self.0.as_ptr().cast::<K>() }
+    }
+}
+
+/// The map keys laid out as [`Key20`] builds them.
+trait Key20Layout {}
+impl Key20Layout for LocalAddr {}
+impl Key20Layout for PeerKey {}
+const _: () = assert!(size_of::<LocalAddr>() == 20 && core::mem::offset_of!(LocalAddr, family) == 16);
+const _: () = assert!(size_of::<PeerKey>() == 20 && core::mem::offset_of!(PeerKey, src_port) == 16);
+
+/// A `u16` map key in a word.
+#[repr(C, align(8))]
+struct Key16(u64);
+
+impl Key16 {
+    #[inline(always)]
+    fn get(&self) -> &u16 {
+        // SAFETY: the first two bytes of the word are its low 16 bits
+        // (little-endian), aligned.
+        unsafe { &*core::ptr::from_ref(&self.0).cast::<u16>() }
+    }
+}
+
+/// The slot `index` of the array map at `map` (an `Array` or
+/// `PerCpuArray` static: aya's maps are `repr(transparent)` over their
+/// definition, whose address the loader relocates).
+#[inline(always)]
+fn array_slot<T>(map: *const c_void, index: u32) -> Option<*mut T> {
+    let key = u64::from(index);
+    // SAFETY: `map` is an array map; the key is read as its 4-byte index,
+    // the low half of the word (little-endian).
+    let p = unsafe { bpf_map_lookup_elem(map.cast_mut(), core::ptr::from_ref(&key).cast()) };
+    NonNull::new(p.cast::<T>()).map(NonNull::as_ptr)
 }
 
 #[inline(always)]
-const fn be16(b: [u8; 2]) -> u16 {
-    u16::from_be_bytes(b)
-}
-
-#[inline(always)]
-fn count(counter: Counter) {
-    if let Some(p) = LEAP_COUNTERS.get_ptr_mut(counter as u32) {
+fn count(counter: u32) {
+    if let Some(p) = array_slot::<u64>(addr_of!(LEAP_COUNTERS).cast(), counter) {
         // SAFETY: the pointer is this CPU's slot of a per-CPU array entry;
         // XDP programs do not preempt each other on one CPU.
         unsafe { *p += 1 };
@@ -186,12 +298,15 @@ fn count(counter: Counter) {
 /// Counts `counter` and returns `action`.
 #[inline(always)]
 fn decide(counter: Counter, action: xdp_action::Type) -> u32 {
-    count(counter);
+    count(counter as u32);
     action
 }
 
+/// [`L3::verdict`] when the kernel would take the packet.
+const NO_VERDICT: u64 = u64::MAX;
+
 /// A UDP datagram to a leap port: where its parts are, who sent it, and
-/// what the kernel would think of it.
+/// what the kernel would think of it. Whole words only (see above).
 struct L3 {
     /// Offset of the IP header from the start of the packet.
     l3: usize,
@@ -200,26 +315,42 @@ struct L3 {
     /// Bytes of IP payload, from the IP header.
     ip_payload: usize,
     /// Source address, IPv4 mapped into IPv6.
-    src: [u8; 16],
-    family: u16,
-    sport: u16,
-    dport: u16,
-    udp_len: u16,
+    src: Addr,
+    family: u64,
+    sport: u64,
+    dport: u64,
+    udp_len: u64,
     /// The UDP checksum field.
-    udp_check: u16,
-    /// Why the kernel's receive path would drop the packet before any
-    /// socket saw it, or `None`.
-    verdict: Option<Counter>,
+    udp_check: u64,
+    /// The counter of why the kernel's receive path would drop the packet
+    /// before any socket saw it, or [`NO_VERDICT`].
+    verdict: u64,
 }
 
+/// Without the `debug!` events (the programs every node loads): aya-log's
+/// record code writes past its buffer on the mispredicted side of its
+/// bounds checks, which the 6.1 and 6.12 verifiers explore for a loader
+/// without `CAP_PERFMON` and refuse.
 #[xdp]
 pub fn leap_xdp(ctx: XdpContext) -> u32 {
-    try_leap_xdp(&ctx)
+    try_leap_xdp::<false>(&ctx)
 }
 
 #[xdp(frags)]
 pub fn leap_xdp_frags(ctx: XdpContext) -> u32 {
-    try_leap_xdp(&ctx)
+    try_leap_xdp::<false>(&ctx)
+}
+
+/// With the `debug!` events of `cfg::LOG` (`XdpTransportConfig::log`): needs
+/// `CAP_PERFMON` on kernels before 6.17.
+#[xdp]
+pub fn leap_log(ctx: XdpContext) -> u32 {
+    try_leap_xdp::<true>(&ctx)
+}
+
+#[xdp(frags)]
+pub fn leap_log_frags(ctx: XdpContext) -> u32 {
+    try_leap_xdp::<true>(&ctx)
 }
 
 /// Bytes of the packet from `l4` on: the linear part only for the plain
@@ -235,8 +366,8 @@ fn bytes_from(ctx: &XdpContext, l4: usize) -> usize {
 
 /// The LEAP header at `off`, copied out of the packet (and its fragments).
 #[inline(always)]
-fn chunk_header(ctx: &XdpContext, off: usize) -> Option<LeapHdr> {
-    load::<LeapHdr>(ctx, off)
+fn chunk_header(ctx: &XdpContext, off: usize) -> Option<Leap> {
+    load::<2>(ctx, off, CHUNK_HEADER_LEN)
 }
 
 /// The chunks of a train of `datagram` bytes (12..=`TRAIN_DATAGRAM_MAX`)
@@ -255,50 +386,61 @@ fn train_shape(datagram: usize) -> Option<(usize, usize)> {
     Some((chunks, last))
 }
 
+/// [`PeerRule`] of a source in a word: its kinds, or every kind when the
+/// peer filter is off.
+const ANY_KIND: u64 = u64::MAX;
+
 #[inline(always)]
-fn try_leap_xdp(ctx: &XdpContext) -> u32 {
-    let Some(config) = LEAP_CONFIG.get(0) else {
+fn try_leap_xdp<const LOG: bool>(ctx: &XdpContext) -> u32 {
+    let Some(config) = array_slot::<XdpConfig>(addr_of!(LEAP_CONFIG).cast(), 0) else {
         return decide(Counter::Passed, xdp_action::XDP_PASS);
     };
+    // SAFETY: a lookup of the one entry of the array map: a valid,
+    // aligned `XdpConfig` that lives as long as the program.
+    let config = unsafe { &*config };
     if config.delivery == delivery::PASS {
         return decide(Counter::Passed, xdp_action::XDP_PASS);
     }
+    let log = LOG && config.flags & cfg::LOG != 0;
     // The common layout in one copy; anything else header by header.
-    let fast = load::<FastHdr>(ctx, 0).filter(|f| be16(f.eth.proto) == ETH_P_IP && f.ip.version_ihl == 0x45);
+    let fast = load::<7>(ctx, 0, FAST_LEN)
+        .filter(|f| f.be16(ETH_PROTO) == ETH_P_IP && f.u8(FAST_IP + IP4_VERSION_IHL) == 0x45);
     let parsed = match &fast {
         Some(f) => {
-            let l2 = L2 { dst_mac: f.eth.dst, vlan: None };
-            parse_ipv4(ctx, config, &l2, ETH_HLEN, &f.ip, Some(f.udp))
+            let l2 = L2 { dst_mac: f.word(0) & MAC_MASK, vlan: NO_VLAN };
+            parse_ipv4(ctx, config, &l2, ETH_HLEN, &part3(f, FAST_IP), Some(Words([f.word(FAST_UDP)])))
         }
         None => parse_l3(ctx, config),
     };
     let Some(l3) = parsed else {
         return decide(Counter::Passed, xdp_action::XDP_PASS);
     };
-    let (sport, dport) = (l3.sport, l3.dport);
+    let (sport, dport) = (l3.sport as u16, l3.dport as u16);
     let rejected = if config.flags & cfg::DROP_REJECTED != 0 { xdp_action::XDP_DROP } else { xdp_action::XDP_PASS };
 
     let leap_off = l3.l4 + UDP_HDR_LEN;
     let hdr = match &fast {
-        Some(f) => Some(f.leap),
+        Some(f) => Some(Words([f.word(FAST_LEAP), f.word(FAST_LEAP + 8) & 0xFFFF_FFFF])),
         None => chunk_header(ctx, leap_off),
     };
     let Some(hdr) = hdr else {
         return decide(Counter::NotLeap, xdp_action::XDP_PASS);
     };
-    if u32::from_be_bytes(hdr.magic) != LEAP_MAGIC {
+    if hdr.be32(LEAP_MAGIC_OFF) != LEAP_MAGIC {
         return decide(Counter::NotLeap, xdp_action::XDP_PASS);
     }
 
     // What the kernel's receive path would drop before any socket sees it.
-    if let Some(counter) = l3.verdict {
-        if config.flags & cfg::LOG != 0 {
-            log_not_for_host(ctx, sport, counter as u32);
+    if l3.verdict != NO_VERDICT {
+        let counter = l3.verdict as u32;
+        if log {
+            log_not_for_host(ctx, sport, counter);
         }
-        return decide(counter, rejected);
+        count(counter);
+        return rejected;
     }
 
-    let udp_len = usize::from(l3.udp_len);
+    let udp_len = l3.udp_len as usize;
     // Longer than any train: a GSO/GRO super-datagram that generic XDP sees
     // before segmentation, or a sender this program does not know. The
     // node's UDP socket takes it (and splits it, or counts it).
@@ -312,18 +454,18 @@ fn try_leap_xdp(ctx: &XdpContext) -> u32 {
     let datagram = udp_len.wrapping_sub(UDP_HDR_LEN);
     let shape = if udp_len != l3.ip_payload || udp_len > in_packet { None } else { train_shape(datagram) };
     let Some((chunks, last)) = shape else {
-        if config.flags & cfg::LOG != 0 {
+        if log {
             log_malformed_datagram(ctx, udp_len, sport);
         }
         return decide(Counter::Malformed, rejected);
     };
 
     let rule = if config.flags & cfg::PEER_FILTER != 0 {
-        let key = PeerKey { addr: l3.src, src_port: sport, dst_port: dport };
-        // SAFETY: plain lookup of a Pod value, copied out at once.
-        Some(unsafe { LEAP_PEERS.get(&key) }.copied().unwrap_or_default())
+        let key = Key20::new(l3.src, sport, dport);
+        // SAFETY: plain lookup of a Pod value, read at once.
+        unsafe { LEAP_PEERS.get(key.get::<PeerKey>()) }.map_or(0, |r| u64::from(r.kinds))
     } else {
-        None
+        ANY_KIND
     };
     // Every chunk of the train on its own: one bad header makes the whole
     // datagram malformed, one kind the source may not send makes it wrong.
@@ -334,7 +476,7 @@ fn try_leap_xdp(ctx: &XdpContext) -> u32 {
         ($i:literal) => {
             if $i < chunks {
                 let h = if $i == 0 { Some(hdr) } else { chunk_header(ctx, leap_off + $i * CHUNK_DATAGRAM_MAX) };
-                if let Some(counter) = chunk_verdict(ctx, config, h, rule, udp_len, sport) {
+                if let Some(counter) = chunk_verdict::<LOG>(ctx, log, h, rule, udp_len, sport) {
                     return decide(counter, rejected);
                 }
             }
@@ -357,30 +499,28 @@ fn try_leap_xdp(ctx: &XdpContext) -> u32 {
 
 /// Why one chunk header `h` of a train (`None`: not in the packet) makes
 /// the datagram rejected, or `None` when it is sane and its kind allowed by
-/// `rule`.
+/// `rule` (a [`PeerRule`]'s kinds, or [`ANY_KIND`]).
 #[inline(always)]
-fn chunk_verdict(
+fn chunk_verdict<const LOG: bool>(
     ctx: &XdpContext,
-    config: &XdpConfig,
-    h: Option<LeapHdr>,
-    rule: Option<PeerRule>,
+    log: bool,
+    h: Option<Leap>,
+    rule: u64,
     udp_len: usize,
     sport: u16,
 ) -> Option<Counter> {
     let Some(h) = h else {
         return Some(Counter::Malformed);
     };
-    let (chunk_id, total_chunks, reserved) = (be16(h.chunk_id), be16(h.total_chunks), be16(h.reserved));
-    if u32::from_be_bytes(h.magic) != LEAP_MAGIC || chunk_id >= total_chunks {
-        if config.flags & cfg::LOG != 0 {
+    let (chunk_id, total_chunks, reserved) = (h.be16(LEAP_CHUNK_ID), h.be16(LEAP_TOTAL), h.be16(LEAP_RESERVED));
+    if h.be32(LEAP_MAGIC_OFF) != LEAP_MAGIC || chunk_id >= total_chunks {
+        if LOG && log {
             log_malformed_chunk(ctx, chunk_id, total_chunks, udp_len, sport);
         }
         return Some(Counter::Malformed);
     }
-    if let Some(rule) = rule
-        && !rule.allows(reserved)
-    {
-        if config.flags & cfg::LOG != 0 {
+    if rule != ANY_KIND && rule & u64::from(kind_bit(reserved)) == 0 {
+        if LOG && log {
             log_wrong_kind(ctx, reserved & 0xF, sport);
         }
         return Some(Counter::WrongSource);
@@ -391,7 +531,8 @@ fn chunk_verdict(
 // The events of `cfg::LOG`, each in a function of its own (a BPF-to-BPF
 // call): aya-log spills pointers to its arguments on the stack, and the
 // verifier refuses a loader without `CAP_PERFMON` to write over a spilled
-// pointer, which the caller's frame would do when it reuses the slot.
+// pointer, which the caller's frame would do when it reuses the slot. Only
+// the `leap_log*` programs call them.
 
 #[inline(never)]
 fn log_not_for_host(ctx: &XdpContext, sport: u16, counter: u32) {
@@ -413,70 +554,80 @@ fn log_wrong_kind(ctx: &XdpContext, kind: u16, sport: u16) {
     debug!(ctx, "leap: chunk kind {} from unexpected source port {}", kind, sport);
 }
 
-/// MAC comparison at constant indices (no `memcmp` call for the BPF
-/// linker, no variable stack offset for the verifier).
+/// The six bytes of a MAC address at the start of a word.
+const MAC_MASK: u64 = 0xFFFF_FFFF_FFFF;
+
+/// A MAC address as one word, its first byte lowest (so bit 0 is the I/G
+/// bit), read at constant indices: no `memcmp` call for the BPF linker, no
+/// variable stack offset for the verifier.
 #[inline(always)]
-fn mac_eq(a: &[u8; 6], b: &[u8; 6]) -> bool {
-    (a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3]) | (a[4] ^ b[4]) | (a[5] ^ b[5]) == 0
+fn mac_word(m: &[u8; 6]) -> u64 {
+    u64::from(m[0])
+        | u64::from(m[1]) << 8
+        | u64::from(m[2]) << 16
+        | u64::from(m[3]) << 24
+        | u64::from(m[4]) << 32
+        | u64::from(m[5]) << 40
 }
 
-/// What [`verdict`] needs of the link layer.
+/// [`L2::vlan`] of an untagged frame.
+const NO_VLAN: u64 = u64::MAX;
+
+/// What [`verdict`] needs of the link layer, in words.
 struct L2 {
-    dst_mac: [u8; 6],
-    vlan: Option<u16>,
+    /// The destination MAC as [`mac_word`] reads it.
+    dst_mac: u64,
+    /// The VLAN ID of the tag in the packet, or [`NO_VLAN`].
+    vlan: u64,
 }
 
 /// Why the kernel would drop a packet before any socket sees it, in the
 /// order of the checks: a unicast destination MAC of another host, a VLAN
 /// the interface does not carry, a v4-mapped IPv6 source, a destination
-/// address that is not ours, a wrong IPv4 header checksum. `None`: it would
-/// reach a socket. The destination lookup runs only for leap ports.
+/// address that is not ours, a wrong IPv4 header checksum; as the
+/// counter's index, or [`NO_VERDICT`]: it would reach a socket. The
+/// destination lookup runs only for leap ports.
 #[inline(always)]
-fn verdict(config: &XdpConfig, l2: &L2, mapped_src: bool, dst: &LocalAddr, ip_csum_ok: bool) -> Option<Counter> {
+fn verdict(config: &XdpConfig, l2: &L2, mapped_src: bool, dst: &Key20, ip_csum_ok: bool) -> u64 {
     let local_only = config.flags & cfg::LOCAL_ONLY != 0;
     if local_only {
         // Group addresses (broadcast, multicast) have the I/G bit set; the
         // kernel takes them (PACKET_BROADCAST/MULTICAST) and then routes by
         // the destination address, checked below.
-        if l2.dst_mac[0] & 1 == 0 && !mac_eq(&l2.dst_mac, &config.mac) {
-            return Some(Counter::ForeignMac);
+        if l2.dst_mac & 1 == 0 && l2.dst_mac != mac_word(&config.mac) {
+            return Counter::ForeignMac as u64;
         }
         // VLAN 0 only carries a priority: the kernel takes such a frame as
         // untagged.
-        if let Some(vid) = l2.vlan
-            && vid != 0
-        {
+        if l2.vlan != NO_VLAN && l2.vlan != 0 {
+            let vid = Key16(l2.vlan);
             // SAFETY: plain lookup of a Pod value; the reference does not
             // outlive this statement.
-            if unsafe { LEAP_VLANS.get(&vid) }.is_none() {
-                return Some(Counter::ForeignVlan);
+            if unsafe { LEAP_VLANS.get(vid.get()) }.is_none() {
+                return Counter::ForeignVlan as u64;
             }
         }
     }
     if mapped_src {
-        return Some(Counter::MappedSource);
+        return Counter::MappedSource as u64;
     }
     // SAFETY: as above.
-    if local_only && unsafe { LEAP_LOCAL_ADDRS.get(dst) }.is_none() {
-        return Some(Counter::ForeignDst);
+    if local_only && unsafe { LEAP_LOCAL_ADDRS.get(dst.get::<LocalAddr>()) }.is_none() {
+        return Counter::ForeignDst as u64;
     }
     if !ip_csum_ok {
-        return Some(Counter::BadIpChecksum);
+        return Counter::BadIpChecksum as u64;
     }
-    None
+    NO_VERDICT
 }
 
-/// The UDP header `u` when its destination port is a leap port:
-/// `(sport, dport, len, check)`.
+/// Whether the UDP header `u` goes to a leap port.
 #[inline(always)]
-fn udp_to_leap_port(u: &UdpHdr) -> Option<(u16, u16, u16, u16)> {
-    let dport = be16(u.dport);
+fn to_leap_port(u: &Udp) -> bool {
+    let dport = Key16(u64::from(u.be16(UDP_DPORT)));
     // SAFETY: plain lookup of a Pod value; the reference does not outlive
     // this statement.
-    if !unsafe { LEAP_PORTS.get(dport) }.is_some_and(|r| r.enabled != 0) {
-        return None;
-    }
-    Some((be16(u.sport), dport, be16(u.len), be16(u.check)))
+    unsafe { LEAP_PORTS.get(dport.get()) }.is_some_and(|r| r.enabled != 0)
 }
 
 /// The ones'-complement sum of the four 16-bit words of `x` (not folded).
@@ -488,17 +639,9 @@ const fn sum64(x: u64) -> u32 {
 /// The ones'-complement sum of the 20 bytes of an IPv4 header without
 /// options (not folded).
 #[inline(always)]
-fn ipv4_fixed_sum(ip: &Ipv4Hdr) -> u32 {
-    let w = |b: [u8; 2]| u32::from(be16(b));
-    let pair = |b: [u8; 4]| w([b[0], b[1]]) + w([b[2], b[3]]);
-    w([ip.version_ihl, ip.tos])
-        + w(ip.tot_len)
-        + w(ip.id)
-        + w(ip.frag_off)
-        + w([ip.ttl, ip.proto])
-        + w(ip.check)
-        + pair(ip.saddr)
-        + pair(ip.daddr)
+fn ipv4_fixed_sum(ip: &Ip4) -> u32 {
+    let w = |i: usize| ip.be16(i) as u32;
+    w(0) + w(2) + w(4) + w(6) + w(8) + w(10) + w(12) + w(14) + w(16) + w(18)
 }
 
 /// The ones'-complement sum of the options of an IPv4 header of `ihl`
@@ -509,22 +652,22 @@ fn ipv4_fixed_sum(ip: &Ipv4Hdr) -> u32 {
 #[inline(always)]
 fn ipv4_options_sum(ctx: &XdpContext, off: usize, ihl: usize) -> Option<u32> {
     const OPTIONS_MAX: usize = IPV4_HLEN_MAX - IPV4_HLEN;
-    let mut opts = [0u64; OPTIONS_MAX / 8];
+    let mut opts = zeroed::<{ OPTIONS_MAX / 8 }>();
     // Clamped right before the call, in a form the verifier follows (as in
     // `ring_record`): 1..=40 bytes. The caller checked the range already.
-    let len = (ihl - IPV4_HLEN) as u32;
+    let len = u64::from((ihl - IPV4_HLEN) as u32);
     // SAFETY: reads a local variable.
     let len = unsafe { core::ptr::read_volatile(&len) };
     if len == 0 {
         return Some(0);
     }
     let mut len = ((len - 1) & 0x3F) + 1;
-    if len > OPTIONS_MAX as u32 {
-        len = OPTIONS_MAX as u32;
+    if len > OPTIONS_MAX as u64 {
+        len = OPTIONS_MAX as u64;
     }
     // SAFETY: `opts` is 40 writable bytes on the stack and `len` is at most
     // 40; the helper bounds-checks the packet offset.
-    let r = unsafe { bpf_xdp_load_bytes(ctx.ctx, (off + IPV4_HLEN) as u32, opts.as_mut_ptr().cast(), len) };
+    let r = unsafe { bpf_xdp_load_bytes(ctx.ctx, (off + IPV4_HLEN) as u32, opts.as_mut_ptr().cast(), len as u32) };
     if r != 0 {
         return None;
     }
@@ -541,64 +684,47 @@ const fn folds_to_ffff(mut sum: u32) -> bool {
     sum == 0xFFFF
 }
 
-/// Ethernet, IPv4 without options, UDP and a LEAP header: 54 bytes, the
-/// layout of nearly every chunk, read in one copy.
-#[derive(Clone, Copy)]
-#[repr(C)]
-struct FastHdr {
-    eth: EthHdr,
-    ip: Ipv4Hdr,
-    udp: UdpHdr,
-    leap: LeapHdr,
-}
-const _: () = assert!(size_of::<FastHdr>() == ETH_HLEN + IPV4_HLEN + UDP_HDR_LEN + CHUNK_HEADER_LEN);
-
-/// Ethernet and one VLAN tag, as read in one copy: `tag` is meaningful
-/// only when `eth.proto` says there is one.
-#[derive(Clone, Copy)]
-#[repr(C)]
-struct EthVlanHdr {
-    eth: EthHdr,
-    tag: VlanHdr,
-}
-
 /// Ethernet (+ one VLAN tag), IPv4/IPv6 and a UDP header to a leap port;
 /// `None` for anything else.
 #[inline(always)]
 fn parse_l3(ctx: &XdpContext, config: &XdpConfig) -> Option<L3> {
     // Any LEAP datagram is longer than 18 bytes: a shorter packet is not
     // one, whatever it is.
-    let head = load::<EthVlanHdr>(ctx, 0)?;
-    let mut off = size_of::<EthHdr>();
-    let mut proto = be16(head.eth.proto);
-    let mut l2 = L2 { dst_mac: head.eth.dst, vlan: None };
+    let head: Eth = load::<3>(ctx, 0, ETH_VLAN_LEN)?;
+    let mut off = ETH_HLEN;
+    let mut proto = head.be16(ETH_PROTO);
+    let mut l2 = L2 { dst_mac: head.word(0) & MAC_MASK, vlan: NO_VLAN };
     if proto == ETH_P_8021Q || proto == ETH_P_8021AD {
-        l2.vlan = Some(be16(head.tag.tci) & VLAN_VID_MASK);
-        proto = be16(head.tag.proto);
-        off += size_of::<VlanHdr>();
+        l2.vlan = u64::from(head.be16(VLAN_TCI) & VLAN_VID_MASK);
+        proto = head.be16(VLAN_PROTO);
+        off += VLAN_HLEN;
     }
     match proto {
-        ETH_P_IP => parse_ipv4(ctx, config, &l2, off, &load::<Ipv4Hdr>(ctx, off)?, None),
+        ETH_P_IP => parse_ipv4(ctx, config, &l2, off, &load::<3>(ctx, off, IPV4_HLEN)?, None),
         ETH_P_IPV6 => {
-            let ip = load::<Ipv6Hdr>(ctx, off)?;
+            let ip: Ip6 = load::<5>(ctx, off, IPV6_HLEN)?;
             // Extension headers (fragments among them) are not walked.
-            if ip.vtc_flow[0] >> 4 != 6 || ip.next_hdr != IPPROTO_UDP {
+            if ip.u8(IP6_VTC_FLOW) >> 4 != 6 || ip.u8(IP6_NEXT_HDR) != IPPROTO_UDP {
                 return None;
             }
-            let l4 = off + size_of::<Ipv6Hdr>();
-            let (sport, dport, udp_len, udp_check) = udp_to_leap_port(&load::<UdpHdr>(ctx, l4)?)?;
-            let dst = LocalAddr { addr: ip.daddr, family: FAMILY_V6, _pad: 0 };
+            let l4 = off + IPV6_HLEN;
+            let udp: Udp = load::<1>(ctx, l4, UDP_HDR_LEN)?;
+            if !to_leap_port(&udp) {
+                return None;
+            }
+            let src = ip6_addr(&ip, IP6_SADDR);
+            let dst = Key20::new(ip6_addr(&ip, IPV6_DADDR_OFF), FAMILY_V6, 0);
             Some(L3 {
                 l3: off,
                 l4,
-                ip_payload: usize::from(be16(ip.payload_len)),
-                src: ip.saddr,
-                family: FAMILY_V6,
-                sport,
-                dport,
-                udp_len,
-                udp_check,
-                verdict: verdict(config, &l2, is_v4_mapped(&ip.saddr), &dst, true),
+                ip_payload: usize::from(ip.be16(IP6_PAYLOAD_LEN)),
+                src,
+                family: u64::from(FAMILY_V6),
+                sport: u64::from(udp.be16(UDP_SPORT)),
+                dport: u64::from(udp.be16(UDP_DPORT)),
+                udp_len: u64::from(udp.be16(UDP_LEN)),
+                udp_check: u64::from(udp.be16(UDP_CHECK)),
+                verdict: verdict(config, &l2, is_mapped(&src), &dst, true),
             })
         }
         _ => None,
@@ -609,23 +735,17 @@ fn parse_l3(ctx: &XdpContext, config: &XdpConfig) -> Option<L3> {
 /// header after it (`udp`, when the caller has read it already) to a leap
 /// port; `None` for anything else.
 #[inline(always)]
-fn parse_ipv4(
-    ctx: &XdpContext,
-    config: &XdpConfig,
-    l2: &L2,
-    off: usize,
-    ip: &Ipv4Hdr,
-    udp: Option<UdpHdr>,
-) -> Option<L3> {
-    let ihl = usize::from(ip.version_ihl & 0x0F) * 4;
-    if ip.version_ihl >> 4 != 4 || ihl < size_of::<Ipv4Hdr>() || ip.proto != IPPROTO_UDP {
+fn parse_ipv4(ctx: &XdpContext, config: &XdpConfig, l2: &L2, off: usize, ip: &Ip4, udp: Option<Udp>) -> Option<L3> {
+    let version_ihl = ip.u8(IP4_VERSION_IHL);
+    let ihl = usize::from(version_ihl & 0x0F) * 4;
+    if version_ihl >> 4 != 4 || ihl < IPV4_HLEN || ip.u8(IP4_PROTO) != IPPROTO_UDP {
         return None;
     }
     // A fragment: the UDP header and payload are not all here.
-    if be16(ip.frag_off) & IP_MF_OFFSET != 0 {
+    if ip.be16(IP4_FRAG_OFF) & IP_MF_OFFSET != 0 {
         return None;
     }
-    let tot_len = usize::from(be16(ip.tot_len));
+    let tot_len = usize::from(ip.be16(IP4_TOT_LEN));
     if tot_len < ihl {
         return None;
     }
@@ -634,22 +754,24 @@ fn parse_ipv4(
         // The packet ends inside the options: no UDP header either.
         sum += ipv4_options_sum(ctx, off, ihl)?;
     }
-    let udp = match udp {
+    let udp: Udp = match udp {
         Some(u) => u,
-        None => load::<UdpHdr>(ctx, off + ihl)?,
+        None => load::<1>(ctx, off + ihl, UDP_HDR_LEN)?,
     };
-    let (sport, dport, udp_len, udp_check) = udp_to_leap_port(&udp)?;
-    let dst = LocalAddr { addr: v4_mapped(ip.daddr), family: FAMILY_V4, _pad: 0 };
+    if !to_leap_port(&udp) {
+        return None;
+    }
+    let dst = Key20::new(ip4_mapped(ip, IPV4_DADDR_OFF), FAMILY_V4, 0);
     Some(L3 {
         l3: off,
         l4: off + ihl,
         ip_payload: tot_len - ihl,
-        src: v4_mapped(ip.saddr),
-        family: FAMILY_V4,
-        sport,
-        dport,
-        udp_len,
-        udp_check,
+        src: ip4_mapped(ip, IP4_SADDR),
+        family: u64::from(FAMILY_V4),
+        sport: u64::from(udp.be16(UDP_SPORT)),
+        dport: u64::from(udp.be16(UDP_DPORT)),
+        udp_len: u64::from(udp.be16(UDP_LEN)),
+        udp_check: u64::from(udp.be16(UDP_CHECK)),
         verdict: verdict(config, l2, false, &dst, folds_to_ffff(sum)),
     })
 }
@@ -679,13 +801,14 @@ fn to_xsk(ctx: &XdpContext) -> u32 {
 #[inline(always)]
 fn to_ring(ctx: &XdpContext, wakeup_every: u32, l3: &L3, leap_off: usize, chunks: usize, last: usize) -> u32 {
     let every = u64::from(wakeup_every);
-    let nth = LEAP_COUNTERS.get(Counter::ToRingBuf as u32).copied().unwrap_or_default();
+    // SAFETY: this CPU's slot of a per-CPU array entry, read at once.
+    let nth = array_slot::<u64>(addr_of!(LEAP_COUNTERS).cast(), Counter::ToRingBuf as u32).map_or(0, |p| unsafe { *p });
     let periodic = every <= 1 || (nth + 1) % every == 0;
     // Unrolled as the header checks are (see `try_leap_xdp`).
     macro_rules! record {
         ($i:literal) => {
             if $i < chunks {
-                let len = if $i + 1 == chunks { last } else { CHUNK_DATAGRAM_MAX };
+                let len = if $i + 1 == chunks { Datagram::Last(last) } else { Datagram::Full };
                 // Which piece of how many: user space checks the UDP checksum
                 // of a train once it has every piece.
                 let train = if chunks > 1 { train_tag($i, chunks as u8) } else { 0 };
@@ -707,6 +830,15 @@ fn to_ring(ctx: &XdpContext, wakeup_every: u32, l3: &L3, leap_off: usize, chunks
     decide(Counter::ToRingBuf, xdp_action::XDP_DROP)
 }
 
+/// The length of one chunk of a train.
+#[derive(Clone, Copy)]
+enum Datagram {
+    /// A full chunk, `CHUNK_DATAGRAM_MAX` bytes.
+    Full,
+    /// The last chunk, of this many bytes (12..=`CHUNK_DATAGRAM_MAX`).
+    Last(usize),
+}
+
 /// What became of one chunk offered to the ring buffer.
 enum RingOutcome {
     Submitted,
@@ -718,44 +850,61 @@ enum RingOutcome {
 
 /// Copies the chunk of `datagram` bytes at `off` into a ring-buffer record.
 #[inline(always)]
-fn ring_record(ctx: &XdpContext, l3: &L3, off: usize, datagram: usize, train: u16, periodic: bool) -> RingOutcome {
+fn ring_record(ctx: &XdpContext, l3: &L3, off: usize, datagram: Datagram, train: u16, periodic: bool) -> RingOutcome {
     let Some(mut entry) = LEAP_RING.reserve::<RingRecord>(0) else {
         return RingOutcome::Full;
     };
     let rec = entry.as_mut_ptr();
-    // Clamped right before the call, in a form the verifier can follow
-    // (a mask, then a bound on the same register): 1..=1412 bytes. The
-    // caller checked the range already, so neither changes the value; the
-    // volatile read keeps the compiler from dropping them for that reason.
-    let len = datagram as u32;
-    // SAFETY: reads a local variable.
-    let len = unsafe { core::ptr::read_volatile(&len) };
-    if len == 0 {
-        entry.discard(0);
-        return RingOutcome::Failed;
-    }
-    // `(len - 1) & mask + 1` has a minimum of 1 the verifier can see: the
-    // 6.1 verifier does not learn it from the `len == 0` test above and
-    // rejects a possibly empty copy. Then bound it from above.
-    let mut len = ((len - 1) & 0x7FF) + 1;
-    if len > CHUNK_DATAGRAM_MAX as u32 {
-        len = CHUNK_DATAGRAM_MAX as u32;
-    }
+    let len = match datagram {
+        // A constant: no bound to check. Through the clamp below, the
+        // verifier would know the outcome of its test and, for a loader
+        // without `CAP_PERFMON`, walk the mispredicted side with the length
+        // unknown.
+        Datagram::Full => CHUNK_DATAGRAM_MAX as u64,
+        Datagram::Last(len) => {
+            // Clamped right before the call, in a form the verifier can
+            // follow (a mask, then a bound on the same register): 1..=1412
+            // bytes. The caller checked the range already, so neither
+            // changes the value; the volatile read keeps the compiler from
+            // dropping them for that reason.
+            let len = len as u64;
+            // SAFETY: reads a local variable.
+            let len = unsafe { core::ptr::read_volatile(&len) };
+            if len == 0 {
+                entry.discard(0);
+                return RingOutcome::Failed;
+            }
+            // `(len - 1) & mask + 1` has a minimum of 1 the verifier can
+            // see: the 6.1 verifier does not learn it from the `len == 0`
+            // test above and rejects a possibly empty copy. Then bound it
+            // from above.
+            let mut len = ((len - 1) & 0x7FF) + 1;
+            if len > CHUNK_DATAGRAM_MAX as u64 {
+                len = CHUNK_DATAGRAM_MAX as u64;
+            }
+            len
+        }
+    };
     // SAFETY: `rec` points to a reserved, writable ring-buffer record of
     // `size_of::<RingRecord>()` bytes; `data` has room for 1412 bytes and
     // `len` is at most 1412; the helper bounds-checks the packet offset.
-    let copied = unsafe { bpf_xdp_load_bytes(ctx.ctx, off as u32, addr_of_mut!((*rec).data).cast(), len) };
+    let copied = unsafe { bpf_xdp_load_bytes(ctx.ctx, off as u32, addr_of_mut!((*rec).data).cast(), len as u32) };
     if copied != 0 {
         entry.discard(0);
         return RingOutcome::Failed;
     }
     // The destination address, straight from the packet into the record.
-    // SAFETY: `dst_addr` is 16 writable bytes of the reserved record; the
-    // lengths are constants within it; the helper bounds-checks the packet.
+    // SAFETY: `dst_addr` is 16 writable bytes of the reserved record, at
+    // offset 24 of a record the ring buffer places at a multiple of 8 (so
+    // the word stores are aligned); the lengths are constants within it;
+    // the helper bounds-checks the packet.
     let copied = unsafe {
         let dst = addr_of_mut!((*rec).dst_addr).cast::<u8>();
-        if l3.family == FAMILY_V4 {
-            dst.cast::<[u8; 12]>().write([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]);
+        if l3.family == u64::from(FAMILY_V4) {
+            // `::ffff:` in two stores (a byte array would be a `memset`
+            // call with a variable offset): bytes 0..8 zero, 8..12 0 0 ff ff.
+            dst.cast::<u64>().write(0);
+            dst.add(8).cast::<u32>().write(0xFFFF_0000);
             bpf_xdp_load_bytes(ctx.ctx, (l3.l3 + IPV4_DADDR_OFF) as u32, dst.add(12).cast(), 4)
         } else {
             bpf_xdp_load_bytes(ctx.ctx, (l3.l3 + IPV6_DADDR_OFF) as u32, dst.cast(), 16)
@@ -770,20 +919,24 @@ fn ring_record(ctx: &XdpContext, l3: &L3, off: usize, datagram: usize, train: u1
     // (retransmissions, NACKs) must.
     // SAFETY: the first 12 bytes of `data` were written by the copy above
     // (`len` is at least 12: the caller checked every chunk's length).
+    // Read in place, field by field: no copy on the stack.
     let (chunk_id, total_chunks, reserved) = unsafe {
-        let d = addr_of_mut!((*rec).data).cast::<[u8; CHUNK_HEADER_LEN]>().read();
-        (be16([d[6], d[7]]), be16([d[8], d[9]]), be16([d[10], d[11]]))
+        let d = addr_of!((*rec).data).cast::<u8>();
+        let be16 = |i: usize| u16::from(d.add(i).read()) << 8 | u16::from(d.add(i + 1).read());
+        (be16(LEAP_CHUNK_ID), be16(LEAP_TOTAL), be16(LEAP_RESERVED))
     };
     let urgent = chunk_id.wrapping_add(1) == total_chunks || is_urgent(reserved);
     // SAFETY: as above; plain stores of integer fields into the record.
     unsafe {
         addr_of_mut!((*rec).len).write(len as u16);
-        addr_of_mut!((*rec).src_port).write(l3.sport);
-        addr_of_mut!((*rec).dst_port).write(l3.dport);
-        addr_of_mut!((*rec).family).write(l3.family);
-        addr_of_mut!((*rec).src_addr).write(l3.src);
+        addr_of_mut!((*rec).src_port).write(l3.sport as u16);
+        addr_of_mut!((*rec).dst_port).write(l3.dport as u16);
+        addr_of_mut!((*rec).family).write(l3.family as u16);
+        let src = addr_of_mut!((*rec).src_addr).cast::<u64>();
+        src.write_unaligned(l3.src[0]);
+        src.add(1).write_unaligned(l3.src[1]);
         addr_of_mut!((*rec).rx_queue).write(ctx.rx_queue_index());
-        addr_of_mut!((*rec).udp_check).write(l3.udp_check);
+        addr_of_mut!((*rec).udp_check).write(l3.udp_check as u16);
         addr_of_mut!((*rec).train).write(train);
     }
     let wake = urgent || periodic;
@@ -805,3 +958,5 @@ static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
 // is whole chunks.
 const _: () = assert!(CHUNK_DATAGRAM_MAX == CHUNK_HEADER_LEN + CHUNK_PAYLOAD_MAX);
 const _: () = assert!(TRAIN_DATAGRAM_MAX == TRAIN_CHUNKS_MAX * CHUNK_DATAGRAM_MAX);
+// `ring_record` stores `::ffff:` into `dst_addr` as aligned words.
+const _: () = assert!(core::mem::offset_of!(RingRecord, dst_addr) == 24);

@@ -448,7 +448,7 @@ pub fn xdp_load_problem(object: Option<&Path>) -> Option<String> {
         Ok(_) => None,
         Err(e) => Some(format!(
             "the kernel refuses the XDP program with this process's capabilities ({e}); the packaged unit \
-             grants CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN and CAP_NET_RAW"
+             grants CAP_BPF, CAP_NET_ADMIN and CAP_NET_RAW"
         )),
     }
 }

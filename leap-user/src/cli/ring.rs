@@ -51,7 +51,7 @@ pub struct RingArgs {
     #[arg(long)]
     pub no_control: bool,
     /// Run every node with exactly the capabilities the packaged unit grants
-    /// (CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN, CAP_NET_RAW; CAP_IPC_LOCK for
+    /// (CAP_BPF, CAP_NET_ADMIN, CAP_NET_RAW; CAP_IPC_LOCK for
     /// its LimitMEMLOCK=infinity), as root only sets up the namespaces.
     #[arg(long)]
     pub unit_caps: bool,

@@ -120,7 +120,6 @@ pub const UNIT_CAPS: &[u32] = &[
     12, // CAP_NET_ADMIN
     13, // CAP_NET_RAW
     14, // CAP_IPC_LOCK
-    38, // CAP_PERFMON: the 6.1 and 6.12 verifiers refuse the program without it (see the units)
     39, // CAP_BPF
 ];
 

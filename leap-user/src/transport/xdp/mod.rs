@@ -133,7 +133,9 @@ pub struct XdpTransportConfig {
     /// Drop malformed and wrong-source chunks in the program instead of
     /// passing them to the kernel.
     pub drop_rejected: bool,
-    /// aya-log debug events from the program.
+    /// aya-log debug events from the program: loads its variant with the
+    /// events, which kernels before 6.17 take only with `CAP_PERFMON`
+    /// (without it, the program without them, saying so once).
     pub log: bool,
     /// Pin the program and its maps under `/sys/fs/bpf/leap/<iface>/`
     /// while the transport lives, for `leap xdp status|stats`.
@@ -600,7 +602,7 @@ impl XdpTransport {
             && super::udp::enable_busy_poll(socket.as_fd(), udp.busy_poll, &format!("{} {}", cfg.iface, udp.listen));
         let port = udp.listen.port();
         let ring_bytes = if cfg.delivery == Delivery::RingBuf { cfg.ring_bytes } else { None };
-        let mut program = XdpProgram::load_sized(&cfg.object, ring_bytes)?;
+        let mut program = XdpProgram::load_logged(&cfg.object, ring_bytes, cfg.log)?;
         program.add_port(port)?;
         program.accept_only(&filter)?;
         let mut flags = cfg::LOCAL_ONLY | if cfg.drop_rejected { cfg::DROP_REJECTED } else { 0 };
@@ -609,7 +611,7 @@ impl XdpTransport {
             program.allow_peer(prev, port, PeerRule::allow(&[ChunkKind::Data, ChunkKind::Control]))?;
             program.allow_peer(udp.nack_from.unwrap_or(udp.next), port, PeerRule::allow(&[ChunkKind::Nack]))?;
         }
-        if cfg.log {
+        if cfg.log && program.logs() {
             flags |= cfg::LOG;
             program.enable_log()?;
         }

@@ -14,7 +14,7 @@ use aya::programs::{ProgramError, TestRun, TestRunOptions, Xdp, XdpMode};
 use aya::{Ebpf, EbpfLoader};
 use leap_common::xdp::{
     LocalAddr, MAP_CONFIG, MAP_COUNTERS, MAP_LOCAL_ADDRS, MAP_PEERS, MAP_PORTS, MAP_RING, MAP_VLANS, MAP_XSKS,
-    PROGRAM_NAME, PROGRAM_NAME_FRAGS, PeerKey, PeerRule, PortRule, XdpConfig,
+    PROGRAM_NAME, PROGRAM_NAME_FRAGS, PROGRAM_NAME_LOG, PROGRAM_NAME_LOG_FRAGS, PeerKey, PeerRule, PortRule, XdpConfig,
 };
 
 pub use super::super::config::AttachMode;
@@ -92,9 +92,19 @@ impl ProgramKind {
         }
     }
 
-    /// The kind whose object name is `name`.
+    /// The name of the variant with the debug events of `cfg::LOG`
+    /// ([`super::XdpTransportConfig::log`]), which kernels before 6.17 load only with
+    /// `CAP_PERFMON`.
+    pub fn log_name(self) -> &'static str {
+        match self {
+            Self::Frags => PROGRAM_NAME_LOG_FRAGS,
+            Self::Linear => PROGRAM_NAME_LOG,
+        }
+    }
+
+    /// The kind whose object name is `name` (either variant).
     pub fn from_name(name: &str) -> Option<Self> {
-        [Self::Frags, Self::Linear].into_iter().find(|k| k.name() == name)
+        [Self::Frags, Self::Linear].into_iter().find(|k| k.name() == name || k.log_name() == name)
     }
 }
 
@@ -188,6 +198,9 @@ impl Drop for RxVlanOffloadOff {
 pub struct XdpProgram {
     ebpf: Ebpf,
     kind: ProgramKind,
+    /// The entry point's name: [`ProgramKind::name`] or, with the debug
+    /// events, [`ProgramKind::log_name`].
+    name: &'static str,
     attachment: Option<Attachment>,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
 }
@@ -226,10 +239,44 @@ impl XdpProgram {
     ///
     /// As [`Self::load`]; when neither loads, the linear program's error.
     pub fn load_sized(object: &ObjectSource, ring_bytes: Option<u32>) -> Result<Self, XdpError> {
-        match Self::load_kind(object, ring_bytes, ProgramKind::Frags) {
+        Self::load_variant(object, ring_bytes, false)
+    }
+
+    /// [`Self::load_sized`], with the debug events of `cfg::LOG` when `log`
+    /// (then [`Self::enable_log`] forwards them). A kernel before 6.17
+    /// loads that variant only for a loader with `CAP_PERFMON` (aya-log's
+    /// record code fails the Spectre-v1 checks without it); where it is
+    /// refused, the program without the events is loaded, saying so once.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::load_sized`].
+    pub fn load_logged(object: &ObjectSource, ring_bytes: Option<u32>, log: bool) -> Result<Self, XdpError> {
+        if !log {
+            return Self::load_variant(object, ring_bytes, false);
+        }
+        match Self::load_variant(object, ring_bytes, true) {
+            Err(XdpError::Program(e)) => {
+                log::warn!(
+                    "the kernel refuses the XDP program with debug events ({e}; kernels before 6.17 take it only with \
+                     CAP_PERFMON); loaded the one without them: no per-packet XDP log"
+                );
+                Self::load_variant(object, ring_bytes, false)
+            }
+            r => r,
+        }
+    }
+
+    /// Whether the loaded program emits the debug events of `cfg::LOG`.
+    pub fn logs(&self) -> bool {
+        self.name == self.kind.log_name()
+    }
+
+    fn load_variant(object: &ObjectSource, ring_bytes: Option<u32>, log: bool) -> Result<Self, XdpError> {
+        match Self::load_entry(object, ring_bytes, ProgramKind::Frags, log) {
             Ok(p) => Ok(p),
             Err(XdpError::Program(e)) => {
-                let p = Self::load_kind(object, ring_bytes, ProgramKind::Linear)?;
+                let p = Self::load_entry(object, ring_bytes, ProgramKind::Linear, log)?;
                 log::warn!(
                     "the kernel refuses the multi-buffer XDP program ({e}); loaded the linear one: no chunk trains \
                      beyond one buffer, and native XDP on veth only up to an MTU of about 3.5 KB"
@@ -246,6 +293,17 @@ impl XdpProgram {
     ///
     /// As [`Self::load`].
     pub fn load_kind(object: &ObjectSource, ring_bytes: Option<u32>, kind: ProgramKind) -> Result<Self, XdpError> {
+        Self::load_entry(object, ring_bytes, kind, false)
+    }
+
+    /// Loads the entry point `kind`, with the debug events when `log`.
+    fn load_entry(
+        object: &ObjectSource,
+        ring_bytes: Option<u32>,
+        kind: ProgramKind,
+        log: bool,
+    ) -> Result<Self, XdpError> {
+        let name = if log { kind.log_name() } else { kind.name() };
         let bytes = object.bytes()?;
         let mut loader = EbpfLoader::new();
         if let Some(size) = ring_bytes {
@@ -257,8 +315,8 @@ impl XdpProgram {
                 return Err(XdpError::Missing(name));
             }
         }
-        program_mut(&mut ebpf, kind)?.load().map_err(XdpError::Program)?;
-        Ok(Self { ebpf, kind, attachment: None, logger: None })
+        program_mut(&mut ebpf, name)?.load().map_err(XdpError::Program)?;
+        Ok(Self { ebpf, kind, name, attachment: None, logger: None })
     }
 
     /// Which entry point is loaded (and attached, once attached).
@@ -280,7 +338,7 @@ impl XdpProgram {
         if sys::if_index(iface).is_none() {
             return Err(XdpError::NoInterface(iface.to_string()));
         }
-        let prog = program_mut(&mut self.ebpf, self.kind)?;
+        let prog = program_mut(&mut self.ebpf, self.name)?;
         // Before the program sees a packet; back on if attaching fails.
         let mut rx_vlan = RxVlanOffloadOff::turn_off(iface);
         let tries: &[(AttachedMode, XdpMode)] = match mode {
@@ -330,7 +388,7 @@ impl XdpProgram {
     /// [`XdpError::Program`] when the kernel refuses.
     pub fn detach(&mut self) -> Result<(), XdpError> {
         if let Some(a) = self.attachment.take() {
-            program_mut(&mut self.ebpf, self.kind)?.detach(a.link).map_err(XdpError::Program)?;
+            program_mut(&mut self.ebpf, self.name)?.detach(a.link).map_err(XdpError::Program)?;
         }
         Ok(())
     }
@@ -482,7 +540,7 @@ impl XdpProgram {
     /// [`XdpError::Program`] (aya's `bpf(BPF_PROG_TEST_RUN)`; `EINVAL` for a
     /// packet shorter than Ethernet).
     pub fn test_run(&self, packet: &[u8]) -> Result<u32, XdpError> {
-        let name = self.kind.name();
+        let name = self.name;
         let prog = self.ebpf.program(name).ok_or(XdpError::Missing(name))?;
         let xdp: &Xdp = prog.try_into().map_err(XdpError::Program)?;
         // Room for what the program may write back (it never grows a packet
@@ -551,7 +609,7 @@ impl XdpProgram {
                 let map = self.ebpf.map(name).ok_or(XdpError::Missing(name))?;
                 map.pin(&path).map_err(|e| XdpError::Pin { path: path.clone(), source: std::io::Error::other(e) })?;
             }
-            let link = program_mut(&mut self.ebpf, self.kind)?.take_link(a.link).map_err(XdpError::Program)?;
+            let link = program_mut(&mut self.ebpf, self.name)?.take_link(a.link).map_err(XdpError::Program)?;
             let fd_link =
                 FdLink::try_from(link).map_err(|e| XdpError::Config(format!("XDP link cannot be pinned: {e}")))?;
             let path = dir.join(a.mode.link_file());
@@ -610,7 +668,7 @@ impl XdpProgram {
             }
         }
         let path = dir.join(mode.prog_file());
-        program_mut(&mut self.ebpf, self.kind)?
+        program_mut(&mut self.ebpf, self.name)?
             .pin(&path)
             .map_err(|e| XdpError::Pin { path, source: std::io::Error::other(e) })?;
         Ok(guard)
@@ -632,8 +690,7 @@ impl Drop for MapPins {
     }
 }
 
-fn program_mut(ebpf: &mut Ebpf, kind: ProgramKind) -> Result<&mut Xdp, XdpError> {
-    let name = kind.name();
+fn program_mut<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut Xdp, XdpError> {
     let prog = ebpf.program_mut(name).ok_or(XdpError::Missing(name))?;
     prog.try_into().map_err(|_| XdpError::Missing(name))
 }
