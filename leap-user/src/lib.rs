@@ -26,9 +26,15 @@
 //! - `cli` (default): the `leap` binary's part: the command line (`cli`),
 //!   the benchmark (`bench`) and the remote agent and coordinator
 //!   (`serve`), with clap, anyhow, env_logger, indicatif, toml and
-//!   signal-hook. An embedder that only moves frames turns it off
+//!   signal-hook, and the telemetry servers (`telemetry-server`). An
+//!   embedder that only moves frames turns it off
 //!   (`default-features = false`) and gets the transport alone: backends,
-//!   reassembly, the node loop and telemetry.
+//!   reassembly, the node loop and telemetry's counters, without tokio,
+//!   hyper or prometheus-client.
+//! - `telemetry-server`: `telemetry::serve`, a node's Prometheus endpoint
+//!   and stats socket, on tokio, hyper and prometheus-client.
+//! - `tokio`: async send and receive for the datagram transports
+//!   (`transport::asyncio`).
 //!
 //! # Layers
 //!
