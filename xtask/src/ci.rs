@@ -320,7 +320,9 @@ pub fn run_ci(args: Args) -> Result<()> {
         // With the async layer (feature `tokio`), so that it and its example
         // are checked too.
         let all = ["clippy", "--workspace", "--all-targets", "--locked", "--features", "leap/tokio"];
-        run_for(cargo()?.args(all).args(["--", "-D", "warnings"]), BUILD_LIMIT)
+        run_for(cargo()?.args(all).args(["--", "-D", "warnings"]), BUILD_LIMIT)?;
+        // The library's public items against leap-user/public-api.txt.
+        crate::public_api::verify()
     })?;
     stage("test", &mut || {
         // leap-common's ABI test compiles a C program.
