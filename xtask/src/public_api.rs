@@ -17,8 +17,10 @@
 //! ```
 //!
 //! Every feature's items are listed, each `#[cfg(..)]` written on the line
-//! of the item that carries it; `#[cfg(test)]` items are left out. Items
-//! that macros generate are listed as the macro call (its docs left out).
+//! of the item that carries it; `#[cfg(test)]` items are left out. A macro
+//! call whose body is items (`counters! { pub struct Stats { .. } }`) is
+//! listed as those items, each marked `#[in_macro(counters)]` (the macro
+//! may add more, unlisted); any other call as itself, without its docs.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -214,6 +216,23 @@ fn load(
                     krate.impls.entry(name).or_default().push((me, i));
                 }
             }
+            Item::Macro(mac) if !mac.mac.path.is_ident("macro_rules") => {
+                // A call whose body is items (`counters! { pub struct .. }`):
+                // those items, marked with the macro, which may add more.
+                match syn::parse2::<syn::File>(mac.mac.tokens.clone()) {
+                    Ok(body) if !body.items.is_empty() => {
+                        let name = &mac.mac.path;
+                        let mark: Attribute = syn::parse_quote!(#[in_macro(#name)]);
+                        for mut item in body.items {
+                            if let Some(attrs) = attrs_mut(&mut item) {
+                                attrs.push(mark.clone());
+                            }
+                            kept.push(item);
+                        }
+                    }
+                    _ => kept.push(Item::Macro(mac)),
+                }
+            }
             other => kept.push(other),
         }
     }
@@ -247,6 +266,20 @@ fn attrs_of(item: &Item) -> &[Attribute] {
     }
 }
 
+fn attrs_mut(item: &mut Item) -> Option<&mut Vec<Attribute>> {
+    match item {
+        Item::Const(i) => Some(&mut i.attrs),
+        Item::Enum(i) => Some(&mut i.attrs),
+        Item::Fn(i) => Some(&mut i.attrs),
+        Item::Static(i) => Some(&mut i.attrs),
+        Item::Struct(i) => Some(&mut i.attrs),
+        Item::Trait(i) => Some(&mut i.attrs),
+        Item::Type(i) => Some(&mut i.attrs),
+        Item::Union(i) => Some(&mut i.attrs),
+        _ => None,
+    }
+}
+
 fn is_pub(vis: &Visibility) -> bool {
     matches!(vis, Visibility::Public(_))
 }
@@ -261,7 +294,7 @@ fn is_test(attrs: &[Attribute]) -> bool {
 fn prefix(attrs: &[Attribute]) -> String {
     attrs
         .iter()
-        .filter(|a| a.path().is_ident("cfg") || a.path().is_ident("non_exhaustive"))
+        .filter(|a| ["cfg", "non_exhaustive", "in_macro"].iter().any(|n| a.path().is_ident(n)))
         .map(|a| format!("#[{}] ", tokens(&a.meta)))
         .collect()
 }
@@ -772,6 +805,13 @@ mod tests {
             "#[cfg(feature = \"x\")] pub mod leap::b",
             "pub const leap::b::N: usize",
         ];
+        let lib = krate(&[
+            ("lib.rs", "pub mod c;\n"),
+            ("c.rs", "counters! {\n/// Doc.\npub struct Stats { pub sent: u64 }\n}\n"),
+        ]);
+        let macro_items = surface(&lib).unwrap();
+        assert!(macro_items.iter().any(|g| g == "#[in_macro(counters)] pub struct leap::c::Stats"), "{macro_items:#?}");
+        assert!(macro_items.iter().any(|g| g == "pub leap::c::Stats::sent: u64"), "{macro_items:#?}");
         // `hidden` is private: its enum is listed where it is re-exported.
         for w in want {
             assert!(got.iter().any(|g| g == w), "missing {w:?} in\n{}", got.join("\n"));
