@@ -580,6 +580,9 @@ fn emit_impls(krate: &Crate, m: usize, name: &str, full: &str, out: &mut Out) {
         let cfg = prefix(&i.attrs);
         let g = generics(&i.generics);
         if let Some((neg, tr, _)) = &i.trait_ {
+            if private_trait(krate, tr) {
+                continue;
+            }
             let unsafety = if i.unsafety.is_some() { "unsafe " } else { "" };
             let neg = if neg.is_some() { "!" } else { "" };
             out.push((
@@ -610,6 +613,19 @@ fn emit_impls(krate: &Crate, m: usize, name: &str, full: &str, out: &mut Out) {
             }
         }
     }
+}
+
+/// Whether `tr` names a trait of the crate that is not `pub` (its impls are
+/// no one else's business), and no `pub` trait of that name exists.
+fn private_trait(krate: &Crate, tr: &syn::Path) -> bool {
+    let Some(name) = tr.segments.last().map(|s| s.ident.to_string()) else { return false };
+    let traits = || {
+        krate.modules.iter().flat_map(|m| &m.items).filter_map(|i| match i {
+            Item::Trait(t) if t.ident == name => Some(is_pub(&t.vis)),
+            _ => None,
+        })
+    };
+    traits().next().is_some() && !traits().any(|public| public)
 }
 
 /// The generic arguments of an impl's type (`<'a, T>` of `Foo<'a, T>`).
@@ -786,7 +802,8 @@ mod tests {
                  #[derive(Debug, Clone)]\n#[non_exhaustive]\npub struct Config { pub port: u16, secret: u8 }\n\
                  impl Config { pub fn new() -> Self { todo!() } fn helper(&self) {} }\n\
                  pub trait Transport { fn send(&mut self, frame: &[u8]) -> std::io::Result<()>; }\n\
-                 impl Transport for Config { fn send(&mut self, _: &[u8]) -> std::io::Result<()> { Ok(()) } }\n",
+                 impl Transport for Config { fn send(&mut self, _: &[u8]) -> std::io::Result<()> { Ok(()) } }\n\
+                 pub(crate) trait Sealed {}\nimpl Sealed for Config {}\n",
             ),
             ("hidden.rs", "pub enum Open { Yes, No(u8) }\n"),
         ]);
@@ -818,7 +835,7 @@ mod tests {
         }
         assert!(got.iter().any(|g| g == "pub enum leap::Open"), "{got:#?}");
         assert!(got.iter().any(|g| g == "leap::Open::No(u8)"), "{got:#?}");
-        for absent in ["inner", "private", "helper", "secret", "tests", "hidden::Open::"] {
+        for absent in ["inner", "private", "helper", "secret", "tests", "hidden::Open::", "Sealed"] {
             assert!(!got.iter().any(|g| g.contains(absent)), "{absent} listed:\n{}", got.join("\n"));
         }
     }
