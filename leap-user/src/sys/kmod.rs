@@ -258,16 +258,16 @@ impl Device {
 
     /// Copies `out.len()` bytes from `offset` of receive bank `bank`.
     ///
-    /// # Panics
-    ///
-    /// When the range is outside the bank.
-    ///
     /// A bank this file holds (delivered by `LEAP_IOCTL_WAIT_FRAME`, not
     /// released) is copied as the module left it. Any other bank may be
     /// written by the module during the copy: the copy is then still
     /// defined, but may mix bytes from before and after each write (torn at
     /// 8-byte words): only bytes, which mean a frame only if the bank was
     /// held (or the frame's own length and checksum say so).
+    ///
+    /// # Panics
+    ///
+    /// When the range is outside the bank.
     pub fn read_bank(&self, bank: usize, offset: usize, out: &mut [u8]) {
         assert!(bank < RX_BANKS && offset <= BANK_LEN && out.len() <= BANK_LEN - offset, "outside bank {bank}");
         // SAFETY: the range lies inside the mapping (checked above; the map
@@ -317,14 +317,13 @@ impl Device {
         unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(TX_OFFSET), len) }
     }
 
-    /// Copies the whole receive half (all 64 banks) into `out`.
+    /// Copies the whole receive half (all 64 banks) into `out`. Banks the
+    /// module writes meanwhile may come out torn, as with
+    /// [`Self::read_bank`].
     ///
     /// # Panics
     ///
     /// When `out` is not [`HALF_LEN`] bytes long.
-    ///
-    /// Banks the module writes meanwhile may come out torn, as with
-    /// [`Self::read_bank`].
     pub fn read_all_banks(&self, out: &mut [u8]) {
         assert_eq!(out.len(), HALF_LEN);
         // SAFETY: as in `read_bank`: the first HALF_LEN bytes of the
@@ -372,14 +371,17 @@ impl Device {
 /// up to the first 8-byte boundary, then a `u64` word at a time, then the
 /// last bytes.
 ///
-/// Volatile loads of memory outside every Rust allocation (here the
-/// module's buffer, mapped `MAP_SHARED`) are what Rust defines for memory
-/// that another party, the kernel, may write at any moment: no data race
-/// in Rust's model, no load elided, merged or repeated, and every value
-/// read is some bytes (`u8` and `u64` have no invalid values). A write
-/// during the copy can only make it a mix of old and new bytes, torn at
-/// word boundaries; a plain `copy_nonoverlapping` would race it, which is
-/// undefined behaviour.
+/// The module's buffer, mapped `MAP_SHARED`, lies outside every Rust
+/// allocation and is written by the kernel on its own: memory of the kind
+/// `read_volatile` is documented for (I/O memory). Each load is an
+/// externally observable access that the compiler neither elides, merges,
+/// repeats nor moves across the others, and returns whatever the memory
+/// holds at that moment; every bit pattern is a valid `u8` and `u64`.
+/// No Rust code writes the receive half, so there is no race between Rust
+/// threads for volatile to leave undefined. A write by the module during
+/// the copy can only make it a mix of old and new bytes, torn at word
+/// boundaries. A plain `copy_nonoverlapping` would be a non-atomic read
+/// racing that write, which Rust leaves undefined.
 ///
 /// # Safety
 ///
