@@ -11,7 +11,7 @@
 //! item with its signature:
 //!
 //! ```text
-//! pub fn leap::transport::open::open(kind: TransportKind, endpoint: &Endpoint, opts: &Options) -> Result<Box<dyn Transport>>
+//! pub fn leap::transport::open::open(kind: TransportKind, ep: &Endpoint, opts: &Options) -> Result<Box<dyn Transport>>
 //! pub leap::transport::Stats::bytes_sent: u64
 //! impl Transport for leap::transport::udp::UdpTransport
 //! ```
