@@ -26,9 +26,17 @@
 //! - `cli` (default): the `leap` binary's part: the command line (`cli`),
 //!   the benchmark (`bench`) and the remote agent and coordinator
 //!   (`serve`), with clap, anyhow, env_logger, indicatif, toml and
-//!   signal-hook. An embedder that only moves frames turns it off
+//!   signal-hook, the ring runtime (`ring`) and the telemetry servers
+//!   (`telemetry-server`). An embedder that only moves frames turns it off
 //!   (`default-features = false`) and gets the transport alone: backends,
-//!   reassembly, the node loop and telemetry.
+//!   reassembly and telemetry's counters, without tokio, hyper,
+//!   prometheus-client or hdrhistogram.
+//! - `ring`: `ring`, the head and worker loops and the local ring runner,
+//!   with hdrhistogram for round trips.
+//! - `telemetry-server`: `telemetry::serve`, a node's Prometheus endpoint
+//!   and stats socket, on tokio, hyper and prometheus-client.
+//! - `tokio`: async send and receive for the datagram transports
+//!   (`transport::asyncio`).
 //!
 //! # Layers
 //!
@@ -43,7 +51,7 @@
 //!   datagram backends), that below the backends (`tcp`, `udp`, `kmod`,
 //!   `xdp`), and [`transport::open`], which only dispatches by name, on top;
 //! - [`telemetry`]: counters and the stats socket;
-//! - [`ring`]: the node loop and the local ring runner;
+//! - `ring`: the node loop and the local ring runner (feature `ring`);
 //! - `bench`, `serve` and `cli`: the binary's.
 
 #[cfg(feature = "cli")]
@@ -52,6 +60,7 @@ pub mod bench;
 pub mod cli;
 pub mod frame;
 pub mod netns;
+#[cfg(feature = "ring")]
 pub mod ring;
 #[cfg(feature = "cli")]
 pub mod serve;

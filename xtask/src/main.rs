@@ -7,6 +7,7 @@ mod ci;
 mod cpp;
 mod ebpf;
 mod kmod;
+mod public_api;
 mod python;
 mod tools;
 mod util;
@@ -61,6 +62,8 @@ enum Cmd {
     Bench(bench::Args),
     /// Set up the Python package: a venv under target/python, the abi3 wheel built and installed (`--test` runs its tests).
     Python(python::Args),
+    /// Compare the library's public items with leap-user/public-api.txt (`--bless` writes it).
+    PublicApi(public_api::Args),
     /// Boot Debian's 6.1 and 6.12 kernels in qemu with the module and run the kmod suite (or `-- CMD...`).
     Vm(vm::Args),
 }
@@ -100,5 +103,6 @@ fn run(cmd: Cmd) -> Result<()> {
         }
         Cmd::Vm(args) => vm::run(args),
         Cmd::Python(args) => python::run_python(args),
+        Cmd::PublicApi(args) => public_api::run(args),
     }
 }

@@ -23,6 +23,51 @@ pub struct Received {
     pub kind: FrameKind,
 }
 
+/// Declares a struct of counters (`u64`s and structs of counters, every
+/// field `pub`) and its `add`, which adds each field of another instance:
+/// a counter added to the struct is summed without a line more.
+macro_rules! counters {
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident {
+            $($(#[$field_meta:meta])* pub $field:ident: $ty:ty,)*
+        }
+    ) => {
+        $(#[$meta])*
+        $vis struct $name {
+            $($(#[$field_meta])* pub $field: $ty,)*
+        }
+
+        impl $name {
+            /// Adds another instance's counters, every field (for ring-wide
+            /// sums).
+            pub fn add(&mut self, o: &Self) {
+                $($crate::frame::types::AddCounters::add_counters(&mut self.$field, &o.$field);)*
+            }
+        }
+    };
+}
+pub(crate) use counters;
+
+/// A field of a [`counters!`] struct: how it is summed.
+pub(crate) trait AddCounters {
+    /// Adds `o` to `self`.
+    fn add_counters(&mut self, o: &Self);
+}
+
+impl AddCounters for u64 {
+    fn add_counters(&mut self, o: &Self) {
+        *self += *o;
+    }
+}
+
+impl AddCounters for Drops {
+    fn add_counters(&mut self, o: &Self) {
+        self.add(o);
+    }
+}
+
+counters! {
 /// Datagrams dropped on receive, by reason.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(default)]
@@ -65,6 +110,7 @@ pub struct Drops {
     pub foreign_dst: u64,
     /// An IPv6 source `::ffff:a.b.c.d` (XDP receive path).
     pub mapped_source: u64,
+}
 }
 
 impl Drops {

@@ -18,9 +18,11 @@ use nix::errno::Errno;
 /// One open file of the device (one ring node) and its mapped buffer.
 ///
 /// The module writes into banks that are not held by user space at any
-/// time, so the buffer is shared memory: it is only ever read or written
-/// through raw copies, never through Rust references that the kernel could
-/// change underneath.
+/// time, so the buffer is shared memory: receive banks are copied out with
+/// volatile loads ([`Self::read_bank`]) or lent as slices only while held
+/// ([`Self::held_bank`], which the module then leaves alone), and the TX
+/// area, which the module only reads during a SEND, is written by its one
+/// sender; never a Rust reference the kernel could change underneath.
 #[derive(Debug)]
 pub struct Device {
     map: MmapRaw,
@@ -256,18 +258,23 @@ impl Device {
 
     /// Copies `out.len()` bytes from `offset` of receive bank `bank`.
     ///
+    /// A bank this file holds (delivered by `LEAP_IOCTL_WAIT_FRAME`, not
+    /// released) is copied as the module left it. Any other bank may be
+    /// written by the module during the copy: the copy is then still
+    /// defined, but may mix bytes from before and after each write (torn at
+    /// 8-byte words): only bytes, which mean a frame only if the bank was
+    /// held (or the frame's own length and checksum say so).
+    ///
     /// # Panics
     ///
     /// When the range is outside the bank.
     pub fn read_bank(&self, bank: usize, offset: usize, out: &mut [u8]) {
         assert!(bank < RX_BANKS && offset <= BANK_LEN && out.len() <= BANK_LEN - offset, "outside bank {bank}");
         // SAFETY: the range lies inside the mapping (checked above; the map
-        // is MMAP_LEN long), `out` is a distinct Rust buffer. The module
-        // leaves a held bank alone; reading a bank it is writing yields some
-        // bytes, never undefined behaviour for plain u8 copies.
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.map.as_ptr().add(bank * BANK_LEN + offset), out.as_mut_ptr(), out.len())
-        }
+        // is MMAP_LEN long and lives as long as `self`) and inside the
+        // receive half, to which no `&mut` exists (only `tx_area` hands one
+        // out, past TX_OFFSET); `out` is a distinct Rust buffer.
+        unsafe { copy_volatile(self.map.as_ptr().add(bank * BANK_LEN + offset), out) }
     }
 
     /// The first `len` bytes of receive bank `bank`, in place.
@@ -310,15 +317,18 @@ impl Device {
         unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(TX_OFFSET), len) }
     }
 
-    /// Copies the whole receive half (all 64 banks) into `out`.
+    /// Copies the whole receive half (all 64 banks) into `out`. Banks the
+    /// module writes meanwhile may come out torn, as with
+    /// [`Self::read_bank`].
     ///
     /// # Panics
     ///
     /// When `out` is not [`HALF_LEN`] bytes long.
     pub fn read_all_banks(&self, out: &mut [u8]) {
         assert_eq!(out.len(), HALF_LEN);
-        // SAFETY: as in `read_bank`: the first HALF_LEN bytes of the mapping.
-        unsafe { std::ptr::copy_nonoverlapping(self.map.as_ptr(), out.as_mut_ptr(), HALF_LEN) }
+        // SAFETY: as in `read_bank`: the first HALF_LEN bytes of the
+        // mapping, the receive half.
+        unsafe { copy_volatile(self.map.as_ptr(), out) }
     }
 
     /// Copies `parts` one after another into the TX area at offset 0 and
@@ -357,6 +367,49 @@ impl Device {
     }
 }
 
+/// Copies `out.len()` bytes from `src` with volatile loads: a byte at a time
+/// up to the first 8-byte boundary, then a `u64` word at a time, then the
+/// last bytes.
+///
+/// The module's buffer, mapped `MAP_SHARED`, lies outside every Rust
+/// allocation and is written by the kernel on its own: memory of the kind
+/// `read_volatile` is documented for (I/O memory). Each load is an
+/// externally observable access that the compiler neither elides, merges,
+/// repeats nor moves across the others, and returns whatever the memory
+/// holds at that moment; every bit pattern is a valid `u8` and `u64`.
+/// No Rust code writes the receive half, so there is no race between Rust
+/// threads for volatile to leave undefined. A write by the module during
+/// the copy can only make it a mix of old and new bytes, torn at word
+/// boundaries. A plain `copy_nonoverlapping` would be a non-atomic read
+/// racing that write, which Rust leaves undefined.
+///
+/// # Safety
+///
+/// `src..src + out.len()` lies inside a live mapping of the device that no
+/// Rust `&mut` covers while the copy runs.
+unsafe fn copy_volatile(src: *const u8, out: &mut [u8]) {
+    const WORD: usize = size_of::<u64>();
+    let head = src.align_offset(WORD).min(out.len());
+    let (bytes, rest) = out.split_at_mut(head);
+    for (i, b) in bytes.iter_mut().enumerate() {
+        // SAFETY: i < out.len(): inside the range the caller vouches for.
+        *b = unsafe { src.add(i).read_volatile() };
+    }
+    let mut words = rest.chunks_exact_mut(WORD);
+    let mut at = head;
+    for w in &mut words {
+        // SAFETY: at + 8 <= out.len(), and src + at is 8-aligned (`head`
+        // reached the boundary, and each step is one word).
+        let v = unsafe { src.add(at).cast::<u64>().read_volatile() };
+        w.copy_from_slice(&v.to_ne_bytes());
+        at += WORD;
+    }
+    for (i, b) in words.into_remainder().iter_mut().enumerate() {
+        // SAFETY: at + i < out.len().
+        *b = unsafe { src.add(at + i).read_volatile() };
+    }
+}
+
 impl AsFd for Device {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.file.as_fd()
@@ -365,6 +418,20 @@ impl AsFd for Device {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn volatile_copy_gives_the_bytes_at_every_alignment_and_length() {
+        let src: Vec<u8> = (0..200u32).map(|i| (i * 7 + 3) as u8).collect();
+        for start in 0..9 {
+            for len in [0, 1, 7, 8, 9, 15, 16, 17, 64, 100, 191 - start] {
+                let mut out = vec![0u8; len];
+                // SAFETY: start + len <= 200, inside `src`, which nothing
+                // else touches meanwhile.
+                unsafe { super::copy_volatile(src.as_ptr().add(start), &mut out) };
+                assert_eq!(out, src[start..start + len], "from {start}, {len} bytes");
+            }
+        }
+    }
+
     #[test]
     fn nix_request_numbers_are_the_abi_ones() {
         for &(name, abi, nix) in super::ioctl::REQUESTS {

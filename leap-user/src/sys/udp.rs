@@ -49,9 +49,15 @@ pub const fn gso_segments_max(seg: usize) -> usize {
     }
 }
 
+/// Control-message space of one message, 8-aligned as `cmsghdr` wants:
+/// on receive a `UDP_GRO` int and an `SO_RXQ_OVFL` u32 (`CMSG_SPACE(4)` is
+/// 24 bytes each), on send one `UDP_SEGMENT` u16 (`CMSG_SPACE(2)`, 24).
 #[repr(C, align(8))]
 #[derive(Clone, Copy)]
-struct CmsgBuf([u8; 64]);
+struct CmsgBuf([u8; CMSG_BUF_LEN]);
+
+/// Bytes of a [`CmsgBuf`].
+const CMSG_BUF_LEN: usize = 64;
 
 /// A piece of a datagram to send.
 pub type Piece<'a> = &'a [u8];
@@ -141,7 +147,7 @@ impl TxBatch {
             }
         }
         self.msgs.clear();
-        self.ctrl.resize(self.groups.len(), CmsgBuf([0; 64]));
+        self.ctrl.resize(self.groups.len(), CmsgBuf([0; CMSG_BUF_LEN]));
         for (i, &(first, count, seg)) in self.groups.iter().enumerate() {
             // SAFETY: mmsghdr is plain data; all-zero is a valid value.
             let mut m: libc::mmsghdr = unsafe { zeroed() };
@@ -154,8 +160,9 @@ impl TxBatch {
                 m.msg_hdr.msg_control = buf.0.as_mut_ptr().cast();
                 // SAFETY: CMSG_SPACE is a pure computation.
                 m.msg_hdr.msg_controllen = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as usize;
-                // SAFETY: msg_control points to a 32-byte, 8-aligned buffer,
-                // large enough for one cmsg carrying a u16.
+                // SAFETY: msg_control points to a CmsgBuf (64 bytes,
+                // 8-aligned), of which msg_controllen claims CMSG_SPACE(2):
+                // room for the one cmsg carrying a u16 written here.
                 unsafe {
                     let c = libc::CMSG_FIRSTHDR(&m.msg_hdr);
                     (*c).cmsg_level = libc::SOL_UDP;
@@ -237,7 +244,7 @@ impl RxBatch {
             iov: vec![libc::iovec { iov_base: ptr::null_mut(), iov_len: 0 }; count],
             msgs: vec![msg; count],
             names: vec![name; count],
-            ctrl: vec![CmsgBuf([0; 64]); count],
+            ctrl: vec![CmsgBuf([0; CMSG_BUF_LEN]); count],
             meta: vec![RxMeta { len: 0, segment: None, truncated: false }; count],
             kernel_drops: None,
             filled: 0,
@@ -509,4 +516,19 @@ fn ipv6_mtu(fd: BorrowedFd<'_>) -> io::Result<libc::c_int> {
         libc::getsockopt(fd.as_raw_fd(), libc::IPPROTO_IPV6, libc::IPV6_MTU, (&raw mut v).cast(), &raw mut len)
     };
     if r < 0 { Err(io::Error::last_os_error()) } else { Ok(v) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cmsg_buffer_holds_every_control_message_leap_sends_or_takes() {
+        // SAFETY: CMSG_SPACE is a pure computation.
+        let (u16_space, int_space) =
+            unsafe { (libc::CMSG_SPACE(size_of::<u16>() as u32), libc::CMSG_SPACE(size_of::<libc::c_int>() as u32)) };
+        assert!(u16_space as usize <= CMSG_BUF_LEN, "UDP_SEGMENT: {u16_space}");
+        assert!(2 * int_space as usize <= CMSG_BUF_LEN, "UDP_GRO and SO_RXQ_OVFL: {int_space} each");
+        assert!(align_of::<CmsgBuf>() >= align_of::<libc::cmsghdr>());
+    }
 }

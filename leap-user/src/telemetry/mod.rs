@@ -2,15 +2,19 @@
 //! program, kernel module) and a latency histogram, as JSON over a Unix
 //! socket (`leap stats`) and as Prometheus text over HTTP (`--metrics`).
 //!
-//! Both servers run on a thread of their own ([`serve`]), so a slow or
-//! hostile client never holds up the node's frame loop, and every
-//! connection is bounded in size, number and time ([`Limits`]).
+//! Both servers run on a thread of their own (`serve`, feature
+//! `telemetry-server`), so a slow or hostile client never holds up the
+//! node's frame loop, and every connection is bounded in size, number and
+//! time (`Limits`).
 
 mod client;
+#[cfg(feature = "telemetry-server")]
 mod prometheus;
+#[cfg(feature = "telemetry-server")]
 pub(crate) mod server;
 
 pub use client::{MAX_STATS_REPLY, STATS_TIMEOUT, StatsQueryError, query_stats, query_stats_within, release_source};
+#[cfg(feature = "telemetry-server")]
 pub use server::{Limits, Servers, TelemetryError, serve};
 
 use std::sync::Mutex;
@@ -61,8 +65,10 @@ enum Server {
 }
 
 impl Server {
+    #[cfg(feature = "telemetry-server")]
     const ALL: [Self; 2] = [Self::Metrics, Self::Stats];
 
+    #[cfg(feature = "telemetry-server")]
     fn name(self) -> &'static str {
         match self {
             Self::Metrics => "metrics",
@@ -184,6 +190,7 @@ impl Telemetry {
     }
 
     /// Prometheus text exposition format (version 0.0.4).
+    #[cfg(feature = "telemetry-server")]
     pub fn to_prometheus(&self) -> String {
         prometheus::encode(self)
     }
@@ -195,6 +202,7 @@ impl Telemetry {
 
     /// Counts a connection a server refused because it had
     /// [`Limits::max_connections`] open; says so in the log the first time.
+    #[cfg(feature = "telemetry-server")]
     fn refuse(&self, server: Server) {
         if self.refused[server as usize].fetch_add(1, Ordering::Relaxed) == 0 {
             log::warn!(

@@ -23,6 +23,7 @@ use std::time::Duration;
 use leap_common::control::{CONTROL_FRAME_MIN, ControlMessage};
 use serde::Serialize;
 
+use crate::frame::types::counters;
 pub use crate::frame::types::{Drops, FrameKind, Received};
 pub use lend::Lent;
 
@@ -142,6 +143,7 @@ impl TransportError {
 /// Result of transport operations.
 pub type Result<T, E = TransportError> = std::result::Result<T, E>;
 
+counters! {
 /// Counters of one transport instance.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(default)]
@@ -196,51 +198,6 @@ pub struct Stats {
     /// Dropped datagrams by reason.
     pub drops: Drops,
 }
-
-impl Stats {
-    /// Adds another instance's counters (for ring-wide sums).
-    pub fn add(&mut self, o: &Stats) {
-        self.frames_sent += o.frames_sent;
-        self.frames_received += o.frames_received;
-        self.chunks_sent += o.chunks_sent;
-        self.datagrams_sent += o.datagrams_sent;
-        self.chunks_received += o.chunks_received;
-        self.bytes_sent += o.bytes_sent;
-        self.bytes_received += o.bytes_received;
-        self.frames_lost += o.frames_lost;
-        self.retransmits += o.retransmits;
-        self.chunks_recovered += o.chunks_recovered;
-        self.probes += o.probes;
-        self.nacks_sent += o.nacks_sent;
-        self.nacks_received += o.nacks_received;
-        self.timeouts += o.timeouts;
-        self.nacks_refused += o.nacks_refused;
-        self.nacks_unknown += o.nacks_unknown;
-        self.send_errors += o.send_errors;
-        self.hellos_sent += o.hellos_sent;
-        self.hellos_received += o.hellos_received;
-        self.kernel_drops += o.kernel_drops;
-        self.copied_bytes += o.copied_bytes;
-        let (d, e) = (&mut self.drops, &o.drops);
-        d.short += e.short;
-        d.bad_magic += e.bad_magic;
-        d.bad_chunk_id += e.bad_chunk_id;
-        d.oversize += e.oversize;
-        d.bad_length += e.bad_length;
-        d.total_mismatch += e.total_mismatch;
-        d.wrong_source += e.wrong_source;
-        d.duplicate += e.duplicate;
-        d.stale += e.stale;
-        d.out_of_window += e.out_of_window;
-        d.too_large += e.too_large;
-        d.bad_crc += e.bad_crc;
-        d.bad_ip_checksum += e.bad_ip_checksum;
-        d.bad_udp_checksum += e.bad_udp_checksum;
-        d.foreign_mac += e.foreign_mac;
-        d.foreign_vlan += e.foreign_vlan;
-        d.foreign_dst += e.foreign_dst;
-        d.mapped_source += e.mapped_source;
-    }
 }
 
 /// What a backend counts beyond [`Stats`]: the XDP program's decisions or
@@ -777,6 +734,41 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `Stats` as JSON with every counter, nested ones included, set by
+    /// `value(index of the counter)`.
+    fn every_counter(value: impl Fn(u64) -> u64) -> serde_json::Value {
+        fn fill(v: &mut serde_json::Value, next: &mut u64, value: &dyn Fn(u64) -> u64) {
+            match v {
+                serde_json::Value::Object(m) => m.values_mut().for_each(|f| fill(f, next, value)),
+                n => {
+                    assert!(n.is_u64(), "a counter that is not a number: {n}");
+                    *n = value(*next).into();
+                    *next += 1;
+                }
+            }
+        }
+        let mut v = serde_json::to_value(Stats::default()).unwrap();
+        fill(&mut v, &mut 0, &value);
+        v
+    }
+
+    #[test]
+    fn stats_add_sums_every_counter() {
+        let a: Stats = serde_json::from_value(every_counter(|i| i + 1)).unwrap();
+        let b: Stats = serde_json::from_value(every_counter(|i| 1000 * (i + 1))).unwrap();
+        let mut sum = a;
+        sum.add(&b);
+        assert_eq!(serde_json::to_value(sum).unwrap(), every_counter(|i| 1001 * (i + 1)));
+    }
+
+    #[test]
+    fn drops_total_counts_every_reason() {
+        let reasons = serde_json::to_value(Drops::default()).unwrap().as_object().unwrap().clone();
+        let ones: serde_json::Map<_, _> = reasons.keys().map(|k| (k.clone(), 1.into())).collect();
+        let ones: Drops = serde_json::from_value(ones.into()).unwrap();
+        assert_eq!(ones.total(), reasons.len() as u64, "Drops::total leaves a reason out");
+    }
 
     #[test]
     fn backend_counters_serialise_flat_and_come_back_as_the_same_backend() {
