@@ -9,16 +9,11 @@ fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
-            use clap::error::ErrorKind;
-            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
-                let _ = e.print();
-                return ExitCode::SUCCESS;
-            }
-            // One line: what is wrong and where to look.
-            let msg = e.to_string();
-            let first = msg.lines().next().unwrap_or("invalid arguments").trim_start_matches("error: ");
-            eprintln!("leap: {first} (see `leap --help`)");
-            return ExitCode::from(2);
+            // clap's whole message: what is wrong (the missing arguments,
+            // the possible values, a similar name), then the usage. Help
+            // and version go to stdout with 0, errors to stderr with 2.
+            let _ = e.print();
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
         }
     };
     // A node's config file may set the level; --log and RUST_LOG win.

@@ -1,9 +1,10 @@
-//! The `leap` binary's handling of bad input: one line, non-zero exit.
+//! The `leap` binary's command line: errors in the arguments (clap's whole
+//! message, exit 2) and errors found later (one line, exit 1).
 
 use std::process::Command;
 
 fn leap(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_leap")).args(args).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_leap")).args(args).env_remove("RUST_LOG").output().unwrap();
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -13,7 +14,7 @@ fn leap(args: &[&str]) -> (i32, String, String) {
 
 fn assert_one_line_error(args: &[&str], needle: &str) {
     let (code, _, err) = leap(args);
-    assert_ne!(code, 0, "{args:?} succeeded");
+    assert_eq!(code, 1, "{args:?}: {err}");
     assert_eq!(err.trim_end().lines().count(), 1, "{args:?} printed: {err}");
     assert!(err.contains(needle), "{args:?}: {err}");
 }
@@ -22,9 +23,6 @@ fn assert_one_line_error(args: &[&str], needle: &str) {
 fn bad_ring_arguments_fail_with_one_line() {
     assert_one_line_error(&["ring", "--transport", "udp", "--frame-size", "0"], "--frame-size 0");
     assert_one_line_error(&["ring", "--transport", "udp", "--nodes", "0"], "--nodes 0");
-    assert_one_line_error(&["ring", "--transport", "carrier-pigeon"], "carrier-pigeon");
-    assert_one_line_error(&["ring", "--transport", "udp", "--frames", "x"], "--frames");
-    assert_one_line_error(&["node", "--transport", "udp", "--listen", "1.2.3", "--next", "127.0.0.1:1"], "1.2.3");
     assert_one_line_error(
         &["ring", "--transport", "udp", "--loopback", "--cpus", "100000"],
         "CPU 100000 is not available",
@@ -33,6 +31,69 @@ fn bad_ring_arguments_fail_with_one_line() {
         &["bench", "--quick", "--loopback", "--cpus", "100000", "--out", "/tmp/leap-cli-test"],
         "CPU 100000",
     );
+}
+
+/// A usage error: clap's whole message on stderr, every `needles` in it,
+/// nothing on stdout, exit 2.
+fn assert_usage_error(args: &[&str], needles: &[&str]) {
+    let (code, out, err) = leap(args);
+    assert_eq!(code, 2, "{args:?}: {err}");
+    assert!(out.is_empty(), "{args:?} printed on stdout: {out}");
+    for n in needles {
+        assert!(err.contains(n), "{args:?}: no `{n}` in: {err}");
+    }
+    assert!(err.contains("--help"), "{args:?}: {err}");
+}
+
+#[test]
+fn a_missing_argument_is_named() {
+    assert_usage_error(
+        &["ring", "--nodes", "3"],
+        &["the following required arguments were not provided:", "--transport <TRANSPORT>", "Usage: leap ring"],
+    );
+    assert_usage_error(&["node", "--transport", "udp"], &["--listen <ADDR:PORT>", "--next <ADDR:PORT>"]);
+}
+
+#[test]
+fn an_invalid_value_lists_the_possible_ones() {
+    assert_usage_error(
+        &["ring", "--transport", "udpp"],
+        &["invalid value 'udpp' for '--transport <TRANSPORT>'", "[possible values: tcp, udp, xdp, xdp-ringbuf, kmod]"],
+    );
+    assert_usage_error(&["ring", "--transport", "udpp"], &["a similar value exists: 'udp'"]);
+    assert_usage_error(&["ring", "--transport", "carrier-pigeon"], &["carrier-pigeon", "possible values"]);
+    assert_usage_error(
+        &["node", "--transport", "udp", "--listen", "1.2.3", "--next", "127.0.0.1:1"],
+        &["invalid value '1.2.3' for '--listen <ADDR:PORT>'", "invalid socket address"],
+    );
+}
+
+#[test]
+fn an_unknown_argument_gets_a_suggestion() {
+    assert_usage_error(
+        &["ring", "--transprt", "udp"],
+        &["unexpected argument '--transprt'", "a similar argument exists: '--transport'", "Usage: leap ring"],
+    );
+    assert_usage_error(&["rnig"], &["unrecognized subcommand 'rnig'", "a similar subcommand exists: 'ring'"]);
+}
+
+#[test]
+fn a_bad_number_says_why() {
+    assert_usage_error(
+        &["ring", "--transport", "udp", "--frames", "x"],
+        &["invalid value 'x' for '--frames <FRAMES>'", "invalid digit"],
+    );
+    assert_usage_error(&["node", "--xdp-vlan", "5000"], &["invalid value '5000' for '--xdp-vlan <ID>'", "0..=4095"]);
+}
+
+#[test]
+fn help_and_version_go_to_stdout() {
+    for args in [&["--help"][..], &["ring", "--help"], &["--version"], &["node", "-h"]] {
+        let (code, out, err) = leap(args);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        assert!(err.is_empty(), "{args:?}: {err}");
+        assert!(out.contains("Usage: leap") || out.starts_with("leap "), "{args:?}: {out}");
+    }
 }
 
 #[test]
