@@ -17,19 +17,14 @@ fn main() -> ExitCode {
         }
     };
     // A node's config file may set the level; --log and RUST_LOG win.
-    let level = match &cli.cmd {
-        Command::Node(a) if cli.log == "warn" => {
-            leap::cli::node::config_log_level(a).unwrap_or_else(|| cli.log.clone())
-        }
-        _ => cli.log.clone(),
+    let filter = match &cli.cmd {
+        Command::Node(a) => leap::cli::node::log_level(a, &cli.log).0,
+        _ => std::env::var("RUST_LOG").unwrap_or_else(|_| cli.log.clone()),
     };
-    env_logger::Builder::new()
-        .parse_filters(&std::env::var("RUST_LOG").unwrap_or(level))
-        .format_timestamp_millis()
-        .init();
+    env_logger::Builder::new().parse_filters(&filter).format_timestamp_millis().init();
     let res = match &cli.cmd {
         Command::Ring(a) => leap::cli::ring::main(a),
-        Command::Node(a) => leap::cli::node::main(a),
+        Command::Node(a) => leap::cli::node::main(a, &cli.log),
         Command::Bench(a) => leap::cli::bench::main(a),
         Command::BenchMember(a) => leap::cli::bench_member::main(a),
         Command::Stats(a) => leap::cli::stats::main(a),
