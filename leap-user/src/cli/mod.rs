@@ -141,7 +141,12 @@ pub struct TransportArgs {
     pub xdp_queues: Queues,
     /// VLAN ID a tagged chunk may carry on the XDP path (repeat for
     /// several; default: untagged chunks only).
-    #[arg(long = "xdp-vlan", id = "xdp_vlan", value_name = "ID", value_parser = clap::value_parser!(u16).range(0..=4095))]
+    #[arg(
+        long = "xdp-vlan",
+        id = "xdp_vlan",
+        value_name = "ID",
+        value_parser = clap::value_parser!(u16).range(0..=4095)
+    )]
     pub xdp_vlans: Vec<u16>,
     /// Loss recovery of the datagram transports.
     #[arg(long, value_enum, default_value = "reliable")]
@@ -152,12 +157,28 @@ pub struct TransportArgs {
     /// No CRC32C on frames between leap nodes (on by default; a frame whose
     /// CRC fails is never delivered). `--no-crc=false` keeps it on over a
     /// node file's `crc = false`.
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value_t = false, value_name = "BOOL", action = ArgAction::Set)]
+    #[arg(
+        long,
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_value_t = false,
+        default_missing_value = "true"
+    )]
     pub no_crc: bool,
     /// One chunk per datagram: no chunk trains, even to leap nodes that
     /// take them (trains fill datagrams up to the path MTU).
     /// `--no-trains=false` keeps them on over a node file's `trains = false`.
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value_t = false, value_name = "BOOL", action = ArgAction::Set)]
+    #[arg(
+        long,
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_value_t = false,
+        default_missing_value = "true"
+    )]
     pub no_trains: bool,
     /// Busy-poll the receive sockets for US microseconds per wait
     /// (SO_BUSY_POLL, SO_PREFER_BUSY_POLL, SO_BUSY_POLL_BUDGET; these need
