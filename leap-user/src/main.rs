@@ -9,32 +9,22 @@ fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
-            use clap::error::ErrorKind;
-            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
-                let _ = e.print();
-                return ExitCode::SUCCESS;
-            }
-            // One line: what is wrong and where to look.
-            let msg = e.to_string();
-            let first = msg.lines().next().unwrap_or("invalid arguments").trim_start_matches("error: ");
-            eprintln!("leap: {first} (see `leap --help`)");
-            return ExitCode::from(2);
+            // clap's whole message: what is wrong (the missing arguments,
+            // the possible values, a similar name), then the usage. Help
+            // and version go to stdout with 0, errors to stderr with 2.
+            let _ = e.print();
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
         }
     };
     // A node's config file may set the level; --log and RUST_LOG win.
-    let level = match &cli.cmd {
-        Command::Node(a) if cli.log == "warn" => {
-            leap::cli::node::config_log_level(a).unwrap_or_else(|| cli.log.clone())
-        }
-        _ => cli.log.clone(),
+    let filter = match &cli.cmd {
+        Command::Node(a) => leap::cli::node::log_level(a, &cli.log).0,
+        _ => std::env::var("RUST_LOG").unwrap_or_else(|_| cli.log.clone()),
     };
-    env_logger::Builder::new()
-        .parse_filters(&std::env::var("RUST_LOG").unwrap_or(level))
-        .format_timestamp_millis()
-        .init();
+    env_logger::Builder::new().parse_filters(&filter).format_timestamp_millis().init();
     let res = match &cli.cmd {
         Command::Ring(a) => leap::cli::ring::main(a),
-        Command::Node(a) => leap::cli::node::main(a),
+        Command::Node(a) => leap::cli::node::main(a, &cli.log),
         Command::Bench(a) => leap::cli::bench::main(a),
         Command::BenchMember(a) => leap::cli::bench_member::main(a),
         Command::Stats(a) => leap::cli::stats::main(a),

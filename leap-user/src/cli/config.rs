@@ -36,6 +36,7 @@
 //! cpus = [2]                      # pin (e.g. near the NIC queue's IRQ)
 //! ```
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -57,6 +58,11 @@ pub struct NodeFile {
     /// The process.
     #[serde(default)]
     pub node: NodeSection,
+    /// The keys the file sets, as `section.key` (e.g.
+    /// `transport.recv_timeout_ms`), filled in by [`load`]: a key not among
+    /// them holds its default.
+    #[serde(skip)]
+    pub keys: BTreeSet<String>,
 }
 
 /// `[ring]`.
@@ -262,10 +268,17 @@ pub struct NodePlan {
 pub fn load(path: &Path) -> Result<NodePlan, ConfigError> {
     let text =
         std::fs::read_to_string(path).map_err(|e| err(path.display().to_string(), format!("cannot read: {e}")))?;
-    let file: NodeFile = toml::from_str(&text).map_err(|e| {
+    let syntax = |e: toml::de::Error| {
         let msg = e.message().to_string();
         err(path.display().to_string(), format!("{msg} (see `leap node --help` for the format)"))
-    })?;
+    };
+    let mut file: NodeFile = toml::from_str(&text).map_err(syntax)?;
+    let table: toml::Table = toml::from_str(&text).map_err(syntax)?;
+    file.keys = table
+        .iter()
+        .filter_map(|(section, v)| Some((section, v.as_table()?)))
+        .flat_map(|(section, t)| t.keys().map(move |k| format!("{section}.{k}")))
+        .collect();
     validate(file)
 }
 

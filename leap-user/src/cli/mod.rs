@@ -10,12 +10,13 @@ pub mod kmod;
 pub mod node;
 pub mod ring;
 pub mod serve;
+pub mod source;
 pub mod stats;
 pub mod xdp;
 
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 
 use crate::frame::window::DEFAULT_WINDOW_MEMORY;
 use crate::transport::config::AttachMode;
@@ -140,7 +141,12 @@ pub struct TransportArgs {
     pub xdp_queues: Queues,
     /// VLAN ID a tagged chunk may carry on the XDP path (repeat for
     /// several; default: untagged chunks only).
-    #[arg(long = "xdp-vlan", value_name = "ID", value_parser = clap::value_parser!(u16).range(0..=4095))]
+    #[arg(
+        long = "xdp-vlan",
+        id = "xdp_vlan",
+        value_name = "ID",
+        value_parser = clap::value_parser!(u16).range(0..=4095)
+    )]
     pub xdp_vlans: Vec<u16>,
     /// Loss recovery of the datagram transports.
     #[arg(long, value_enum, default_value = "reliable")]
@@ -149,16 +155,35 @@ pub struct TransportArgs {
     #[arg(long)]
     pub no_gso: bool,
     /// No CRC32C on frames between leap nodes (on by default; a frame whose
-    /// CRC fails is never delivered).
-    #[arg(long)]
+    /// CRC fails is never delivered). `--no-crc=false` keeps it on over a
+    /// node file's `crc = false`.
+    #[arg(
+        long,
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_value_t = false,
+        default_missing_value = "true"
+    )]
     pub no_crc: bool,
     /// One chunk per datagram: no chunk trains, even to leap nodes that
     /// take them (trains fill datagrams up to the path MTU).
-    #[arg(long)]
+    /// `--no-trains=false` keeps them on over a node file's `trains = false`.
+    #[arg(
+        long,
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_value_t = false,
+        default_missing_value = "true"
+    )]
     pub no_trains: bool,
     /// Busy-poll the receive sockets for US microseconds per wait
     /// (SO_BUSY_POLL, SO_PREFER_BUSY_POLL, SO_BUSY_POLL_BUDGET; these need
-    /// CAP_NET_ADMIN) and spin as long before sleeping. Alone: 50.
+    /// CAP_NET_ADMIN) and spin as long before sleeping. Alone: 50. `leap
+    /// node --busy-poll 0`: off, over a node file's `busy_poll_us`.
     #[arg(long, value_name = "US", num_args = 0..=1, default_missing_value = "50")]
     pub busy_poll: Option<u64>,
     /// Pin to these CPUs (comma-separated): ring node i runs on the
@@ -207,6 +232,15 @@ pub enum ReliabilityArg {
     Reliable,
     /// Give up frames with missing chunks (typed error, no hang).
     BestEffort,
+}
+
+impl From<crate::transport::datagram::Reliability> for ReliabilityArg {
+    fn from(r: crate::transport::datagram::Reliability) -> Self {
+        match r {
+            crate::transport::datagram::Reliability::Reliable => Self::Reliable,
+            crate::transport::datagram::Reliability::BestEffort => Self::BestEffort,
+        }
+    }
 }
 
 impl TransportArgs {

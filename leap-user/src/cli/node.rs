@@ -11,11 +11,11 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 
 use super::config::{self, NodePlan};
-use super::{TransportArg, TransportArgs};
+use super::source::{Given, Setting, Source, Spelled};
+use super::{Queues, TransportArg, TransportArgs};
 use crate::ring::{HeadConfig, NeighbourPolicy, WorkerConfig, run_head, run_worker};
 use crate::telemetry::{self, Telemetry};
 use crate::transport::Transport;
-use crate::transport::config::AttachMode;
 use crate::transport::open::{Endpoint, Options, TransportKind, open};
 
 /// The member's role.
@@ -39,10 +39,19 @@ pub enum NeighbourArg {
 /// Arguments of `leap node`.
 #[derive(Debug, Clone, Args)]
 pub struct NodeArgs {
+    // First: parsing takes each field's value out of the matches in order.
+    /// Which of these were given on the command line (they win over the
+    /// file, even at their default values).
+    #[command(flatten)]
+    pub given: Given,
     /// TOML file describing the ring and this member (flags override it).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Validate the configuration (and privileges) and exit.
+    /// Print every effective setting, one per line as `NAME VALUE (SOURCE)`
+    /// (NAME: the flag's long name; VALUE: as the flag takes it, `none` for
+    /// nothing, lists comma-separated; SOURCE: flag, file or default, or env
+    /// for a log level from RUST_LOG), then check the privileges each
+    /// transport needs, and exit.
     #[arg(long)]
     pub check: bool,
     /// Backend (with --config: only this one, no fallback).
@@ -113,113 +122,155 @@ struct Resolved {
     policy: NeighbourPolicy,
     metrics: Option<SocketAddr>,
     stats_socket: Option<PathBuf>,
+    /// Every setting above, where it came from (`--check` prints them).
+    settings: Vec<Setting>,
 }
 
-fn resolve(args: &NodeArgs) -> Result<Resolved> {
+/// Takes each setting from the flags, the node file and the defaults, in
+/// that order, and lists what it took from where.
+struct Layers<'a> {
+    given: &'a Given,
+    plan: Option<&'a NodePlan>,
+    settings: Vec<Setting>,
+}
+
+impl Layers<'_> {
+    /// The setting `name` (its flag's long name): the flag's value if the
+    /// flag was given, even at its default value; else the file's if the
+    /// file sets `key`; else the default, the file's own (`file`) when
+    /// there is a file, the flag's (`flag`, not given) when there is none.
+    fn pick<T: Spelled>(&mut self, name: &'static str, flag: T, key: &str, file: impl FnOnce(&NodePlan) -> T) -> T {
+        let (value, source) = match self.plan {
+            _ if self.given.contains(&flag_id(name)) => (flag, Source::Flag),
+            Some(p) if p.file.keys.contains(key) => (file(p), Source::File),
+            Some(p) => (file(p), Source::Default),
+            None => (flag, Source::Default),
+        };
+        self.settings.push(Setting { name, value: value.spelled(), source });
+        value
+    }
+
+    /// A setting that only a flag sets.
+    fn flag<T: Spelled>(&mut self, name: &'static str, flag: T) -> T {
+        let source = if self.given.contains(&flag_id(name)) { Source::Flag } else { Source::Default };
+        self.settings.push(Setting { name, value: flag.spelled(), source });
+        flag
+    }
+}
+
+/// The clap id of the flag `--name`: its field's name.
+fn flag_id(name: &str) -> String {
+    name.replace('-', "_")
+}
+
+fn resolve(args: &NodeArgs, log_flag: &str) -> Result<Resolved> {
     let plan: Option<NodePlan> = match &args.config {
         Some(p) => Some(config::load(p).map_err(|e| anyhow::anyhow!("{e}"))?),
         None => None,
     };
-    let file = plan.as_ref().map(|p| &p.file);
-    let frame_size = args.frame_size.or(file.map(|f| f.ring.frame_size)).unwrap_or(16_392);
+    let mut l = Layers { given: &args.given, plan: plan.as_ref(), settings: Vec::new() };
+    // Where this member sits in the ring.
+    let transport = args.transport.map(|t| vec![TransportKind::from(t)]);
+    let order = l.pick("transport", transport.clone().unwrap_or_default(), "transport.order", |p| p.order.clone());
+    let fallback = transport.is_none();
+    let listen = l.pick("listen", args.listen, "ring.members", |p| Some(p.listen));
+    let next = l.pick("next", args.next, "ring.members", |p| Some(p.next));
+    let prev = l.pick("prev", args.prev, "ring.members", |p| p.prev);
+    let iface = l.pick("iface", args.iface.clone(), "transport.interface", |p| p.file.transport.interface.clone());
+    let file_role = |p: &NodePlan| if p.is_head { Role::Head } else { Role::Worker };
+    let role = l.pick("role", args.role.unwrap_or(Role::Worker), "ring.me", file_role);
+    // What it runs.
+    let frame_size =
+        l.pick("frame-size", args.frame_size.unwrap_or(16_392), "ring.frame_size", |p| p.file.ring.frame_size);
+    let frames = l.pick("frames", args.frames.unwrap_or(1000), "ring.frames", |p| p.file.ring.frames);
+    let inflight =
+        l.pick("inflight", args.inflight.unwrap_or(1).max(1), "ring.inflight", |p| p.file.ring.inflight.max(1));
+    let compute_us = l.pick("compute-us", args.compute_us.unwrap_or(0), "ring.compute_us", |p| p.file.ring.compute_us);
+    let file_policy = |p: &NodePlan| match p.file.node.on_neighbour_loss.as_deref() {
+        Some("exit") => NeighbourArg::Exit,
+        _ => NeighbourArg::Wait,
+    };
+    let loss = l.pick(
+        "on-neighbour-loss",
+        args.on_neighbour_loss.unwrap_or(NeighbourArg::Wait),
+        "node.on_neighbour_loss",
+        file_policy,
+    );
+    // Checked when the file was read.
+    let metrics = l
+        .pick("metrics", args.metrics, "node.metrics", |p| p.file.node.metrics.as_deref().and_then(|m| m.parse().ok()));
+    let stats_socket =
+        l.pick("stats-socket", args.stats_socket.clone(), "node.stats_socket", |p| p.file.node.stats_socket.clone());
+    let (level, source) = log_level_of(&args.given, log_flag, plan.as_ref().map(|p| &p.file));
+    l.settings.push(Setting { name: "log", value: level, source });
+    l.flag("workers", args.workers);
+    l.flag("json", args.json);
+    // How it moves frames: the backend options, in the flags' order.
+    let ta = &args.transport_args;
+    let merged = TransportArgs {
+        timeout_ms: l.pick("timeout-ms", ta.timeout_ms, "transport.recv_timeout_ms", |p| t(p).recv_timeout_ms),
+        setup_timeout_s: l
+            .pick("setup-timeout-s", ta.setup_timeout_s, "transport.setup_timeout_s", |p| t(p).setup_timeout_s),
+        tcp_framing: l.flag("tcp-framing", ta.tcp_framing),
+        tcp_source_port: l.pick("tcp-source-port", ta.tcp_source_port, "transport.tcp_source_port", |p| {
+            t(p).tcp_source_port.filter(|&port| port > 0)
+        }),
+        tcp_prev_port: l.pick("tcp-prev-port", ta.tcp_prev_port, "transport.tcp_prev_port", |p| {
+            t(p).tcp_prev_port.filter(|&port| port > 0)
+        }),
+        original_compat: l.flag("original-compat", ta.original_compat),
+        spin_us: l.flag("spin-us", ta.spin_us),
+        xdp_object: l.pick("xdp-object", ta.xdp_object.clone(), "transport.xdp_object", |p| t(p).xdp_object.clone()),
+        // Checked when the file was read.
+        xdp_mode: l.pick("xdp-mode", ta.xdp_mode, "transport.xdp_mode", |p| t(p).xdp_mode.parse().unwrap_or_default()),
+        xdp_queues: l.pick("xdp-queues", ta.xdp_queues.clone(), "transport.queues", |p| {
+            Queues(
+                t(p).queues
+                    .as_ref()
+                    .and_then(|q| q.as_array())
+                    .map(|list| list.iter().filter_map(toml::Value::as_integer).map(|n| n as u32).collect()),
+            )
+        }),
+        xdp_vlans: l.pick("xdp-vlan", ta.xdp_vlans.clone(), "transport.vlans", |p| t(p).vlans.clone()),
+        reliability: l.pick("reliability", ta.reliability, "transport.reliability", |p| t(p).reliability.into()),
+        no_gso: l.flag("no-gso", ta.no_gso),
+        no_crc: l.pick("no-crc", ta.no_crc, "transport.crc", |p| !t(p).crc),
+        no_trains: l.pick("no-trains", ta.no_trains, "transport.trains", |p| !t(p).trains),
+        // 0 is off, as in the file.
+        busy_poll: l.pick("busy-poll", ta.busy_poll.filter(|&us| us > 0), "transport.busy_poll_us", |p| {
+            t(p).busy_poll_us.filter(|&us| us > 0)
+        }),
+        cpus: l.pick("cpus", ta.cpus.clone(), "node.cpus", |p| p.file.node.cpus.clone()),
+        window: l.pick("window", ta.window, "transport.window", |p| t(p).window),
+        keep_frames: l
+            .pick("keep-frames", ta.keep_frames, "transport.keep_frames", |p| t(p).keep_frames.map(|k| k as u64)),
+        window_memory_mib: l.pick("window-memory-mib", ta.window_memory_mib, "transport.window_memory_mib", |p| {
+            t(p).window_memory_mib.unwrap_or(crate::frame::window::DEFAULT_WINDOW_MEMORY >> 20)
+        }),
+    };
     let min = leap_common::control::CONTROL_FRAME_MIN;
     if frame_size < min || frame_size > crate::ring::MAX_FRAME {
         bail!("--frame-size {frame_size}: must be {min}..={} bytes", crate::ring::MAX_FRAME);
     }
-    let mut opts = args.transport_args.options(frame_size);
+    let mut opts = merged.options(frame_size);
     // `leap xdp status|stats` on this host see the node's program.
     opts.xdp_pin = true;
-    if let Some(f) = file {
-        let t = &f.transport;
-        // Flags left at their defaults take the file's value.
-        if args.transport_args.timeout_ms == 1000 {
-            opts.recv_timeout = (t.recv_timeout_ms > 0).then(|| Duration::from_millis(t.recv_timeout_ms));
-        }
-        if args.transport_args.setup_timeout_s == 30 {
-            opts.setup_timeout = Duration::from_secs(t.setup_timeout_s.max(1));
-        }
-        if args.transport_args.xdp_mode == AttachMode::Auto {
-            // Checked when the file was read.
-            opts.xdp_mode = t.xdp_mode.parse().unwrap_or_default();
-        }
-        if args.transport_args.xdp_object.is_none() {
-            opts.xdp_object = t.xdp_object.clone();
-        }
-        if args.transport_args.xdp_vlans.is_empty() {
-            opts.xdp_vlans = t.vlans.clone();
-        }
-        if args.transport_args.reliability == super::ReliabilityArg::Reliable {
-            opts.reliability = t.reliability;
-        }
-        if args.transport_args.cpus.is_empty() {
-            opts.cpus = f.node.cpus.clone();
-        }
-        if !args.transport_args.no_crc {
-            opts.crc = t.crc;
-        }
-        if !args.transport_args.no_trains {
-            opts.trains = t.trains;
-        }
-        if args.transport_args.window.is_none() {
-            opts.window = t.window;
-        }
-        if args.transport_args.keep_frames.is_none() {
-            opts.keep_frames = t.keep_frames;
-        }
-        if args.transport_args.window_memory_mib == crate::frame::window::DEFAULT_WINDOW_MEMORY >> 20
-            && let Some(mib) = t.window_memory_mib
-        {
-            opts.window_memory = mib.saturating_mul(1 << 20);
-        }
-        if args.transport_args.tcp_source_port.is_none() {
-            opts.tcp_source_port = t.tcp_source_port.filter(|&p| p > 0);
-        }
-        if args.transport_args.tcp_prev_port.is_none() {
-            opts.tcp_prev_port = t.tcp_prev_port.filter(|&p| p > 0);
-        }
-        if args.transport_args.busy_poll.is_none() {
-            opts.busy_poll = t.busy_poll_us.filter(|&us| us > 0).map(Duration::from_micros);
-        }
-        if args.transport_args.xdp_queues.0.is_none()
-            && let Some(list) = t.queues.as_ref().and_then(|q| q.as_array())
-        {
-            opts.xdp_queues = Some(list.iter().filter_map(|v| v.as_integer()).map(|n| n as u32).collect());
-        }
-    }
-    let inflight = args.inflight.or(file.map(|f| f.ring.inflight)).unwrap_or(1).max(1);
     opts.inflight = inflight;
     if let Err(e) = opts.windows() {
         bail!(
             "--inflight {inflight} with --frame-size {frame_size} (--window, --keep-frames, --window-memory-mib): {e}"
         );
     }
-    let (order, fallback) = match (args.transport, &plan) {
-        (Some(t), _) => (vec![TransportKind::from(t)], false),
-        (None, Some(p)) => (p.order.clone(), true),
-        (None, None) => bail!("--transport is required without --config"),
-    };
-    let listen = args.listen.or(plan.as_ref().map(|p| p.listen)).context("--listen is required without --config")?;
-    let next = args.next.or(plan.as_ref().map(|p| p.next)).context("--next is required without --config")?;
-    let prev = args.prev.or(plan.as_ref().and_then(|p| p.prev));
-    let iface = args.iface.clone().or(file.and_then(|f| f.transport.interface.clone()));
+    if order.is_empty() {
+        bail!("--transport is required without --config");
+    }
+    let listen = listen.context("--listen is required without --config")?;
+    let next = next.context("--next is required without --config")?;
     if let Some(i) = &iface
         && !std::path::Path::new("/sys/class/net").join(i).exists()
     {
         bail!("--iface {i}: no such interface on this host (see `ip link`)");
     }
-    let role = args.role.unwrap_or(if plan.as_ref().is_some_and(|p| p.is_head) { Role::Head } else { Role::Worker });
-    let policy = match args
-        .on_neighbour_loss
-        .map(|p| p == NeighbourArg::Exit)
-        .or(file.and_then(|f| f.node.on_neighbour_loss.as_deref()).map(|p| p == "exit"))
-    {
-        Some(true) => NeighbourPolicy::Exit,
-        _ => NeighbourPolicy::Wait,
-    };
-    let metrics = match args.metrics {
-        Some(m) => Some(m),
-        None => file.and_then(|f| f.node.metrics.as_deref()).map(|m| m.parse()).transpose()?,
-    };
     Ok(Resolved {
         name: plan.as_ref().map_or_else(|| listen.to_string(), |p| p.name.clone()),
         role,
@@ -228,19 +279,39 @@ fn resolve(args: &NodeArgs) -> Result<Resolved> {
         ep: Endpoint { listen, next, prev, iface },
         opts,
         frame_size,
-        frames: args.frames.or(file.map(|f| f.ring.frames)).unwrap_or(1000),
+        frames,
         inflight,
-        compute: Duration::from_micros(args.compute_us.or(file.map(|f| f.ring.compute_us)).unwrap_or(0)),
-        policy,
+        compute: Duration::from_micros(compute_us),
+        policy: if loss == NeighbourArg::Exit { NeighbourPolicy::Exit } else { NeighbourPolicy::Wait },
         metrics,
-        stats_socket: args.stats_socket.clone().or(file.and_then(|f| f.node.stats_socket.clone())),
+        stats_socket,
+        settings: l.settings,
     })
 }
 
-/// The log level a config file asks for, if any (before logging starts).
-pub fn config_log_level(args: &NodeArgs) -> Option<String> {
-    let p = args.config.as_ref()?;
-    config::load(p).ok()?.file.node.log
+/// The log level `leap node` runs at and where it came from: `RUST_LOG`,
+/// else `--log` (`flag`) if given, else the file's `node.log`, else the
+/// default. A file that cannot be read counts as none here; running the
+/// node reports it.
+pub fn log_level(args: &NodeArgs, flag: &str) -> (String, Source) {
+    let plan = args.config.as_deref().and_then(|p| config::load(p).ok());
+    log_level_of(&args.given, flag, plan.as_ref().map(|p| &p.file))
+}
+
+/// The node file's `[transport]`.
+fn t(p: &NodePlan) -> &config::TransportSection {
+    &p.file.transport
+}
+
+fn log_level_of(given: &Given, flag: &str, file: Option<&config::NodeFile>) -> (String, Source) {
+    if let Ok(env) = std::env::var("RUST_LOG") {
+        return (env, Source::Env);
+    }
+    match file.and_then(|f| f.node.log.clone()) {
+        _ if given.contains("log") => (flag.to_owned(), Source::Flag),
+        Some(level) => (level, Source::File),
+        None => (flag.to_owned(), Source::Default),
+    }
 }
 
 /// Opens the first backend in `order` that works here. With `fallback`,
@@ -282,9 +353,13 @@ fn open_first(r: &Resolved) -> Result<(TransportKind, Box<dyn Transport>)> {
 ///
 /// Bad arguments or configuration, missing privileges, or a transport
 /// failure.
-pub fn main(args: &NodeArgs) -> Result<()> {
-    let r = resolve(args)?;
+pub fn main(args: &NodeArgs, log: &str) -> Result<()> {
+    let r = resolve(args, log)?;
     if args.check {
+        // Before anything that may need privileges.
+        for s in &r.settings {
+            println!("{s}");
+        }
         let problems: Vec<Option<String>> = r
             .order
             .iter()
@@ -408,4 +483,53 @@ fn run(
         log::info!("stopped by signal");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    fn node_args(args: &[&str]) -> NodeArgs {
+        let argv = ["leap", "node", "--transport", "udp", "--listen", "127.0.0.1:9400", "--next", "127.0.0.1:9401"];
+        match Cli::try_parse_from(argv.iter().chain(args)).unwrap().cmd {
+            Command::Node(a) => a,
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn check_lists_every_flag_by_its_name_and_id() {
+        let r = resolve(&node_args(&[]), "warn").unwrap();
+        let names: Vec<&str> = r.settings.iter().map(|s| s.name).collect();
+        let cmd = Cli::command();
+        let node = cmd.find_subcommand("node").unwrap();
+        for arg in node.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            if ["config", "check", "help", "version"].contains(&long) {
+                continue;
+            }
+            assert!(names.contains(&long), "--{long} is not listed");
+            assert_eq!(arg.get_id().as_str(), flag_id(long), "--{long}: its id is not its name");
+        }
+        for name in &names {
+            // `--log` is `leap`'s, for every subcommand.
+            let known = *name == "log" || node.get_arguments().any(|a| a.get_long() == Some(name));
+            assert!(known, "{name} is no flag of leap node");
+            assert_eq!(names.iter().filter(|n| *n == name).count(), 1, "{name} twice");
+        }
+    }
+
+    #[test]
+    fn a_flag_at_its_default_is_known_as_given() {
+        let a = node_args(&["--timeout-ms", "1000", "--no-crc=false", "--reliability", "reliable"]);
+        for id in ["timeout_ms", "no_crc", "reliability", "transport"] {
+            assert!(a.given.contains(id), "{id}");
+        }
+        for id in ["setup_timeout_s", "no_trains", "xdp_mode", "window_memory_mib", "log"] {
+            assert!(!a.given.contains(id), "{id}");
+        }
+    }
 }
