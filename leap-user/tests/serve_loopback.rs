@@ -19,6 +19,7 @@ use leap::serve::coordinator::{Client, CoordinatorError, HostRings, HostSpec, Ho
 use leap::serve::protocol::{self, ErrorKind, MemberSpec, Request, Response, Role, XdpMode};
 use leap::serve::session::{self, SecureReader, SecureWriter};
 use leap::transport::open::TransportKind;
+use leap::transport::ring_key::RingKey;
 
 const TOKEN: &str = "loopback-token-0123456789";
 
@@ -279,6 +280,7 @@ fn worker_spec<const N: usize>(members: [SocketAddr; N], at: usize) -> MemberSpe
         recv_timeout_ms: 1000,
         setup_timeout_ms: 3000,
         stall_timeout_ms: 3000,
+        run_key: Some(RingKey::from_bytes([9; 32])),
     }
 }
 
@@ -333,7 +335,7 @@ fn member_aimed_at_loopback_outside_the_run_or_a_disallowed_interface_is_refused
 }
 
 #[test]
-fn tcp_member_forwards_nothing_but_length_framed_frames() {
+fn tcp_member_forwards_nothing_but_to_members_that_prove_the_run_key() {
     let a = Agents::start(1);
     let mut c = Client::connect("h0", a.hosts[0].control, TOKEN).unwrap();
     // A "service" that is not a leap member: the worker must never connect.
@@ -345,10 +347,15 @@ fn tcp_member_forwards_nothing_but_length_framed_frames() {
     assert!(e.starts_with("next"), "{e}");
     std::thread::sleep(Duration::from_millis(300));
     assert!(service.accept().is_err(), "a refused member connected to the service");
+    // Without the run's key a TCP member is refused outright.
+    let mut spec = worker_spec([free_addr(), a.hosts[0].data, free_addr()], 1);
+    spec.run_key = None;
+    assert!(refusal(&mut c, spec).starts_with("run_key"));
 
-    // A run whose members are a fake head (prev) and a fake next: a
-    // stranger's frame is not taken, raw bytes sent by the previous member
-    // are not a frame, and nothing reaches the next one.
+    // A token holder names a plain service as the next member of a run,
+    // and plays the previous member with raw bytes: the service gets the
+    // 40-byte keyed hello and nothing else, a stranger and the raw bytes
+    // are refused, and the member fails naming the ring key.
     let next = TcpListener::bind("127.0.0.1:0").unwrap();
     let prev_addr = free_addr();
     let spec = worker_spec([prev_addr, a.hosts[0].data, next.local_addr().unwrap()], 1);
@@ -373,14 +380,28 @@ fn tcp_member_forwards_nothing_but_length_framed_frames() {
     let _ = stranger.write_all(&frame);
     let (_, closed) = read_all(&mut stranger, Duration::from_secs(3));
     assert!(closed, "the worker closes a connection from outside the run");
-    let mut from_prev = TcpStream::connect(worker).unwrap();
-    assert!(matches!(c.recv().unwrap(), Response::Opened));
-    c.send(&Request::Go).unwrap();
+    // The previous member's address, but raw bytes instead of the proof.
+    let mut raw = TcpStream::connect(worker).unwrap();
     let payload: Vec<u8> = b"SET key value\r\n".iter().copied().cycle().take(16_392 * 2).collect();
-    let _ = from_prev.write_all(&payload);
-    let (got, _) = read_all(&mut to_next, Duration::from_millis(1500));
-    assert!(got.is_empty(), "the worker forwarded {} bytes (a stranger's frame, or raw bytes)", got.len());
-    drop((from_prev, to_next));
+    let _ = raw.write_all(&payload);
+    // Then a previous member that proves the key and sends a good frame:
+    // the worker takes it, but never opens towards a next that proves
+    // nothing, so the frame goes nowhere (without keys it went on to the
+    // service).
+    let mut from_prev = TcpStream::connect(worker).unwrap();
+    let key = RingKey::from_bytes([9; 32]);
+    leap::transport::ring_key::prove_connecting(&mut from_prev, &key, Duration::from_secs(3)).unwrap();
+    from_prev.write_all(&frame).unwrap();
+    let (got, _) = read_all(&mut to_next, Duration::from_secs(4));
+    assert_eq!(got.len(), 40, "the service got {} bytes, not just the keyed hello", got.len());
+    assert_eq!(&got[..8], b"LEAPKEY1");
+    match c.recv().unwrap() {
+        Response::Error { kind: ErrorKind::MemberFailed, message } => {
+            assert!(message.contains("ring key"), "{message}");
+        }
+        other => panic!("expected the member to fail, got {other:?}"),
+    }
+    drop((raw, from_prev, to_next));
 }
 
 #[test]

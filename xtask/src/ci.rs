@@ -217,6 +217,14 @@ const CORE_ALLOWED: &[&str] = &[
     "spin",
     "bytes",
     "memchr",
+    // Keyed BLAKE2s for the ring-key proof of TCP connections (RustCrypto).
+    "blake2",
+    "digest",
+    "crypto-common",
+    "block-buffer",
+    "generic-array",
+    "typenum",
+    "subtle",
     // Chunk checksums, hello nonces, logging, typed errors.
     "crc32c",
     "getrandom",

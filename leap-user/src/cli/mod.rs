@@ -256,6 +256,7 @@ impl TransportArgs {
             },
             tcp_source_port: self.tcp_source_port,
             tcp_prev_port: self.tcp_prev_port,
+            ring_key: None,
             original_compat: self.original_compat,
             spin: Duration::from_micros(self.spin_us),
             xdp_object: self.xdp_object.clone(),

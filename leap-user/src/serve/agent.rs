@@ -583,6 +583,8 @@ fn start(sh: &Arc<Shared>, spec: MemberSpec, guard: BusyGuard) -> std::io::Resul
         // Never raw: a worker would forward whatever bytes arrive. Both
         // ends of every hop are agents, so both use length framing.
         tcp_framing: TcpFraming::Length,
+        // And keyed: a member only talks to members of the run.
+        ring_key: spec.run_key.clone(),
         ..Options::default()
     };
     let st = stop.clone();

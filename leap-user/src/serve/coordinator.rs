@@ -21,6 +21,7 @@ use crate::bench::{BenchHost, FloorOutcome, Rings};
 use crate::ring::{RingConfig, RingReport, assemble};
 use crate::transport::Stats;
 use crate::transport::open::TransportKind;
+use crate::transport::ring_key::RingKey;
 
 /// Time to connect and authenticate.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -95,6 +96,9 @@ pub enum CoordinatorError {
     /// Nothing came in time.
     #[error("{0}")]
     Timeout(String),
+    /// The run's ring key could not be made (`getrandom(2)`).
+    #[error("making the run's ring key: {0}")]
+    Random(std::io::Error),
     /// The handshake failed: nothing was sent to the agent but an
     /// ephemeral key and a tag.
     #[error("host {host} ({addr}): handshake failed: {message}")]
@@ -446,7 +450,7 @@ impl HostRings {
         which.iter().enumerate().filter(|(_, a)| **a).map(|(i, _)| self.name(i)).collect()
     }
 
-    fn spec(&self, rc: &RingConfig, i: usize) -> MemberSpec {
+    fn spec(&self, rc: &RingConfig, i: usize, run_key: &RingKey) -> MemberSpec {
         let n = self.hosts.len();
         let ms = |d: Duration| (d.as_millis() as u64).max(1);
         MemberSpec {
@@ -469,6 +473,7 @@ impl HostRings {
             recv_timeout_ms: rc.options.recv_timeout.map_or(1000, ms),
             setup_timeout_ms: ms(rc.options.setup_timeout),
             stall_timeout_ms: ms(rc.stall_timeout),
+            run_key: Some(run_key.clone()),
         }
     }
 
@@ -488,9 +493,11 @@ impl HostRings {
         }
         while self.rx.try_recv().is_ok() {}
         let mut active = vec![false; n];
+        // A fresh key per run, handed to each member inside its session.
+        let run_key = RingKey::random().map_err(CoordinatorError::Random)?;
         // Workers first, so that they listen when the head connects.
         for i in (1..n).chain([0]) {
-            let spec = self.spec(rc, i);
+            let spec = self.spec(rc, i, &run_key);
             if let Err(e) = self.send(i, &Request::Open(Box::new(spec))) {
                 self.abort(&mut active, rc.options.setup_timeout);
                 return Err(e);

@@ -155,6 +155,13 @@ pub struct MemberSpec {
     pub setup_timeout_ms: u64,
     /// Head: give up when nothing comes back for this long, ms.
     pub stall_timeout_ms: u64,
+    /// The run's ring key, fresh per run, the same for every member: TCP
+    /// members prove it to each other before any frame crosses
+    /// ([`crate::transport::ring_key`]), so that a member never forwards
+    /// to, or takes from, anything but another member of the run. Required
+    /// for TCP members.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_key: Option<crate::transport::ring_key::RingKey>,
 }
 
 impl MemberSpec {
@@ -214,6 +221,9 @@ impl MemberSpec {
             && (i.is_empty() || i.len() > 15 || !i.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.@".contains(&b)))
         {
             return Err(format!("iface {i:?} is not an interface name"));
+        }
+        if self.transport == TransportKind::Tcp && self.run_key.is_none() {
+            return Err("run_key: a TCP member needs the run's ring key (a coordinator of before ring keys?)".into());
         }
         for (name, v) in [
             ("recv_timeout_ms", self.recv_timeout_ms),
@@ -528,6 +538,7 @@ mod tests {
             recv_timeout_ms: 1000,
             setup_timeout_ms: 10_000,
             stall_timeout_ms: 20_000,
+            run_key: None,
         }
     }
 

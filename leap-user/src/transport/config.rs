@@ -238,6 +238,10 @@ pub struct Options {
     /// TCP: accept the previous node only from this source port (see
     /// [`super::tcp::TcpConfig::prev_port`]).
     pub tcp_prev_port: Option<u16>,
+    /// TCP: both ends of every connection prove this key before any frame
+    /// (see [`super::tcp::TcpConfig::ring_key`]). The other backends do
+    /// not use it yet.
+    pub ring_key: Option<super::ring_key::RingKey>,
     /// Send chunks with `reserved = 0` like the original.
     pub original_compat: bool,
     /// Spin on non-blocking receives this long before sleeping.
@@ -289,6 +293,7 @@ impl Default for Options {
             tcp_framing: TcpFraming::Raw,
             tcp_source_port: None,
             tcp_prev_port: None,
+            ring_key: None,
             original_compat: false,
             spin: Duration::ZERO,
             xdp_object: None,

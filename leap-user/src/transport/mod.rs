@@ -10,6 +10,7 @@ pub mod kmod;
 pub mod lend;
 pub mod open;
 pub mod ready;
+pub mod ring_key;
 mod send;
 pub mod settings;
 pub mod tcp;
@@ -104,6 +105,16 @@ pub enum TransportError {
     /// The kernel-module backend failed.
     #[error(transparent)]
     Kmod(#[from] kmod::KmodError),
+    /// A TCP peer did not prove the ring key ([`ring_key`]): nothing was
+    /// sent to it or taken from it.
+    #[error("{peer} did not prove the ring key: {source}")]
+    RingKey {
+        /// The other end of the connection.
+        peer: std::net::SocketAddr,
+        /// What went wrong.
+        #[source]
+        source: ring_key::ProofError,
+    },
     /// No frame came back around the ring for too long (the head's stall
     /// timeout).
     #[error("no frame came back for {waited:?} ({last})")]

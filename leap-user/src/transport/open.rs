@@ -84,6 +84,7 @@ pub fn open(kind: TransportKind, ep: &Endpoint, opts: &Options) -> Result<Box<dy
             c.framing = opts.tcp_framing;
             c.source_port = opts.tcp_source_port;
             c.prev_port = opts.tcp_prev_port;
+            c.ring_key.clone_from(&opts.ring_key);
             c.recv_timeout = opts.recv_timeout;
             c.setup_timeout = opts.setup_timeout;
             Ok(Box::new(TcpTransport::connect(c)?))

@@ -18,6 +18,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 pub use super::config::TcpFraming;
 use super::lend::OwnedBuf;
 use super::ready::Readiness;
+use super::ring_key::{self, RingKey};
 use super::{FrameKind, FrameReceiver, FrameSender, Halves, Lent, Received, Result, Stats, Transport, TransportError};
 
 const PREFIX_LEN: usize = 8;
@@ -48,6 +49,12 @@ pub struct TcpConfig {
     pub setup_timeout: Duration,
     /// Receive deadline (`None`: wait forever).
     pub recv_timeout: Option<Duration>,
+    /// With a key, both ends of every connection prove it before any frame
+    /// crosses ([`super::ring_key`]): the next node must prove it before
+    /// this node sends, and a connection to the listen address that does
+    /// not prove it is dropped unread. Both ends must hold the same key;
+    /// an unkeyed or original node cannot take part.
+    pub ring_key: Option<RingKey>,
 }
 
 impl TcpConfig {
@@ -63,6 +70,7 @@ impl TcpConfig {
             framing: TcpFraming::Raw,
             setup_timeout: Duration::from_secs(30),
             recv_timeout: Some(Duration::from_secs(1)),
+            ring_key: None,
         }
     }
 }
@@ -199,6 +207,30 @@ fn connect_bound(addr: SocketAddr, from: SocketAddr, limit: Duration) -> io::Res
     Ok(s.into())
 }
 
+/// How long each step of the ring-key proof may take: the accepting side
+/// waits no longer for a connection that stalls (one at a time).
+const PROOF_DEADLINE: Duration = Duration::from_secs(2);
+
+/// [`connect_from`], then the connecting side's ring-key proof when `key`
+/// is given: the stream is returned only when the next node proved it.
+///
+/// # Errors
+///
+/// As [`connect_from`]; [`TransportError::RingKey`].
+pub fn connect_keyed(
+    addr: SocketAddr,
+    source: Option<SocketAddr>,
+    key: Option<&RingKey>,
+    timeout: Duration,
+) -> Result<TcpStream> {
+    let mut s = connect_from(addr, source, timeout)?;
+    if let Some(key) = key {
+        ring_key::prove_connecting(&mut s, key, PROOF_DEADLINE)
+            .map_err(|source| TransportError::RingKey { peer: addr, source })?;
+    }
+    Ok(s)
+}
+
 /// Binds exactly `addr` and listens.
 ///
 /// # Errors
@@ -225,6 +257,7 @@ pub fn accept_from(
     l: &TcpListener,
     prev: Option<IpAddr>,
     prev_port: Option<u16>,
+    key: Option<&RingKey>,
     timeout: Duration,
 ) -> Result<TcpStream> {
     l.set_nonblocking(true).map_err(|e| TransportError::io("fcntl", e))?;
@@ -245,7 +278,14 @@ pub fn accept_from(
                     );
                     continue;
                 }
+                let mut s = s;
                 s.set_nonblocking(false).map_err(|e| TransportError::io("fcntl", e))?;
+                if let Some(key) = key
+                    && let Err(e) = ring_key::prove_accepting(&mut s, key, PROOF_DEADLINE)
+                {
+                    log::warn!("refused a connection from {from}: {e}");
+                    continue;
+                }
                 tune(&s);
                 return Ok(s);
             }
@@ -311,8 +351,9 @@ impl TcpTransport {
         }
         let (next, timeout) = (cfg.next, cfg.setup_timeout);
         let source = cfg.source_port.map(|p| SocketAddr::new(cfg.listen.ip(), p));
-        let connector = std::thread::spawn(move || connect_from(next, source, timeout));
-        let accepted = accept_from(&listener, cfg.prev, cfg.prev_port, cfg.setup_timeout);
+        let key = cfg.ring_key.clone();
+        let connector = std::thread::spawn(move || connect_keyed(next, source, key.as_ref(), timeout));
+        let accepted = accept_from(&listener, cfg.prev, cfg.prev_port, cfg.ring_key.as_ref(), cfg.setup_timeout);
         let to_next = connector.join().map_err(|_| TransportError::Unsupported("connect thread panicked"))??;
         let from_prev = accepted?;
         let stats = Arc::new(Mutex::new(Stats::default()));
@@ -597,7 +638,7 @@ impl TcpSendHalf {
         }
         self.to_next = None;
         let source = self.cfg.source_port.map(|p| SocketAddr::new(self.cfg.listen.ip(), p));
-        let s = connect_from(self.cfg.next, source, self.cfg.setup_timeout)?;
+        let s = connect_keyed(self.cfg.next, source, self.cfg.ring_key.as_ref(), self.cfg.setup_timeout)?;
         let _ = s.set_read_timeout(self.cfg.recv_timeout.map(|t| t.max(Duration::from_millis(1))));
         let inb = self.to_next.insert(Inbound::new(s));
         TcpTransport::write(&mut inb.stream, prev, self.cfg.framing, kind, header, payload)?;
@@ -735,7 +776,7 @@ impl TcpRecvHalf {
     fn recv_stream(&mut self, buf: &mut [u8]) -> Result<Received> {
         if self.from_prev.is_none() {
             let wait = self.cfg.recv_timeout.unwrap_or(self.cfg.setup_timeout);
-            let s = accept_from(&self.listener, self.cfg.prev, self.cfg.prev_port, wait)?;
+            let s = accept_from(&self.listener, self.cfg.prev, self.cfg.prev_port, self.cfg.ring_key.as_ref(), wait)?;
             log::info!("previous node connected again from {:?}", s.peer_addr().ok());
             self.set_from_prev(Some(Inbound::new(s)));
         }
