@@ -202,8 +202,8 @@ fn restarted_sender_is_resynced_after_a_quiet_deadline_with_enough_evidence() {
 
 #[test]
 fn chunks_beyond_max_frame_len_are_dropped_even_with_a_larger_buffer() {
-    // The panic of issue 11: a 64-chunk frame for a 16 392-byte reassembler
-    // with a 100 000-byte buffer, then a deadline.
+    // Once a panic: a 64-chunk frame for a 16 392-byte reassembler with a
+    // 100 000-byte buffer, then a deadline.
     let mut r = Reassembler::with_window(16_392, 8);
     let mut out = vec![0; 100_000];
     r.begin(&mut out);

@@ -3,8 +3,9 @@
 //! CAP_NET_RAW, no CAP_PERFMON), not as root: `leap node --check` loads
 //! the program under those capabilities and says whether the kernel takes
 //! it, and 3-node rings over `xdp` and `xdp-ringbuf` run with them.
-//! `+ipc_lock` stands in for the unit's `LimitMEMLOCK=infinity` (root here
-//! cannot raise the memlock limit: machine-notes).
+//! `+ipc_lock` stands in for the unit's `LimitMEMLOCK=infinity` (a process
+//! without CAP_SYS_RESOURCE cannot raise its memlock limit, and these test
+//! machines start with a small one).
 
 mod xdp_common;
 

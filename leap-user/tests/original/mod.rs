@@ -1,6 +1,7 @@
 //! Stand-ins for the original LEAP endpoints, in any ring position (head,
 //! worker, tail), over UDP, the kernel module's wire and TCP, doing what
-//! `shared/docs/original-leap.md` says the original does, quirks included.
+//! the original implementation does, quirks included (each described where
+//! it is modelled below).
 //!
 //! The wires ([`Wire`]):
 //! - UDP ([`Reserved::Echo`]): one buffer for receiving and sending, so every
