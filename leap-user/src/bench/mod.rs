@@ -590,7 +590,7 @@ pub fn run_on(
     let rounds = cfg.repeat.max(1);
     let entries: usize = modes.iter().map(|&(_, inflight)| kinds.iter().filter(|e| in_mode(e, inflight)).count()).sum();
     let floors = cfg.sizes.len() * modes.len() * rounds;
-    let total = (entries * cfg.sizes.len() * rounds + floors) + plain.len() * profiled + crc_kinds * 2 * crc_pairs;
+    let total = entries * cfg.sizes.len() * rounds + floors + plain.len() * profiled + crc_kinds * 2 * crc_pairs;
     let mut done = 0;
     // The floor is one more slot of every round's rotation, so that it
     // meets the machine at the same moments as the rings it is compared
