@@ -14,6 +14,11 @@
 //! for TCP's 16 392-byte frames: on a shared 2-CPU machine the time of a
 //! wake-up moves with the other work, and a floor from another moment than
 //! the rings' is no floor.
+//!
+//! Unpinned, each run's threads (the floor's and every ring's) are placed
+//! afresh by the scheduler, and on fewer CPUs than nodes the placement
+//! alone moves a round trip several times over: only `--cpus` makes it the
+//! same for the floor and the rings.
 
 use std::error::Error;
 use std::net::{SocketAddr, UdpSocket};
