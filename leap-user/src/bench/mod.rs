@@ -1,8 +1,8 @@
 //! `leap bench`: every transport x frame size x mode (latency: one frame in
 //! flight; throughput: several) around a ring on this host, in interleaved
 //! rounds (each round runs every transport once, the order rotating), with
-//! the floor of one 64-byte datagram per hop measured in the same run, so
-//! that figures compare as ratios measured together.
+//! the floor of one 64-byte datagram per hop measured in the same rounds
+//! and rotation, so that figures compare as ratios measured together.
 
 pub mod floor;
 pub mod profile;
@@ -192,7 +192,13 @@ pub struct BenchRow {
     /// Spread of those per-round ratios, in percent.
     #[serde(default)]
     pub p50_vs_threads_spread_pct: Option<f64>,
-    /// p50 / the floor's p50 at the same site.
+    /// The floor's p50 in each of this row's rounds, in round order: the
+    /// floor runs in the same rotation as the rings (empty in reports
+    /// from before, and where the floor is not measured).
+    #[serde(default)]
+    pub round_floor_p50_us: Vec<f64>,
+    /// p50 / the floor's p50: the median of the per-round ratios when the
+    /// floor ran in this row's rounds, else the ratio to the site's floor.
     pub p50_vs_floor: Option<f64>,
     /// Gbit/s / TCP's at the same size, mode and site (median of the
     /// per-round ratios when both have rounds).
@@ -204,10 +210,15 @@ pub struct BenchRow {
 pub struct Floor {
     /// "host" or "vm".
     pub site: String,
-    /// Round trips of one 64-byte datagram around the ring.
+    /// Round trips of one 64-byte datagram around the ring: the median
+    /// over its runs of each percentile.
     pub rtt_us: Percentiles,
     /// Hops per round trip.
     pub hops: usize,
+    /// Each run's p50, in run order: one per round of every size and
+    /// mode, in the rotation with the rings.
+    #[serde(default)]
+    pub round_p50_us: Vec<f64>,
 }
 
 /// What the CRC32C on every frame costs: the same ring with and without
@@ -281,7 +292,10 @@ pub trait Rings {
     fn kernels(&self) -> Vec<(String, String)>;
     /// Why `kind` cannot run, if it cannot.
     fn unavailable(&self, kind: TransportKind) -> Option<String>;
-    /// The floor: one 64-byte datagram per hop, `rounds` times.
+    /// The floor: one 64-byte datagram per hop, `rounds` times, around
+    /// the ring as the rings place it. Called in every round of every size
+    /// and mode, as one more slot of the rotation, until it says it is not
+    /// measurable.
     ///
     /// # Errors
     ///
@@ -524,6 +538,7 @@ fn row(
         p50_vs_rust_spread_pct: None,
         p50_vs_threads: None,
         p50_vs_threads_spread_pct: None,
+        round_floor_p50_us: Vec::new(),
         p50_vs_floor: None,
         gbit_vs_tcp: None,
     }
@@ -574,16 +589,16 @@ pub fn run_on(
     let crc_pairs = if cfg.options.crc { crc_runs(cfg) } else { 0 };
     let rounds = cfg.repeat.max(1);
     let entries: usize = modes.iter().map(|&(_, inflight)| kinds.iter().filter(|e| in_mode(e, inflight)).count()).sum();
-    let total = entries * cfg.sizes.len() * rounds + plain.len() * profiled + crc_kinds * 2 * crc_pairs + 1;
+    let floors = cfg.sizes.len() * modes.len() * rounds;
+    let total = entries * cfg.sizes.len() * rounds + floors + plain.len() * profiled + crc_kinds * 2 * crc_pairs;
     let mut done = 0;
-    progress(done, total, "floor");
-    match rings.floor(cfg.nodes, if cfg.quick { 2000 } else { 10_000 })? {
-        FloorOutcome::Measured(floor) => {
-            rep.floors.push(Floor { site: cfg.site.clone(), rtt_us: floor, hops: cfg.nodes })
-        }
-        FloorOutcome::NotMeasurable(why) => rep.notes.push(format!("no floor at {}: {why}", cfg.site)),
-    }
-    done += 1;
+    // The floor is one more slot of every round's rotation, so that it
+    // meets the machine at the same moments as the rings it is compared
+    // with (a floor measured once, before them, could catch a slower or a
+    // faster spell than theirs). Off once it proves not measurable here.
+    let mut floor_on = true;
+    let mut floor_runs: Vec<Percentiles> = Vec::new();
+    let floor_trips = if cfg.quick { 1000 } else { 3000 };
     for &size in &cfg.sizes {
         // A transport that failed at this size is not tried again at it.
         let mut failed = vec![false; kinds.len()];
@@ -591,12 +606,33 @@ pub fn run_on(
             let frames = frames_for(size, cfg.quick, inflight > 1);
             let mut runs: Vec<Vec<RingReport>> = vec![Vec::new(); kinds.len()];
             let active: Vec<usize> = (0..kinds.len()).filter(|&i| in_mode(&kinds[i], inflight)).collect();
+            let mut floor_p50 = Vec::new();
             for round in 0..rounds {
-                // Every transport once per round, the order rotating, so
-                // that the machine's drift (other work, clock speed) hits
-                // all of them alike and none always runs first.
-                for j in 0..active.len() {
-                    let i = active[(j + round) % active.len()];
+                // Every transport and the floor once per round, the order
+                // rotating, so that the machine's drift (other work, clock
+                // speed) hits all of them alike and none always runs first.
+                let slots = active.len() + 1;
+                for j in 0..slots {
+                    let slot = (j + round) % slots;
+                    if slot == active.len() {
+                        done += 1;
+                        if !floor_on {
+                            continue;
+                        }
+                        progress(done - 1, total, &format!("floor, {size} B {mode} round {}/{rounds}", round + 1));
+                        match rings.floor(cfg.nodes, floor_trips)? {
+                            FloorOutcome::Measured(p) => {
+                                floor_p50.push(p.p50);
+                                floor_runs.push(p);
+                            }
+                            FloorOutcome::NotMeasurable(why) => {
+                                rep.notes.push(format!("no floor at {}: {why}", cfg.site));
+                                floor_on = false;
+                            }
+                        }
+                        continue;
+                    }
+                    let i = active[slot];
                     let kind = kinds[i];
                     let label = kind.label(&cfg.programs);
                     done += 1;
@@ -627,10 +663,27 @@ pub fn run_on(
             }
             for (i, &kind) in kinds.iter().enumerate() {
                 if !runs[i].is_empty() {
-                    rep.rows.push(row(cfg, kind, size, mode, inflight, frames, &runs[i]));
+                    let mut r = row(cfg, kind, size, mode, inflight, frames, &runs[i]);
+                    r.round_floor_p50_us = floor_p50.clone();
+                    rep.rows.push(r);
                 }
             }
         }
+    }
+    if !floor_runs.is_empty() {
+        let m = |f: &dyn Fn(&Percentiles) -> f64| median(floor_runs.iter().map(f).collect());
+        rep.floors.push(Floor {
+            site: cfg.site.clone(),
+            rtt_us: Percentiles {
+                p50: m(&|p| p.p50),
+                p90: m(&|p| p.p90),
+                p99: m(&|p| p.p99),
+                max: m(&|p| p.max),
+                mean: m(&|p| p.mean),
+            },
+            hops: cfg.nodes,
+            round_p50_us: floor_runs.iter().map(|p| p.p50).collect(),
+        });
     }
     for &kind in &plain {
         if let Some(&size) = cfg.sizes.first()
@@ -742,8 +795,11 @@ impl BenchReport {
                 (r.p50_vs_threads, r.p50_vs_threads_spread_pct) =
                     vs(same(base)).map_or((None, None), |(v, s)| (Some(v), Some(s)));
             }
+            // Round by round when the floor ran in this row's rounds.
             let floor = self.floors.iter().find(|f| f.site == r.site);
-            r.p50_vs_floor = floor.filter(|f| f.rtt_us.p50 > 0.0).map(|f| r.rtt_us.p50 / f.rtt_us.p50);
+            r.p50_vs_floor = round_ratio(&r.round_p50_us, &r.round_floor_p50_us)
+                .map(|(v, _)| v)
+                .or_else(|| floor.filter(|f| f.rtt_us.p50 > 0.0).map(|f| r.rtt_us.p50 / f.rtt_us.p50));
         }
     }
 
@@ -814,11 +870,23 @@ mod tests {
         /// Every run in order: the transport and the program (None:
         /// `leap ring`'s threads) with the frames in flight.
         order: Vec<(TransportKind, Option<String>, usize)>,
+        /// The floor: p50 = `floor_p50(n)` for the `n`th floor run.
+        floor_p50: fn(usize) -> f64,
+        /// Floor runs so far.
+        floors: usize,
     }
 
     impl Scripted {
         fn new(p50: fn(TransportKind, usize) -> f64) -> Self {
-            Self { p50, runs: Vec::new(), busy: Vec::new(), program_p50: |_, _| 1.0, order: Vec::new() }
+            Self {
+                p50,
+                runs: Vec::new(),
+                busy: Vec::new(),
+                program_p50: |_, _| 1.0,
+                order: Vec::new(),
+                floor_p50: |_| 10.0,
+                floors: 0,
+            }
         }
     }
 
@@ -830,7 +898,8 @@ mod tests {
             None
         }
         fn floor(&mut self, _: usize, _: usize) -> Result<FloorOutcome, String> {
-            Ok(FloorOutcome::Measured(Percentiles { p50: 10.0, ..Percentiles::default() }))
+            self.floors += 1;
+            Ok(FloorOutcome::Measured(Percentiles { p50: (self.floor_p50)(self.floors - 1), ..Percentiles::default() }))
         }
         fn run(&mut self, rc: &RingConfig) -> Result<RingReport, String> {
             let n =
@@ -933,6 +1002,31 @@ mod tests {
         assert!(md.contains("Copies per hop"), "{md}");
         assert!(md.contains("2.00 / 2.00"), "{md}");
         assert!(md.contains("= 0.90x TCP, spread 0% over the rounds (target <= 0.85: **not met**)"), "{md}");
+    }
+
+    #[test]
+    fn floor_runs_in_every_round_and_rows_compare_with_it_round_by_round() {
+        // The machine drifts from round to round; UDP is always 4.5x the
+        // floor of its round at one frame in flight, and the floor is
+        // slower in the throughput rounds: the ratio to the floor's median
+        // over all its runs would say 3.2x.
+        let mut rings = Scripted::new(|kind, n| {
+            let level = [10.0, 40.0, 20.0, 30.0][n];
+            if kind == TransportKind::Udp { 0.9 * level } else { level }
+        });
+        rings.floor_p50 = |n| [10.0, 40.0, 20.0, 30.0][n % 4] / if n < 4 { 5.0 } else { 2.0 };
+        let rep = run_on(&config(4), &mut rings, &|_, _, _| {}).unwrap();
+        assert_eq!(rings.floors, 8, "one floor run per round of each size and mode");
+        let floor = &rep.floors[0];
+        assert_eq!(floor.round_p50_us, [2.0, 8.0, 4.0, 6.0, 5.0, 20.0, 10.0, 15.0]);
+        assert_eq!(floor.rtt_us.p50, 7.0, "the median of the runs");
+        let row = |t: &str, mode: &str| rep.rows.iter().find(|r| r.transport == t && r.mode == mode).unwrap();
+        let udp = row("udp", "latency");
+        assert_eq!(udp.round_floor_p50_us, [2.0, 8.0, 4.0, 6.0]);
+        assert!((udp.p50_vs_floor.unwrap() - 4.5).abs() < 1e-9, "{:?}", udp.p50_vs_floor);
+        assert!((row("tcp", "throughput").p50_vs_floor.unwrap() - 2.0).abs() < 1e-9);
+        let md = report::markdown(&rep);
+        assert!(md.contains("median of 8 runs, one in every round next to the rings (p50 2.0 to 20.0 us)"), "{md}");
     }
 
     #[test]

@@ -158,9 +158,19 @@ pub fn markdown(r: &BenchReport) -> String {
         rounds(r)
     );
     for f in &r.floors {
+        // Reports from before the floor ran in the rounds have no runs.
+        let runs = match f.round_p50_us.len() {
+            0 | 1 => String::new(),
+            n => format!(
+                "; median of {n} runs, one in every round next to the rings (p50 {:.1} to {:.1} us)",
+                f.round_p50_us.iter().copied().fold(f64::INFINITY, f64::min),
+                f.round_p50_us.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+            ),
+        };
         let _ = writeln!(
             s,
-            "**Floor ({})**: one 64-byte datagram per hop, {} hops: round trip p50 {:.1} us, p99 {:.1} us ({:.1} us per hop).\n",
+            "**Floor ({})**: one 64-byte datagram per hop, {} hops: round trip p50 {:.1} us, p99 {:.1} us ({:.1} us per \
+             hop){runs}.\n",
             f.site,
             f.hops,
             f.rtt_us.p50,
@@ -728,6 +738,7 @@ mod tests {
             p50_vs_rust_spread_pct: None,
             p50_vs_threads: None,
             p50_vs_threads_spread_pct: None,
+            round_floor_p50_us: Vec::new(),
             p50_vs_floor: None,
             gbit_vs_tcp: None,
         }
@@ -745,6 +756,7 @@ mod tests {
                 site: site.into(),
                 rtt_us: Percentiles { p50: tcp / 5.0, ..Default::default() },
                 hops: 3,
+                round_p50_us: Vec::new(),
             });
         }
         r.compute_ratios();

@@ -493,6 +493,33 @@ pub(crate) fn pin(cpus: &[usize], i: usize) -> Result<(), NodeError> {
     crate::sys::pin_thread(&[cpu]).map_err(|source| NodeError::Pin { node: i, cpu, source })
 }
 
+/// Starts node `i`'s thread the way every ring on this host starts its
+/// nodes, `leap ring`'s and the benchmark floor's alike: named `name`,
+/// scheduled as the calling thread (a new thread inherits its creator's
+/// policy and priority, which `leap bench --sched` sets on its own), and
+/// pinned to its CPU of `cpus` before `f` runs.
+///
+/// # Errors
+///
+/// The thread could not be started; a failure to pin comes back from the
+/// thread as `f`'s error.
+pub(crate) fn spawn_node<T, E>(
+    name: String,
+    cpus: &[usize],
+    i: usize,
+    f: impl FnOnce() -> Result<T, E> + Send + 'static,
+) -> std::io::Result<std::thread::JoinHandle<Result<T, E>>>
+where
+    T: Send + 'static,
+    E: From<NodeError> + Send + 'static,
+{
+    let cpus = cpus.to_vec();
+    std::thread::Builder::new().name(name).spawn(move || {
+        pin(&cpus, i)?;
+        f()
+    })
+}
+
 /// Runs a whole ring on this host and reports what the head measured.
 ///
 /// # Errors
@@ -518,65 +545,60 @@ pub fn run(cfg: &RingConfig) -> Result<RingReport, RingError> {
     let stop = Arc::new(AtomicBool::new(false));
     let start_timeout = cfg.options.setup_timeout + Duration::from_secs(5);
     let mut workers = Vec::new();
+    let cpus = cfg.options.cpus.clone();
     for (i, ep) in eps.iter().enumerate().skip(1) {
         let (ep, gate, stop, cfg) = (ep.clone(), gate.clone(), stop.clone(), cfg.clone());
         let ns = topo.as_ref().map(|t| t.nodes()[i].path());
         workers.push(
-            std::thread::Builder::new()
-                .name(format!("leap-node-{i}"))
-                .spawn(move || {
-                    pin(&cfg.options.cpus, i)?;
-                    let mut t = gate.open_node(ns.as_deref(), &cfg, i, &ep, start_timeout)?;
-                    let wc = WorkerConfig {
-                        frame_size: cfg.frame_size,
-                        compute: cfg.compute,
-                        copying: cfg.copying,
-                        ..WorkerConfig::default()
-                    };
-                    // Like the head's: the data phase only, not opening the
-                    // transport (loading BPF, parsing BTF, connecting).
-                    let cpu0 = crate::sys::thread_cpu_time();
-                    let res = run_worker(&mut *t, &wc, &stop);
-                    let cpu1 = crate::sys::thread_cpu_time();
-                    res?;
-                    let cpu = (cpu1.0 + cpu1.1).saturating_sub(cpu0.0 + cpu0.1);
-                    Ok::<_, NodeError>((t.stats(), t.backend_counters(), cpu))
-                })
-                .map_err(|e| RingError::Node { node: i, error: NodeError::Spawn(e) })?,
+            spawn_node(format!("leap-node-{i}"), &cpus, i, move || {
+                let mut t = gate.open_node(ns.as_deref(), &cfg, i, &ep, start_timeout)?;
+                let wc = WorkerConfig {
+                    frame_size: cfg.frame_size,
+                    compute: cfg.compute,
+                    copying: cfg.copying,
+                    ..WorkerConfig::default()
+                };
+                // Like the head's: the data phase only, not opening the
+                // transport (loading BPF, parsing BTF, connecting).
+                let cpu0 = crate::sys::thread_cpu_time();
+                let res = run_worker(&mut *t, &wc, &stop);
+                let cpu1 = crate::sys::thread_cpu_time();
+                res?;
+                let cpu = (cpu1.0 + cpu1.1).saturating_sub(cpu0.0 + cpu0.1);
+                Ok::<_, NodeError>((t.stats(), t.backend_counters(), cpu))
+            })
+            .map_err(|e| RingError::Node { node: i, error: NodeError::Spawn(e) })?,
         );
     }
     let head = {
         let (ep, gate, cfg2, stop) = (eps[0].clone(), gate.clone(), cfg.clone(), stop.clone());
         let ns = topo.as_ref().map(|t| t.nodes()[0].path());
-        std::thread::Builder::new()
-            .name("leap-head".into())
-            .spawn(move || {
-                pin(&cfg2.options.cpus, 0)?;
-                let mut t = gate.open_node(ns.as_deref(), &cfg2, 0, &ep, start_timeout)?;
-                let hc = HeadConfig {
-                    frame_size: cfg2.frame_size,
-                    frames: cfg2.frames,
-                    inflight: cfg2.inflight,
-                    stall_timeout: cfg2.stall_timeout,
-                    lost_after: Some(loss_policy(cfg2.transport, cfg2.options.reliability).0),
-                    retry: loss_policy(cfg2.transport, cfg2.options.reliability).1,
-                    control_workers: if cfg2.control { Some(cfg2.nodes - 1) } else { None },
-                    progress: cfg2.progress.clone(),
-                    telemetry: None,
-                    stop: None,
-                    pause: Duration::ZERO,
-                    copying: cfg2.copying,
-                };
-                let cpu0 = crate::sys::thread_cpu_time();
-                let res = run_head(&mut *t, &hc);
-                let cpu1 = crate::sys::thread_cpu_time();
-                let cpu = (cpu1.0 + cpu1.1).saturating_sub(cpu0.0 + cpu0.1);
-                // Tell the workers before our connections close, so that
-                // they take the close for the end of the run.
-                stop.store(true, Ordering::SeqCst);
-                Ok::<_, NodeError>((res?, t.stats(), t.backend_counters(), cpu))
-            })
-            .map_err(|e| RingError::Node { node: 0, error: NodeError::Spawn(e) })?
+        spawn_node("leap-head".into(), &cpus, 0, move || {
+            let mut t = gate.open_node(ns.as_deref(), &cfg2, 0, &ep, start_timeout)?;
+            let hc = HeadConfig {
+                frame_size: cfg2.frame_size,
+                frames: cfg2.frames,
+                inflight: cfg2.inflight,
+                stall_timeout: cfg2.stall_timeout,
+                lost_after: Some(loss_policy(cfg2.transport, cfg2.options.reliability).0),
+                retry: loss_policy(cfg2.transport, cfg2.options.reliability).1,
+                control_workers: if cfg2.control { Some(cfg2.nodes - 1) } else { None },
+                progress: cfg2.progress.clone(),
+                telemetry: None,
+                stop: None,
+                pause: Duration::ZERO,
+                copying: cfg2.copying,
+            };
+            let cpu0 = crate::sys::thread_cpu_time();
+            let res = run_head(&mut *t, &hc);
+            let cpu1 = crate::sys::thread_cpu_time();
+            let cpu = (cpu1.0 + cpu1.1).saturating_sub(cpu0.0 + cpu0.1);
+            // Tell the workers before our connections close, so that
+            // they take the close for the end of the run.
+            stop.store(true, Ordering::SeqCst);
+            Ok::<_, NodeError>((res?, t.stats(), t.backend_counters(), cpu))
+        })
+        .map_err(|e| RingError::Node { node: 0, error: NodeError::Spawn(e) })?
     };
     let head_res = head.join().unwrap_or(Err(NodeError::Panicked("head")));
     stop.store(true, Ordering::SeqCst);
@@ -697,6 +719,34 @@ pub fn assemble(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The calling thread's scheduling policy and the CPUs it may run on.
+    fn policy_and_cpus() -> (i32, Vec<usize>) {
+        // SAFETY: no pointer is passed; pid 0 names the calling thread.
+        let policy = unsafe { libc::sched_getscheduler(0) };
+        let set = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).unwrap();
+        (policy, (0..nix::sched::CpuSet::count()).filter(|&c| set.is_set(c).unwrap_or(false)).collect())
+    }
+
+    #[test]
+    fn node_threads_are_pinned_and_scheduled_as_the_thread_that_starts_them() {
+        // SCHED_BATCH needs no privilege, and a new thread inherits it as
+        // the ring's and the floor's nodes inherit `leap bench`'s SCHED_RR.
+        std::thread::spawn(|| {
+            let param = libc::sched_param { sched_priority: 0 };
+            // SAFETY: `param` is a valid sched_param that outlives the
+            // call; pid 0 names the calling thread.
+            assert_eq!(unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) }, 0);
+            let cpus = policy_and_cpus().1;
+            let last = *cpus.last().unwrap();
+            let node = |i| spawn_node(format!("t{i}"), &[cpus[0], last], i, || Ok::<_, NodeError>(policy_and_cpus()));
+            assert_eq!(node(0).unwrap().join().unwrap().unwrap(), (libc::SCHED_BATCH, vec![cpus[0]]));
+            assert_eq!(node(1).unwrap().join().unwrap().unwrap(), (libc::SCHED_BATCH, vec![last]));
+            assert_eq!(node(2).unwrap().join().unwrap().unwrap(), (libc::SCHED_BATCH, vec![cpus[0]]));
+        })
+        .join()
+        .unwrap();
+    }
 
     #[test]
     fn an_mtu_needs_namespaces_and_a_size_veth_takes() {
