@@ -1,4 +1,5 @@
-//! Rings of network namespaces linked by veth pairs, for `leap ring --netns`,
+//! Network namespaces: entering one from a thread ([`enter`]), and rings of
+//! namespaces linked by veth pairs, for `leap ring --netns`,
 //! the benchmark and the privileged tests. Everything created is removed
 //! again when the [`Topology`] is dropped, also on panic.
 //!
@@ -7,10 +8,24 @@
 //! `i+1` (`rx`); each node routes its next node's address out of its `tx`
 //! veth and its previous node's address out of its `rx` veth.
 
-use std::io::Write;
+use std::fs::File;
+use std::io::{self, Write};
 use std::net::Ipv4Addr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+
+use nix::sched::{CloneFlags, setns};
+
+/// Moves the calling thread into the network namespace at `path` (e.g.
+/// `/run/netns/NAME`). Sockets created afterwards by this thread live there.
+///
+/// # Errors
+///
+/// Opening the file or `setns` (needs CAP_SYS_ADMIN).
+pub fn enter(path: &Path) -> io::Result<()> {
+    let f = File::open(path)?;
+    Ok(setns(f, CloneFlags::CLONE_NEWNET)?)
+}
 
 /// Errors building a topology.
 #[derive(Debug, thiserror::Error)]
@@ -49,7 +64,7 @@ pub struct NodeNet {
 }
 
 impl NodeNet {
-    /// Path to enter with [`crate::sys::netns::enter`].
+    /// Path to enter with [`enter`].
     pub fn path(&self) -> PathBuf {
         PathBuf::from("/run/netns").join(&self.netns)
     }

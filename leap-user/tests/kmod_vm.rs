@@ -1271,7 +1271,7 @@ fn kmod_head_takes_the_fresh_ack_of_an_original_tail() {
 fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
     std::thread::scope(|s| {
         s.spawn(|| {
-            leap::sys::netns::enter(Path::new(&format!("/run/netns/{ns}"))).expect("setns");
+            leap::netns::enter(Path::new(&format!("/run/netns/{ns}"))).expect("setns");
             f()
         })
         .join()

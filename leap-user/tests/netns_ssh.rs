@@ -125,7 +125,7 @@ impl SshCluster {
     fn in_ns<T: Send + 'static>(&self, i: usize, f: impl FnOnce() -> T + Send + 'static) -> T {
         let path = self.topo.nodes()[i].path();
         std::thread::spawn(move || {
-            leap::sys::netns::enter(&path).expect("setns");
+            leap::netns::enter(&path).expect("setns");
             f()
         })
         .join()

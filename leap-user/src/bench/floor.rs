@@ -60,7 +60,7 @@ pub fn measure(topo: Option<&Topology>, n: usize, rounds: usize, cpus: &[usize])
         let worker = crate::ring::spawn_node(format!("leap-floor-{i}"), cpus, i, move || -> Result<(), HopError> {
             let sock = (|| {
                 if let Some(ns) = &ns {
-                    crate::sys::netns::enter(ns)?;
+                    crate::netns::enter(ns)?;
                 }
                 let s = UdpSocket::bind(me)?;
                 s.set_read_timeout(Some(Duration::from_millis(100)))?;
@@ -89,7 +89,7 @@ pub fn measure(topo: Option<&Topology>, n: usize, rounds: usize, cpus: &[usize])
     let ns = topo.map(|t| t.nodes()[0].path());
     let head = crate::ring::spawn_node("leap-floor-head".into(), cpus, 0, move || -> Result<Vec<u64>, HopError> {
         if let Some(ns) = &ns {
-            crate::sys::netns::enter(ns)?;
+            crate::netns::enter(ns)?;
         }
         let sock = UdpSocket::bind(me)?;
         sock.set_read_timeout(Some(Duration::from_millis(200)))?;

@@ -391,7 +391,7 @@ fn spawn_at(cmd: &mut Command, ns: Option<&Path>, cpus: &[usize], i: usize) -> R
         s.spawn(|| {
             crate::ring::pin(cpus, i).map_err(|e| e.to_string())?;
             if let Some(ns) = ns {
-                crate::sys::netns::enter(ns).map_err(|e| format!("entering {}: {e}", ns.display()))?;
+                crate::netns::enter(ns).map_err(|e| format!("entering {}: {e}", ns.display()))?;
             }
             cmd.spawn().map_err(|e| format!("starting {}: {e}", cmd.get_program().to_string_lossy()))
         })

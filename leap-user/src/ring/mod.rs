@@ -384,8 +384,7 @@ impl Gate {
     ) -> Result<Box<dyn crate::transport::Transport>, NodeError> {
         let opened = (|| -> Result<Box<dyn crate::transport::Transport>, NodeError> {
             if let Some(ns) = ns {
-                crate::sys::netns::enter(ns)
-                    .map_err(|source| NodeError::EnterNetns { path: ns.to_path_buf(), source })?;
+                crate::netns::enter(ns).map_err(|source| NodeError::EnterNetns { path: ns.to_path_buf(), source })?;
             }
             if cfg.unit_caps {
                 crate::sys::restrict_thread_caps(crate::sys::UNIT_CAPS).map_err(NodeError::UnitCaps)?;

@@ -5,7 +5,6 @@
 
 pub mod busy_poll;
 pub mod kmod;
-pub mod netns;
 pub mod udp;
 
 use std::io;

@@ -85,7 +85,7 @@ impl Cluster {
         let (to_coord, from_test) = std::sync::mpsc::channel::<RingConfig>();
         let (to_test, results) = std::sync::mpsc::channel();
         let thread = std::thread::spawn(move || {
-            leap::sys::netns::enter(&path).expect("setns");
+            leap::netns::enter(&path).expect("setns");
             let mut rings = HostRings::connect(hosts, TOKEN.into(), "ns").expect("connect");
             for rc in from_test {
                 let started = Instant::now();
@@ -172,7 +172,7 @@ impl Cluster {
     pub fn in_ns<T: Send + 'static>(&self, i: usize, f: impl FnOnce() -> T + Send + 'static) -> T {
         let path = self.topo.nodes()[i].path();
         std::thread::spawn(move || {
-            leap::sys::netns::enter(&path).expect("setns");
+            leap::netns::enter(&path).expect("setns");
             f()
         })
         .join()

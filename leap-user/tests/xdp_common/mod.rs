@@ -24,7 +24,7 @@ pub fn object() -> ObjectSource {
 /// ([`leap::netns::NodeNet::path`]).
 pub fn in_netns<T: Send + 'static>(path: PathBuf, f: impl FnOnce() -> T + Send + 'static) -> T {
     std::thread::spawn(move || {
-        leap::sys::netns::enter(&path).expect("setns");
+        leap::netns::enter(&path).expect("setns");
         f()
     })
     .join()
