@@ -1,11 +1,13 @@
 //! Wrappers around the system calls leap needs that std and socket2 do not
 //! offer: nix's typed calls where it has them; raw `libc` with a `SAFETY`
 //! note where it does not (`capset`, batched UDP I/O with GSO/GRO, busy-poll socket options, the
-//! shared mapping of the kernel module). Everything above is safe code.
+//! shared mapping of the kernel module, the XDP backend's interface ioctls
+//! and AF_XDP memory). Everything above is safe code.
 
 pub mod busy_poll;
 pub mod kmod;
 pub mod udp;
+pub(crate) mod xdp;
 
 use std::io;
 use std::os::fd::BorrowedFd;

@@ -32,7 +32,7 @@ pub mod object;
 pub mod packet;
 pub mod program;
 mod ringbuf;
-mod sys;
+use crate::sys::xdp as sys;
 pub use sys::{ETH_FLAG_RXVLAN, ETH_FLAG_TXVLAN, if_offload_flags, netns_socket, set_if_offload_flags};
 pub mod xsk;
 

@@ -16,7 +16,7 @@ use aya::maps::{MapData, RingBuf};
 use leap_common::chunk::{CHUNK_DATAGRAM_MAX, TRAIN_CHUNKS_MAX};
 use leap_common::xdp::{MAX_QUEUES, RingRecord};
 
-use super::sys;
+use crate::sys::xdp as sys;
 
 /// The consumer side of `LEAP_RING`.
 pub struct RingReader {

@@ -13,7 +13,7 @@ use leap_common::xdp::wire::{ETH_HLEN, IPV4_HLEN_MAX, UDP_HLEN, VLAN_HLEN};
 use xdpilone::{DeviceQueue, IfInfo, RingRx, Socket, SocketConfig, Umem, UmemConfig, User};
 
 use super::XdpError;
-use super::sys::{self, UmemArea};
+use crate::sys::xdp::{self as sys, UmemArea};
 
 /// Settings of an [`XskSocket`].
 #[derive(Clone, Debug)]

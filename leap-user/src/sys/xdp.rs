@@ -1,4 +1,4 @@
-//! The system calls the XDP backend makes itself, through nix where it has
+//! The system calls the XDP backend (`transport::xdp`) makes itself, through nix where it has
 //! them: interface lookup (index, MAC, driver), the host's addresses, the
 //! BPF file system mount, waiting on sockets, and the page-aligned UMEM area
 //! of AF_XDP. Every `unsafe` of the backend outside `xsk.rs` is here.
