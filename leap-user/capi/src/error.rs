@@ -124,7 +124,7 @@ impl From<TransportError> for Error {
                 "; check the message's fields (worker_index <= total_workers <= 16, start <= end) and a frame length of at least LEAP_CONTROL_FRAME_MIN",
             ),
             E::NotBegun => (LEAP_ERR_STATE, ""),
-            E::Syscall { .. } => (LEAP_ERR_SYSTEM, ""),
+            E::Syscall(_) => (LEAP_ERR_SYSTEM, ""),
             E::Stalled { .. } => (LEAP_ERR_TIMEOUT, ""),
             _ => (LEAP_ERR_BACKEND, ""),
         };

@@ -115,17 +115,11 @@ pub fn transport(e: TransportError) -> PyErr {
         TransportError::BadFrameLen(len) => raise::<BadFrameLength>(msg, &[("length", Attr::Int(len as i64))]),
         TransportError::PeerClosed(_) => raise::<PeerClosed>(msg, &[]),
         TransportError::Connect { ref source, .. } => raise::<ConnectError>(msg.clone(), &[("errno", errno(source))]),
-        TransportError::Syscall { call, ref source } => {
-            raise::<SystemCallError>(msg.clone(), &[("call", Attr::Str(call.into())), ("errno", errno(source))])
-        }
-        TransportError::Udp(UdpError::Socket { call, ref source, .. }) => {
-            raise::<SystemCallError>(msg.clone(), &[("call", Attr::Str(call.into())), ("errno", errno(source))])
-        }
         TransportError::Kmod(KmodError::NotPermitted { ref source, .. }) => {
             raise::<SystemCallError>(msg.clone(), &[("call", Attr::Str("open".into())), ("errno", errno(source))])
         }
-        TransportError::Kmod(KmodError::Syscall { call, ref source, .. }) => {
-            raise::<SystemCallError>(msg.clone(), &[("call", Attr::Str(call.into())), ("errno", errno(source))])
+        ref e if let Some(sc) = e.syscall() => {
+            raise::<SystemCallError>(msg.clone(), &[("call", Attr::Str(sc.call.into())), ("errno", errno(&sc.source))])
         }
         TransportError::Udp(UdpError::Config(ref problem)) => config_error("", problem.clone(), msg),
         TransportError::Udp(UdpError::Window(_)) => config_error("window", msg.clone(), msg),

@@ -43,7 +43,7 @@ pub fn main(args: &KmodArgs) -> Result<()> {
     // Module-wide counters need CAP_NET_ADMIN in the initial user namespace
     // (EPERM otherwise, e.g. in a container with allow_userns=1).
     let (scope, got) = match status(device, INFO_SCOPE_MODULE) {
-        Err(KmodError::Syscall { source, .. }) if source.raw_os_error() == Some(libc::EPERM) => {
+        Err(KmodError::Syscall(e)) if e.errno() == Some(libc::EPERM) => {
             log::warn!("module-wide counters need CAP_NET_ADMIN in the initial user namespace: this file's only");
             ("file", status(device, INFO_SCOPE_FILE))
         }

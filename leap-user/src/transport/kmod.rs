@@ -102,17 +102,9 @@ pub enum KmodError {
         #[source]
         source: io::Error,
     },
-    /// A call on the device failed.
-    #[error("{call} on {path}: {source}")]
-    Syscall {
-        /// The call or ioctl, e.g. `"LEAP_IOCTL_SET_PORT"`.
-        call: &'static str,
-        /// The device.
-        path: PathBuf,
-        /// What the kernel said.
-        #[source]
-        source: io::Error,
-    },
+    /// A call on the device failed (`on` names it).
+    #[error(transparent)]
+    Syscall(super::SyscallError),
     /// The loaded module is the original or another version.
     #[error(
         "{path}: module ABI {found} lacks what leap needs (ABI {ABI_VERSION}, features {NEEDED:#x}); found features {features:#x}"
@@ -211,7 +203,7 @@ pub fn status(path: &Path, scope: u32) -> Result<Info, KmodError> {
 }
 
 fn syscall(call: &'static str, path: &Path, source: io::Error) -> KmodError {
-    KmodError::Syscall { call, path: path.to_path_buf(), source }
+    KmodError::Syscall(super::SyscallError::on(call, path.display(), source))
 }
 
 fn open_device(path: &Path) -> Result<Device, KmodError> {

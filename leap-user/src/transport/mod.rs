@@ -32,15 +32,11 @@ pub use lend::Lent;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum TransportError {
-    /// A system call failed.
-    #[error("{call} failed: {source}")]
-    Syscall {
-        /// The call, e.g. `"sendmsg"`.
-        call: &'static str,
-        /// What the kernel said.
-        #[source]
-        source: io::Error,
-    },
+    /// A system call failed (every backend's system-call failures are a
+    /// [`SyscallError`]; [`TransportError::syscall`] finds it whichever
+    /// backend failed).
+    #[error(transparent)]
+    Syscall(SyscallError),
     /// No complete frame arrived before the receive deadline; with a zero
     /// deadline (poll once, see [`Transport::set_recv_timeout`]): none had
     /// arrived ([`TransportError::is_would_block`]).
@@ -127,15 +123,65 @@ pub enum TransportError {
     },
 }
 
+/// A system call that failed: which, on what, and what the kernel said.
+/// The one type of system-call failure of every backend.
+#[derive(Debug, thiserror::Error)]
+#[error("{call}{} failed: {source}", on_text(.on))]
+#[non_exhaustive]
+pub struct SyscallError {
+    /// The call, e.g. `"sendmsg"` or `"LEAP_IOCTL_SET_PORT"`.
+    pub call: &'static str,
+    /// What it was called on (an address, a device, an AF_XDP socket), if
+    /// that says more than the call.
+    pub on: Option<String>,
+    /// What the kernel said.
+    #[source]
+    pub source: io::Error,
+}
+
+fn on_text(on: &Option<String>) -> String {
+    on.as_deref().map(|o| format!(" on {o}")).unwrap_or_default()
+}
+
+impl SyscallError {
+    /// `call` failed with `source`.
+    pub fn new(call: &'static str, source: io::Error) -> Self {
+        Self { call, on: None, source }
+    }
+
+    /// `call` on `on` failed with `source`.
+    pub fn on(call: &'static str, on: impl std::fmt::Display, source: io::Error) -> Self {
+        Self { call, on: Some(on.to_string()), source }
+    }
+
+    /// The `errno`, when the kernel gave one.
+    pub fn errno(&self) -> Option<i32> {
+        self.source.raw_os_error()
+    }
+}
+
 impl TransportError {
     /// Wraps the last OS error of `call`.
     pub fn last_os(call: &'static str) -> Self {
-        Self::Syscall { call, source: io::Error::last_os_error() }
+        Self::io(call, io::Error::last_os_error())
     }
 
     /// Wraps an `io::Error` of `call`.
     pub fn io(call: &'static str, source: io::Error) -> Self {
-        Self::Syscall { call, source }
+        Self::Syscall(SyscallError::new(call, source))
+    }
+
+    /// The failed system call behind this error, whichever backend it came
+    /// from.
+    pub fn syscall(&self) -> Option<&SyscallError> {
+        match self {
+            Self::Syscall(e)
+            | Self::Udp(udp::UdpError::Syscall(e))
+            | Self::Xdp(xdp::XdpError::Syscall(e))
+            | Self::Kmod(kmod::KmodError::Syscall(e)) => Some(e),
+            Self::Stalled { last, .. } => last.syscall(),
+            _ => None,
+        }
     }
 
     /// Whether the error means "nothing arrived in time" (the caller may retry).

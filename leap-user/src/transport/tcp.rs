@@ -133,8 +133,8 @@ pub struct TcpTransport {
 fn is_broken(e: &TransportError) -> bool {
     match e {
         TransportError::PeerClosed(_) => true,
-        TransportError::Syscall { source, .. } => matches!(
-            source.kind(),
+        TransportError::Syscall(e) => matches!(
+            e.source.kind(),
             io::ErrorKind::BrokenPipe
                 | io::ErrorKind::ConnectionReset
                 | io::ErrorKind::ConnectionAborted

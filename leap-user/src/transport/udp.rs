@@ -26,17 +26,9 @@ pub const SOCKET_BUFFER: usize = 8 << 20;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum UdpError {
-    /// A socket call failed.
-    #[error("{call} {addr}: {source}")]
-    Socket {
-        /// The call.
-        call: &'static str,
-        /// The address involved.
-        addr: SocketAddr,
-        /// What the kernel said.
-        #[source]
-        source: io::Error,
-    },
+    /// A socket call failed (on the listen address).
+    #[error(transparent)]
+    Syscall(super::SyscallError),
     /// The configuration cannot work.
     #[error("{0}")]
     Config(String),
@@ -76,9 +68,9 @@ pub fn settle_windows(cfg: &mut UdpConfig) -> Result<Windows, WindowError> {
 ///
 /// # Errors
 ///
-/// [`UdpError::Socket`] naming the failed call.
+/// [`UdpError::Syscall`] naming the failed call.
 pub fn bind_socket(addr: SocketAddr) -> Result<Socket, UdpError> {
-    let err = |call| move |source| UdpError::Socket { call, addr, source };
+    let err = |call| move |source| UdpError::Syscall(super::SyscallError::on(call, addr, source));
     let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP)).map_err(err("socket"))?;
     // Root can exceed net.core.[rw]mem_max; others get what the sysctl allows.
     if force_recv_buffer(s.as_fd(), SOCKET_BUFFER).is_err() {
@@ -218,11 +210,8 @@ impl UdpTransport {
         let link = DatagramLink::new(socket, cfg, true);
         log::debug!("udp {listen}: GSO {}, GRO {gro}", link.gso());
         let rx = UdpRx { socket: link.shared_socket(), batch, gro, rcvtimeo: Duration::ZERO, filled: false };
-        let core = DatagramCore::new(link, rx, "udp", "recvmmsg").map_err(|source| UdpError::Socket {
-            call: "spawn driver",
-            addr: listen,
-            source,
-        })?;
+        let core = DatagramCore::new(link, rx, "udp", "recvmmsg")
+            .map_err(|source| UdpError::Syscall(super::SyscallError::on("spawn driver", listen, source)))?;
         Ok(Self { core })
     }
 

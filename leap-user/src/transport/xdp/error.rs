@@ -82,28 +82,10 @@ pub enum XdpError {
         /// Where the pins would be.
         path: PathBuf,
     },
-    /// A system call failed.
-    #[error("{call} failed: {source}")]
-    Syscall {
-        /// The call.
-        call: &'static str,
-        /// What the kernel said.
-        #[source]
-        source: io::Error,
-    },
-    /// An AF_XDP socket call failed.
-    #[error("AF_XDP {call} on {iface} queue {queue}: {source}")]
-    Xsk {
-        /// The step: `socket`, `umem`, `bind`, ...
-        call: &'static str,
-        /// The interface.
-        iface: String,
-        /// The receive queue.
-        queue: u32,
-        /// What the kernel said.
-        #[source]
-        source: io::Error,
-    },
+    /// A system call failed (an AF_XDP socket's steps: `on` names the
+    /// interface and queue).
+    #[error(transparent)]
+    Syscall(crate::transport::SyscallError),
     /// Another AF_XDP socket owns the receive queue.
     #[error(
         "receive queue {queue} of {iface} is taken by another AF_XDP socket (another leap node on the same \

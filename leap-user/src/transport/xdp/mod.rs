@@ -33,6 +33,7 @@ pub mod packet;
 pub mod program;
 mod ringbuf;
 use crate::sys::xdp as sys;
+use crate::transport::SyscallError;
 pub use sys::{ETH_FLAG_RXVLAN, ETH_FLAG_TXVLAN, if_offload_flags, netns_socket, set_if_offload_flags};
 pub mod xsk;
 
@@ -286,12 +287,14 @@ pub fn host_filter_for(
     vlans: &[u16],
     partial: PartialChecksums,
 ) -> Result<RxFilter, XdpError> {
-    let mac = sys::if_hwaddr(iface).map_err(|source| XdpError::Syscall { call: "ioctl(SIOCGIFHWADDR)", source })?;
-    let on_loopback = sys::if_is_loopback(iface).map_err(|source| XdpError::Syscall { call: "getifaddrs", source })?;
+    let mac =
+        sys::if_hwaddr(iface).map_err(|source| XdpError::Syscall(SyscallError::new("ioctl(SIOCGIFHWADDR)", source)))?;
+    let on_loopback =
+        sys::if_is_loopback(iface).map_err(|source| XdpError::Syscall(SyscallError::new("getifaddrs", source)))?;
     let local: Vec<std::net::IpAddr> = match listen {
         Some(ip) if !ip.is_unspecified() => vec![ip],
         _ => {
-            let all = sys::host_addrs().map_err(|source| XdpError::Syscall { call: "getifaddrs", source })?;
+            let all = sys::host_addrs().map_err(|source| XdpError::Syscall(SyscallError::new("getifaddrs", source)))?;
             // A wildcard IPv4 socket takes IPv4 only; a wildcard IPv6 one both.
             all.into_iter().filter(|a| !listen.is_some_and(|l| l.is_ipv4()) || a.is_ipv4()).collect()
         }

@@ -3,6 +3,7 @@
 //! and pinning it under `/sys/fs/bpf/leap/<iface>/` so that it outlives the
 //! process (`leap xdp attach`).
 
+use crate::transport::SyscallError;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -573,7 +574,7 @@ impl XdpProgram {
         };
         let fd = std::os::fd::AsFd::as_fd(data.fd())
             .try_clone_to_owned()
-            .map_err(|source| XdpError::Syscall { call: "dup", source })?;
+            .map_err(|source| XdpError::Syscall(SyscallError::new("dup", source)))?;
         let data = MapData::from_fd(fd).map_err(XdpError::map(MAP_COUNTERS))?;
         Ok(CounterReader(PerCpuArray::try_from(Map::PerCpuArray(data)).map_err(XdpError::map(MAP_COUNTERS))?))
     }

@@ -3,6 +3,7 @@
 //! otherwise; need-wakeup; frames go back on the fill ring as soon as their
 //! chunk has been copied into the frame being assembled.
 
+use crate::transport::SyscallError;
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -221,9 +222,10 @@ impl XskSocket {
     /// without, saying so once.
     fn open_sg(iface: &str, queue: u32, cfg: &XskConfig, zero_copy: bool) -> Result<Self, XdpError> {
         match Self::open_once(iface, queue, cfg, zero_copy, true) {
-            Err(XdpError::Xsk { call: "bind", source, .. })
-                if matches!(source.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP)) =>
+            Err(XdpError::Syscall(e))
+                if e.call == "bind" && matches!(e.errno(), Some(libc::EINVAL | libc::EOPNOTSUPP)) =>
             {
+                let source = e.source;
                 let s = Self::open_once(iface, queue, cfg, zero_copy, false)?;
                 log::info!(
                     "{iface} queue {queue}: AF_XDP without multi-buffer (XDP_USE_SG: {source}): chunk trains \
@@ -238,8 +240,8 @@ impl XskSocket {
 
     fn open_once(iface: &str, queue: u32, cfg: &XskConfig, zero_copy: bool, sg: bool) -> Result<Self, XdpError> {
         let err = |call: &'static str| {
-            let iface = iface.to_string();
-            move |source: io::Error| XdpError::Xsk { call, iface, queue, source }
+            let on = xsk_name(iface, queue);
+            move |source: io::Error| XdpError::Syscall(SyscallError::on(call, on, source))
         };
         let errno = |e: xdpilone::Errno| io::Error::from_raw_os_error(e.get_raw().abs());
 
@@ -288,12 +290,11 @@ impl XskSocket {
             next += n;
         }
         if next != fill_frames {
-            return Err(XdpError::Xsk {
-                call: "fill ring",
-                iface: iface.to_string(),
-                queue,
-                source: io::Error::other(format!("only {next} of {fill_frames} frames accepted")),
-            });
+            return Err(XdpError::Syscall(SyscallError::on(
+                "fill ring",
+                xsk_name(iface, queue),
+                io::Error::other(format!("only {next} of {fill_frames} frames accepted")),
+            )));
         }
 
         let mut attempt = 0;
@@ -470,6 +471,11 @@ impl XskSocket {
         let s = self.user.statistics_v2().ok()?;
         Some((s.rx_dropped, s.rx_ring_full, s.rx_fill_ring_empty_descs))
     }
+}
+
+/// What an AF_XDP socket's failed step was called on.
+fn xsk_name(iface: &str, queue: u32) -> String {
+    format!("the AF_XDP socket of {iface} queue {queue}")
 }
 
 #[cfg(test)]
