@@ -5,7 +5,7 @@
 use std::process::Command;
 
 use leap::ring::{Placement, RingConfig, run};
-use leap::transport::datagram::Reliability;
+use leap::transport::config::Reliability;
 use leap::transport::open::TransportKind;
 
 fn lossy(kind: TransportKind, loss: f64, frames: u64, reliability: Reliability) -> leap::ring::RingReport {

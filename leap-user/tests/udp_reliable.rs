@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use leap::transport::datagram::Reliability;
+use leap::transport::config::Reliability;
 use leap::transport::udp::{UdpConfig, UdpTransport};
 use leap::{Transport, TransportError};
 use leap_common::chunk::{ChunkHeader, ChunkKind};

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use leap::netns::{NodeNet, Topology};
 use leap::transport::Transport;
-use leap::transport::datagram::Reliability;
+use leap::transport::config::Reliability;
 use leap::transport::udp::UdpConfig;
 use leap::transport::xdp::packet::{ChecksumFill, FrameSpec};
 use leap::transport::xdp::{self, Delivery, PartialChecksums, XdpTransport, XdpTransportConfig};

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use leap::Transport;
 use leap::netns::{NodeNet, Topology, exec_in};
-use leap::transport::datagram::Reliability;
+use leap::transport::config::Reliability;
 use leap::transport::udp::{UdpConfig, UdpTransport};
 use leap::transport::xdp::{AttachMode, Delivery, XdpTransport, XdpTransportConfig};
 use leap_common::xdp::Counter;

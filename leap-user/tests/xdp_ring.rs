@@ -11,7 +11,7 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use leap::netns::{NodeNet, Topology};
-use leap::transport::datagram::Reliability;
+use leap::transport::config::Reliability;
 use leap::transport::udp::UdpConfig;
 use leap::transport::xdp::{AttachMode, AttachedMode, Delivery, XdpCounters, XdpTransport, XdpTransportConfig};
 use leap::{FrameKind, Transport};

@@ -42,8 +42,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::transport::config::Reliability;
 use crate::transport::config::{AttachMode, UnknownName};
-use crate::transport::datagram::Reliability;
 use crate::transport::open::TransportKind;
 
 /// The whole file.

@@ -234,11 +234,11 @@ pub enum ReliabilityArg {
     BestEffort,
 }
 
-impl From<crate::transport::datagram::Reliability> for ReliabilityArg {
-    fn from(r: crate::transport::datagram::Reliability) -> Self {
+impl From<crate::transport::config::Reliability> for ReliabilityArg {
+    fn from(r: crate::transport::config::Reliability) -> Self {
         match r {
-            crate::transport::datagram::Reliability::Reliable => Self::Reliable,
-            crate::transport::datagram::Reliability::BestEffort => Self::BestEffort,
+            crate::transport::config::Reliability::Reliable => Self::Reliable,
+            crate::transport::config::Reliability::BestEffort => Self::BestEffort,
         }
     }
 }
@@ -265,8 +265,8 @@ impl TransportArgs {
             xdp_vlans: self.xdp_vlans.clone(),
             xdp_pin: false,
             reliability: match self.reliability {
-                ReliabilityArg::Reliable => crate::transport::datagram::Reliability::Reliable,
-                ReliabilityArg::BestEffort => crate::transport::datagram::Reliability::BestEffort,
+                ReliabilityArg::Reliable => crate::transport::config::Reliability::Reliable,
+                ReliabilityArg::BestEffort => crate::transport::config::Reliability::BestEffort,
             },
             gso: !self.no_gso,
             crc: !self.no_crc,

@@ -201,8 +201,8 @@ impl RingConfig {
 /// retries, sending it again), and whether it retries: at once and never
 /// over best-effort datagrams; after the NACK give-up time plus a margin,
 /// with retries, when the hops recover losses (reliable datagrams, TCP).
-pub fn loss_policy(transport: TransportKind, reliability: crate::transport::datagram::Reliability) -> (Duration, bool) {
-    use crate::transport::datagram::Reliability;
+pub fn loss_policy(transport: TransportKind, reliability: crate::transport::config::Reliability) -> (Duration, bool) {
+    use crate::transport::config::Reliability;
     match (transport.is_datagram(), reliability) {
         (true, Reliability::BestEffort) => (Duration::ZERO, false),
         _ => (crate::frame::reliable::Timers::default().give_up * 2, true),

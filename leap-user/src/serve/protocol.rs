@@ -146,7 +146,7 @@ pub struct MemberSpec {
     /// UDP GSO.
     pub gso: bool,
     /// Loss recovery.
-    pub reliability: crate::transport::datagram::Reliability,
+    pub reliability: crate::transport::config::Reliability,
     /// XDP attach mode.
     pub xdp_mode: XdpMode,
     /// Receive deadline, ms.

@@ -1178,6 +1178,7 @@ enum RecvPoll {
     Wait(Option<Duration>),
 }
 
+#[cfg(feature = "tokio")]
 /// What a receive step that must not block found (see [`Shared::try_recv`]).
 #[derive(Clone, Copy, Debug)]
 pub enum TryRecv {
@@ -1354,6 +1355,7 @@ impl<R: RxPath> Shared<R> {
         })
     }
 
+    #[cfg(feature = "tokio")]
     /// Starts a receive call that waits its own way (async): the frame if
     /// it is already there. The driver stands back until [`Self::end_call`].
     pub fn begin_call(&self, out: &mut [u8]) -> std::result::Result<Result<Received>, RecvCall> {
@@ -1365,6 +1367,7 @@ impl<R: RxPath> Shared<R> {
         res
     }
 
+    #[cfg(feature = "tokio")]
     /// One step of a receive call that must not block. It never spins
     /// (neither `spin` nor busy polling's spin): an event loop waits for
     /// readiness instead.
@@ -1382,6 +1385,7 @@ impl<R: RxPath> Shared<R> {
         Ok(if link.recv_drain(&mut rx.path, out, call)? { TryRecv::More } else { TryRecv::Empty(wait) })
     }
 
+    #[cfg(feature = "tokio")]
     /// Ends a receive call begun with [`Self::begin_call`] (however it
     /// ended): the driver may step in again.
     pub fn end_call(&self) {
@@ -1392,6 +1396,7 @@ impl<R: RxPath> Shared<R> {
         drop(rx);
     }
 
+    #[cfg(feature = "tokio")]
     /// A descriptor that becomes readable when the receive path may have
     /// something (the async layer's own: it runs the timers itself).
     ///
@@ -1443,6 +1448,7 @@ impl<R: RxPath> Shared<R> {
         }
     }
 
+    #[cfg(feature = "tokio")]
     /// Before an event loop waits on [`Self::ready_fd`]: wakes the kernel's
     /// side where the path needs it (AF_XDP fill rings).
     pub fn prepare_wait(&self) {

@@ -4,8 +4,8 @@
 #[cfg(feature = "tokio")]
 pub mod asyncio;
 pub mod config;
-pub mod datagram;
-pub mod halves;
+pub(crate) mod datagram;
+pub(crate) mod halves;
 pub mod kmod;
 pub mod lend;
 pub mod open;
