@@ -163,12 +163,14 @@ fn bad_requests_and_idle_connections_are_refused_counted_and_start_nothing() {
     // Aimed outside the run, at loopback, or at an interface the agent's
     // config does not allow (its tx veth, standing in for a management NIC).
     let n = &c.topo.nodes()[0];
+    // TCP members need the run's ring key (any 32 bytes here).
+    const RUN_KEY: [u8; 32] = [7; 32];
     let members: Vec<String> = c.hosts().iter().map(|h| h.data.to_string()).collect();
     let mut good = serde_json::json!({"type": "open", "transport": "tcp", "role": "head", "frame_size": 16392,
         "frames": 100, "inflight": 1, "workers": 2, "listen": members[0], "next": members[1],
         "prev": members[2], "members": members, "iface": n.rx_iface, "crc": true, "gso": true,
         "reliability": "reliable", "xdp_mode": "auto", "recv_timeout_ms": 1000, "setup_timeout_ms": 1000,
-        "stall_timeout_ms": 1000});
+        "stall_timeout_ms": 1000, "run_key": RUN_KEY});
     let refused = |cl: &mut Client, v: &serde_json::Value| match cl.call(&serde_json::from_value(v.clone()).unwrap()) {
         Ok(Response::Error { kind: ErrorKind::BadRequest, message }) => message,
         other => panic!("expected a refusal, got {other:?}"),
