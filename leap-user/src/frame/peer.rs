@@ -117,6 +117,17 @@ impl Peer {
         (Some(Hello { echo: 0, nonce: self.nonce, epoch, caps }), Some(next))
     }
 
+    /// Makes the next challenge due at once, the wait between challenges
+    /// starting over (unless it is proven): a node about to send its first
+    /// frame asks now, instead of after the backed-off wait that an earlier
+    /// challenge, sent before the neighbour was listening, left.
+    pub fn challenge_now(&mut self) {
+        if self.proven.is_none() || self.verifying {
+            self.next_challenge = None;
+            self.interval = CHALLENGE_INTERVAL;
+        }
+    }
+
     /// Takes a hello that came from this neighbour's address.
     pub fn on_hello(&mut self, h: &Hello, now: Instant, epoch: u64, caps: u32) -> HelloOutcome {
         let mut out = HelloOutcome::default();
@@ -196,6 +207,20 @@ mod tests {
         // The real restarted node answers it.
         let r = p.on_hello(&Hello { echo: challenge.nonce, nonce: 0, epoch: 2, caps: 3 }, now, 9, 3);
         assert!(r.restarted);
+    }
+
+    #[test]
+    fn a_challenge_is_due_at_once_when_asked_for() {
+        let t0 = Instant::now();
+        let mut p = Peer::new(addr(2));
+        for ms in 0..3000 {
+            let _ = p.challenge(t0 + Duration::from_millis(ms), 1, 0);
+        }
+        let now = t0 + Duration::from_millis(3000);
+        assert!(p.challenge(now, 1, 0).0.is_none(), "backed off");
+        p.challenge_now();
+        assert!(p.challenge(now, 1, 0).0.is_some());
+        assert_eq!(p.challenge(now, 1, 0).1, Some(now + CHALLENGE_INTERVAL), "the wait starts over");
     }
 
     #[test]

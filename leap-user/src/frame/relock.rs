@@ -1,7 +1,10 @@
 //! Recovering the source lock, as pure logic.
 //!
 //! A node with no previous node configured takes frames from the first
-//! source a valid chunk came from, and from no other. That first source may
+//! source that proves to be a leap node (its hellos, sent before its first
+//! frame, are answered and it is challenged back: so it sends that frame,
+//! and recovers its losses, as to a leap node), or else from the first
+//! source a valid chunk came from; from no other. That first source may
 //! have been a spoofer, or the previous node may have moved (restarted on
 //! another port, or on another host): without recovery the link would be
 //! deaf for good. The lock moves to another source only when both hold:
@@ -72,6 +75,8 @@ pub struct SourceLock {
     probe_nonce: u64,
     /// Released: until when only a proven leap node may take the lock.
     proof_only_until: Option<Instant>,
+    /// Whether a source ever held the lock (not at start).
+    held: bool,
 }
 
 #[derive(Debug)]
@@ -91,7 +96,30 @@ impl SourceLock {
             probed: None,
             probe_nonce: 0,
             proof_only_until: None,
+            held: true,
         }
+    }
+
+    /// No source yet (a node without a configured previous node, at start):
+    /// the first source that proves to be a leap node takes the lock at
+    /// once, or the first valid chunk's source, whichever comes first.
+    pub fn unlocked(now: Instant) -> Self {
+        Self { locked: None, held: false, ..Self::new(([0, 0, 0, 0], 0).into(), now, 0) }
+    }
+
+    /// Whether no source ever held the lock ([`Self::unlocked`], and nothing
+    /// took it yet).
+    pub fn never_held(&self) -> bool {
+        !self.held
+    }
+
+    /// The candidate's state if it is at `src`, taken (a chunk from it
+    /// takes the lock first: its proof, half-way, goes on).
+    pub fn take_candidate(&mut self, src: SocketAddr) -> Option<Peer> {
+        if self.candidate.as_ref().is_some_and(|c| c.peer.addr() == src) {
+            return self.candidate.take().map(|c| c.peer);
+        }
+        None
     }
 
     /// The lock released by the operator at `now`: for
@@ -200,6 +228,7 @@ impl SourceLock {
         c.peer.proven()?;
         let old = self.locked.replace(c.peer.addr());
         self.proof_only_until = None;
+        self.held = true;
         self.heard = now;
         Some((c.peer, old))
     }
@@ -321,6 +350,36 @@ mod tests {
         let (peer, old) = lock.poll(t0 + Duration::from_millis(1)).expect("taken at once");
         assert_eq!((peer.addr(), old, lock.source()), (addr(2), None, Some(addr(2))));
         assert!(!lock.chunk_may_take(t0 + RELEASE_PROOF_WINDOW * 2));
+    }
+
+    #[test]
+    fn at_start_the_first_source_to_prove_itself_takes_the_lock_at_once() {
+        let t0 = Instant::now();
+        let mut lock = SourceLock::unlocked(t0);
+        assert!(lock.never_held() && lock.source().is_none());
+        assert!(lock.chunk_may_take(t0), "a chunk may still take it first");
+        // Hellos before any chunk are answered (the sender proves us before
+        // its first frame) and the sender is challenged back.
+        let out = prove(&mut lock, addr(2), t0);
+        assert!(out.probe.is_none(), "nobody to ask");
+        // `prove` echoes the challenge 1 ms after it was sent.
+        let proven_at = t0 + Duration::from_millis(1);
+        let (peer, old) = lock.poll(proven_at).expect("taken at once");
+        assert_eq!((peer.addr(), old, lock.source()), (addr(2), None, Some(addr(2))));
+        assert!(peer.proven().is_some() && !lock.never_held());
+        assert!(!lock.chunk_may_take(proven_at));
+    }
+
+    #[test]
+    fn a_chunk_from_the_candidate_keeps_its_proof_going() {
+        let t0 = Instant::now();
+        let mut lock = SourceLock::unlocked(t0);
+        let hello = Hello { echo: 0, nonce: 7, epoch: 9, caps: 0 };
+        let challenge = lock.stranger_hello(addr(2), &hello, t0, false, (1, 0)).unwrap().reply.unwrap().nonce;
+        assert!(lock.take_candidate(addr(3)).is_none());
+        let mut peer = lock.take_candidate(addr(2)).expect("the candidate");
+        let r = peer.on_hello(&Hello { echo: challenge, nonce: 0, epoch: 9, caps: 0 }, t0, 1, 0);
+        assert!(r.proven, "the echo of the challenge sent before the chunk still proves it");
     }
 
     #[test]

@@ -138,8 +138,12 @@ impl<R: RxPath + 'static> AsyncDatagram<R> {
 /// leap node (the driver exchanges the hellos), without blocking the
 /// runtime.
 async fn await_proof<R: RxPath>(shared: &Shared<R>) {
-    if !shared.link().awaits_proof() {
-        return;
+    {
+        let mut link = shared.link();
+        if !link.awaits_proof() {
+            return;
+        }
+        link.proof_wait_begins();
     }
     let until = Instant::now() + super::datagram::DatagramLink::FIRST_PROOF_WAIT;
     while shared.link().awaits_proof() && Instant::now() < until {

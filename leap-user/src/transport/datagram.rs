@@ -6,7 +6,8 @@
 //!
 //! On a hostile network:
 //! - frames are taken from one source only: the configured previous node,
-//!   or else the first source a valid chunk came from, locked (every other
+//!   or else the first source that proved to be a leap node or sent a valid
+//!   chunk, whichever came first, locked (every other
 //!   source is dropped and counted as `wrong_source`) until it proves to be
 //!   gone and another source proves to be a leap node
 //!   ([`crate::frame::relock`]), or the operator releases it; NACKs only
@@ -102,7 +103,8 @@ pub struct DatagramLink {
     done: Option<Received>,
     /// The previous node: configured, or the first source, locked.
     prev: Option<SocketAddr>,
-    /// The lock on the first source, when no previous node is configured.
+    /// The lock on the first source, when no previous node is configured
+    /// (open until a source proves itself or sends a chunk).
     lock: Option<SourceLock>,
     next_peer: Peer,
     /// `None` while the previous node is unknown, or when it is `next`.
@@ -177,7 +179,10 @@ impl DatagramLink {
             probe: ProbeTimer::default(),
             done: None,
             prev: cfg.prev,
-            lock: None,
+            // Without a previous node, the hellos of the node that will send
+            // to us are answered before its first frame (so that it sends
+            // that frame as to a leap node, kept for NACKs).
+            lock: cfg.prev.is_none().then(|| SourceLock::unlocked(Instant::now())),
             next_peer: Peer::new(cfg.next),
             prev_peer,
             epoch: random_u64(),
@@ -296,6 +301,13 @@ impl DatagramLink {
     /// (see [`Self::FIRST_PROOF_WAIT`]).
     pub fn awaits_proof(&self) -> bool {
         !self.proof_waited && !self.cfg.original_compat && !self.next_is_leap()
+    }
+
+    /// Before an event loop waits for the next node's proof its own way:
+    /// the next challenge goes out at once (see [`Self::await_next_proof`]).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn proof_wait_begins(&mut self) {
+        self.next_peer.challenge_now();
     }
 
     /// Marks the wait for the next node's proof as done (an event loop
@@ -612,9 +624,10 @@ impl DatagramLink {
             (None, Some(src)) if hdr.kind() != ChunkKind::Nack => {
                 log::info!("taking frames from {src} only (the first source; set the previous node to choose it)");
                 self.prev = Some(src);
-                self.lock = None;
+                // The source that hellos before its frame: its proof goes on.
+                let candidate = self.lock.take().and_then(|mut l| l.take_candidate(src));
                 if src != self.cfg.next {
-                    self.prev_peer = Some(Peer::new(src));
+                    self.prev_peer = Some(candidate.unwrap_or_else(|| Peer::new(src)));
                     self.lock = Some(SourceLock::new(src, Instant::now(), self.stats.chunks_received));
                 }
             }
@@ -745,14 +758,23 @@ impl DatagramLink {
             );
             self.send_hello(&probe, locked);
         }
+        // Nothing locked (at start, or released): a source that just proved
+        // itself takes the lock now, before the chunks of its first frame
+        // (the receive path hands them over next, maybe in the same batch).
+        self.relock(now);
     }
 
     /// Moves the source lock to a proven candidate once the locked source
     /// left its probe unanswered; returns when to look again.
     fn relock(&mut self, now: Instant) -> Option<Instant> {
         let lock = self.lock.as_mut()?;
+        let first = lock.never_held();
         let Some((peer, old)) = lock.poll(now) else { return lock.due() };
         match old {
+            None if first => log::info!(
+                "taking frames from {} only (the first source, a leap node; set the previous node to choose it)",
+                peer.addr()
+            ),
             Some(old) => log::warn!(
                 "previous node {old} did not answer for {:?}; taking frames from {} instead, which proved to be a leap node",
                 crate::frame::relock::PROBE_WAIT,
@@ -797,6 +819,9 @@ impl DatagramLink {
     /// the original format, from the first frame on, until it does.
     fn await_next_proof(&mut self, limit: Duration) {
         self.proof_waited = true;
+        // Challenges sent before the next node listened were lost, and left
+        // the next one up to a second away: ask now.
+        self.next_peer.challenge_now();
         let start = Instant::now();
         let mut rx = crate::sys::udp::RxBatch::new(4, 65536);
         while !self.next_is_leap() {
