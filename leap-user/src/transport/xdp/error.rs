@@ -97,14 +97,67 @@ pub enum XdpError {
         /// The queue.
         queue: u32,
     },
-    /// The configuration cannot work.
+    /// An XDP transport was asked for without the interface frames arrive on.
+    #[error("--transport {transport} needs the interface frames arrive on (--iface)")]
+    NeedsInterface {
+        /// `xdp` or `xdp-ringbuf`.
+        transport: &'static str,
+    },
+    /// A VLAN ID beyond 4095.
+    #[error("VLAN ID {0} out of range (0..=4095)")]
+    BadVlan(u16),
+    /// More VLANs than the program's map holds.
+    #[error("{found} VLANs, more than the {max} the XDP program holds")]
+    TooManyVlans {
+        /// VLANs asked for.
+        found: usize,
+        /// What the map holds.
+        max: u32,
+    },
+    /// More local addresses than the program's map holds.
+    #[error("{found} local addresses, more than the {max} the XDP program holds: listen on one address")]
+    TooManyLocalAddrs {
+        /// Addresses found.
+        found: usize,
+        /// What the map holds.
+        max: u32,
+    },
+    /// The step (`pin`) needs the program attached first.
+    #[error("{0}: the XDP program is not attached")]
+    NotAttachedYet(&'static str),
+    /// `attach` on a program that is attached already.
+    #[error("the XDP program is attached already")]
+    AlreadyAttached,
+    /// The configuration cannot work (what the variants above do not name).
     #[error("{0}")]
     Config(String),
+}
+
+/// Whether `vid` is a VLAN ID (0..=4095).
+///
+/// # Errors
+///
+/// [`XdpError::BadVlan`].
+pub fn check_vlan(vid: u16) -> Result<(), XdpError> {
+    if vid > leap_common::xdp::wire::VLAN_VID_MASK { Err(XdpError::BadVlan(vid)) } else { Ok(()) }
 }
 
 impl XdpError {
     /// Wraps an aya map error.
     pub(crate) fn map(map: &'static str) -> impl FnOnce(aya::maps::MapError) -> Self {
         move |source| Self::Map { map, source }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vlan_ids_are_checked_in_one_place() {
+        assert!(check_vlan(0).is_ok());
+        assert!(check_vlan(4095).is_ok());
+        assert!(matches!(check_vlan(4096), Err(XdpError::BadVlan(4096))));
+        assert_eq!(check_vlan(u16::MAX).unwrap_err().to_string(), "VLAN ID 65535 out of range (0..=4095)");
     }
 }

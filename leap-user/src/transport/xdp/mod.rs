@@ -182,9 +182,7 @@ pub fn open_endpoint(
     ep: &super::config::Endpoint,
     opts: &super::config::Options,
 ) -> Result<XdpTransport> {
-    let iface = ep.iface.as_deref().ok_or_else(|| {
-        XdpError::Config(format!("--transport {} needs the interface frames arrive on", delivery.transport_name()))
-    })?;
+    let iface = ep.iface.as_deref().ok_or(XdpError::NeedsInterface { transport: delivery.transport_name() })?;
     let mut cfg = XdpTransportConfig::new(iface, super::config::udp_config(ep, opts), delivery);
     cfg.mode = opts.xdp_mode;
     cfg.object = ObjectSource::from_option(opts.xdp_object.clone());
@@ -301,18 +299,12 @@ pub fn host_filter_for(
     };
     let local: Vec<_> = local.into_iter().filter(|a| on_loopback || !a.is_loopback()).collect();
     if local.len() > map::MAX_LOCAL_ADDRS as usize {
-        return Err(XdpError::Config(format!(
-            "{} local addresses, more than the {} the XDP program holds: listen on one address",
-            local.len(),
-            map::MAX_LOCAL_ADDRS
-        )));
+        return Err(XdpError::TooManyLocalAddrs { found: local.len(), max: map::MAX_LOCAL_ADDRS });
     }
     if vlans.len() > map::MAX_VLANS as usize {
-        return Err(XdpError::Config(format!("more than {} VLANs", map::MAX_VLANS)));
+        return Err(XdpError::TooManyVlans { found: vlans.len(), max: map::MAX_VLANS });
     }
-    if let Some(v) = vlans.iter().find(|&&v| v > map::wire::VLAN_VID_MASK) {
-        return Err(XdpError::Config(format!("VLAN ID {v} out of range (0..=4095)")));
-    }
+    vlans.iter().try_for_each(|&v| error::check_vlan(v))?;
     let driver = sys::if_driver(iface).unwrap_or_else(|e| {
         log::debug!("{iface}: no driver name ({e})");
         String::new()

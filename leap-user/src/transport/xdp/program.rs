@@ -334,7 +334,7 @@ impl XdpProgram {
     /// program is attached, [`XdpError::Attach`] otherwise.
     pub fn attach(&mut self, iface: &str, mode: AttachMode) -> Result<AttachedMode, XdpError> {
         if self.attachment.is_some() {
-            return Err(XdpError::Config("the XDP program is attached already".into()));
+            return Err(XdpError::AlreadyAttached);
         }
         if sys::if_index(iface).is_none() {
             return Err(XdpError::NoInterface(iface.to_string()));
@@ -473,11 +473,9 @@ impl XdpProgram {
     ///
     /// # Errors
     ///
-    /// [`XdpError::Config`] for an ID beyond 4095, [`XdpError::Map`].
+    /// [`XdpError::BadVlan`] for an ID beyond 4095, [`XdpError::Map`].
     pub fn allow_vlan(&mut self, vid: u16) -> Result<(), XdpError> {
-        if vid > leap_common::xdp::wire::VLAN_VID_MASK {
-            return Err(XdpError::Config(format!("VLAN ID {vid} out of range (0..=4095)")));
-        }
+        super::error::check_vlan(vid)?;
         let map = self.ebpf.map_mut(MAP_VLANS).ok_or(XdpError::Missing(MAP_VLANS))?;
         let mut vlans: HashMap<&mut MapData, u16, u32> = HashMap::try_from(map).map_err(XdpError::map(MAP_VLANS))?;
         vlans.insert(vid, 1, 0).map_err(XdpError::map(MAP_VLANS))
@@ -589,7 +587,7 @@ impl XdpProgram {
     /// something is pinned there already, [`XdpError::Pin`].
     pub fn pin(mut self) -> Result<PathBuf, XdpError> {
         let Some(a) = self.attachment.take() else {
-            return Err(XdpError::Config("pin: the XDP program is not attached".into()));
+            return Err(XdpError::NotAttachedYet("pin"));
         };
         let dir = pin_dir(&a.iface);
         let pin_err = |path: &Path| {
@@ -639,7 +637,7 @@ impl XdpProgram {
     /// persistent attachment is pinned there, [`XdpError::Pin`].
     pub fn pin_running(&mut self) -> Result<MapPins, XdpError> {
         let Some(a) = &self.attachment else {
-            return Err(XdpError::Config("pin: the XDP program is not attached".into()));
+            return Err(XdpError::NotAttachedYet("pin"));
         };
         let (iface, mode) = (a.iface.clone(), a.mode);
         let dir = pin_dir(&iface);
