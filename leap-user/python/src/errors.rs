@@ -121,7 +121,7 @@ pub fn transport(e: TransportError) -> PyErr {
         ref e if let Some(sc) = e.syscall() => {
             raise::<SystemCallError>(msg.clone(), &[("call", Attr::Str(sc.call.into())), ("errno", errno(&sc.source))])
         }
-        TransportError::Udp(UdpError::Config(ref problem)) => config_error("", problem.clone(), msg),
+        TransportError::Udp(UdpError::MaxFrameLen(_)) => config_error("max_frame_len", msg.clone(), msg),
         TransportError::Udp(UdpError::Window(_)) => config_error("window", msg.clone(), msg),
         TransportError::Setting(s) => setting(s),
         TransportError::Control(_) => raise::<ControlError>(msg, &[]),

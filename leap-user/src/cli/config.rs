@@ -355,9 +355,9 @@ pub fn validate(file: NodeFile) -> Result<NodePlan, ConfigError> {
         let max = leap_common::xdp::MAX_QUEUES;
         let ok = q.as_str() == Some("all")
             || q.as_array().is_some_and(|a| {
-                !a.is_empty()
-                    && a.len() <= max as usize
-                    && a.iter().all(|v| v.as_integer().is_some_and(|n| (0..i64::from(max)).contains(&n)))
+                let list: Option<Vec<u32>> =
+                    a.iter().map(|v| v.as_integer().and_then(|n| u32::try_from(n).ok())).collect();
+                list.is_some_and(|l| crate::transport::xdp::check_queues(&l).is_ok())
             });
         if !ok {
             return Err(err(

@@ -220,7 +220,7 @@ pub fn parse_queues(s: &str) -> Result<Queues, String> {
     let max = leap_common::xdp::MAX_QUEUES;
     let q: Result<Vec<u32>, _> = s.split(',').map(|x| x.trim().parse::<u32>()).collect();
     match q {
-        Ok(v) if !v.is_empty() && v.len() <= max as usize && v.iter().all(|&n| n < max) => Ok(Queues(Some(v))),
+        Ok(v) if crate::transport::xdp::check_queues(&v).is_ok() => Ok(Queues(Some(v))),
         _ => Err(format!("`{s}`: `all` or up to {max} queue numbers below {max}, such as 0,1 (0 alone: one queue)")),
     }
 }

@@ -171,11 +171,11 @@ impl Settings {
                 o.xdp_queues = if v == "all" {
                     None
                 } else {
-                    let q = list(key, v, 0, max - 1)?;
-                    if q.is_empty() || q.len() > max as usize {
+                    let q: Vec<u32> = list(key, v, 0, max - 1)?.into_iter().map(|n| n as u32).collect();
+                    if super::xdp::check_queues(&q).is_err() {
                         return Err(bad(key, format!("`all` or up to {max} queue numbers, such as 0,1")));
                     }
-                    Some(q.into_iter().map(|n| n as u32).collect())
+                    Some(q)
                 };
             }
             "vlans" => {

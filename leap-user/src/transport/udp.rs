@@ -29,9 +29,9 @@ pub enum UdpError {
     /// A socket call failed (on the listen address).
     #[error(transparent)]
     Syscall(super::SyscallError),
-    /// The configuration cannot work.
-    #[error("{0}")]
-    Config(String),
+    /// A frame limit the chunk format cannot carry.
+    #[error("max frame length {0} outside 1..={FRAME_LEN_MAX} (65535 chunks of 1400 bytes)")]
+    MaxFrameLen(usize),
     /// The window or the frames kept for NACKs cannot work.
     #[error(transparent)]
     Window(#[from] WindowError),
@@ -62,6 +62,16 @@ pub fn settle_windows(cfg: &mut UdpConfig) -> Result<Windows, WindowError> {
     }
     (cfg.window, cfg.keep_frames) = (w.window, w.keep_frames);
     Ok(w)
+}
+
+/// Whether the chunk format carries frames of up to `len` bytes (every
+/// datagram backend's limit).
+///
+/// # Errors
+///
+/// [`UdpError::MaxFrameLen`].
+pub fn check_max_frame_len(len: usize) -> Result<(), UdpError> {
+    if len == 0 || len > FRAME_LEN_MAX { Err(UdpError::MaxFrameLen(len)) } else { Ok(()) }
 }
 
 /// Opens a UDP socket bound to `addr` with large buffers.
@@ -191,12 +201,7 @@ impl UdpTransport {
     /// beyond what the chunk format can carry, or the window and the frames
     /// kept for NACKs cannot work ([`settle_windows`]).
     pub fn bind(mut cfg: UdpConfig) -> Result<Self, UdpError> {
-        if cfg.max_frame_len == 0 || cfg.max_frame_len > FRAME_LEN_MAX {
-            return Err(UdpError::Config(format!(
-                "max frame length {} outside 1..={FRAME_LEN_MAX} (65535 chunks of 1400 bytes)",
-                cfg.max_frame_len
-            )));
-        }
+        check_max_frame_len(cfg.max_frame_len)?;
         settle_windows(&mut cfg)?;
         let socket = bind_socket(cfg.listen)?;
         enable_busy_poll(socket.as_fd(), cfg.busy_poll, &format!("udp {}", cfg.listen));

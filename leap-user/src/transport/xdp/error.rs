@@ -128,9 +128,30 @@ pub enum XdpError {
     /// `attach` on a program that is attached already.
     #[error("the XDP program is attached already")]
     AlreadyAttached,
+    /// A receive-queue list the program cannot hold.
+    #[error(
+        "receive queues {0:?}: between 1 and {max} queues, each below {max}",
+        max = leap_common::xdp::MAX_QUEUES
+    )]
+    BadQueues(Vec<u32>),
     /// The configuration cannot work (what the variants above do not name).
     #[error("{0}")]
     Config(String),
+}
+
+/// Whether `queues` is a receive-queue list the program can hold: 1 to
+/// `MAX_QUEUES` queues, each below `MAX_QUEUES`. The one check behind the
+/// flag, the node file, the settings by name and the transport.
+///
+/// # Errors
+///
+/// [`XdpError::BadQueues`].
+pub fn check_queues(queues: &[u32]) -> Result<(), XdpError> {
+    let max = leap_common::xdp::MAX_QUEUES;
+    if queues.is_empty() || queues.len() > max as usize || queues.iter().any(|&q| q >= max) {
+        return Err(XdpError::BadQueues(queues.to_vec()));
+    }
+    Ok(())
 }
 
 /// Whether `vid` is a VLAN ID (0..=4095).
@@ -159,5 +180,15 @@ mod tests {
         assert!(check_vlan(4095).is_ok());
         assert!(matches!(check_vlan(4096), Err(XdpError::BadVlan(4096))));
         assert_eq!(check_vlan(u16::MAX).unwrap_err().to_string(), "VLAN ID 65535 out of range (0..=4095)");
+    }
+
+    #[test]
+    fn queue_lists_are_checked_in_one_place() {
+        let max = leap_common::xdp::MAX_QUEUES;
+        assert!(check_queues(&[0]).is_ok());
+        assert!(check_queues(&(0..max).collect::<Vec<_>>()).is_ok());
+        for bad in [vec![], vec![max], (0..=max).collect::<Vec<_>>()] {
+            assert!(matches!(check_queues(&bad), Err(XdpError::BadQueues(_))), "{bad:?}");
+        }
     }
 }

@@ -47,7 +47,7 @@ use leap_common::chunk::{CHUNK_DATAGRAM_MAX, ChunkKind, TRAIN_DATAGRAM_MAX};
 use leap_common::xdp::{self as map, Counter, PeerRule, RingRecord, cfg};
 
 pub use self::counters::{CounterReader, XdpCounters};
-pub use self::error::XdpError;
+pub use self::error::{XdpError, check_queues, check_vlan};
 pub use self::object::ObjectSource;
 pub use self::packet::{Reject, RxFilter};
 pub use self::program::{AttachMode, AttachedMode, PinnedProgram, ProgramKind, XdpProgram};
@@ -575,20 +575,8 @@ impl XdpTransport {
     /// the UDP socket's errors likewise.
     pub fn open(cfg: XdpTransportConfig) -> Result<Self> {
         let udp = &cfg.udp;
-        if udp.max_frame_len == 0 || udp.max_frame_len > leap_common::chunk::FRAME_LEN_MAX {
-            return Err(XdpError::Config(format!("max frame length {} out of range", udp.max_frame_len)).into());
-        }
-        if cfg.queues.is_empty()
-            || cfg.queues.len() > map::MAX_QUEUES as usize
-            || cfg.queues.iter().any(|&q| q >= map::MAX_QUEUES)
-        {
-            return Err(XdpError::Config(format!(
-                "receive queues {:?}: between 1 and {max} queues, each below {max}",
-                cfg.queues,
-                max = map::MAX_QUEUES
-            ))
-            .into());
-        }
+        super::udp::check_max_frame_len(udp.max_frame_len)?;
+        error::check_queues(&cfg.queues)?;
         let mut udp_cfg = cfg.udp.clone();
         super::udp::settle_windows(&mut udp_cfg).map_err(|e| XdpError::Config(e.to_string()))?;
         let filter = host_filter(&cfg)?;
