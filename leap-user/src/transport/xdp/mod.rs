@@ -578,7 +578,7 @@ impl XdpTransport {
         super::udp::check_max_frame_len(udp.max_frame_len)?;
         error::check_queues(&cfg.queues)?;
         let mut udp_cfg = cfg.udp.clone();
-        super::udp::settle_windows(&mut udp_cfg).map_err(|e| XdpError::Config(e.to_string()))?;
+        super::udp::settle_windows(&mut udp_cfg).map_err(super::udp::UdpError::Window)?;
         let filter = host_filter(&cfg)?;
         let socket = bind_socket(udp.listen)?;
         let busy_poll = udp.busy_poll.is_some()
