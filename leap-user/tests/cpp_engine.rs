@@ -306,8 +306,8 @@ fn xdp_engine_ring_over_the_ring_buffer_path_returns_every_frame_intact() {
 /// node, so each node learns it from the traffic: the node that sends to it
 /// must still prove it before its first frame and send that frame as to a
 /// leap node, kept for NACKs; sent in the original's format instead, a
-/// chunk lost on the way lost the frame for good (issue 21: "frame seq 0
-/// lost: 128 of 188 chunks missing" in 2 of 3 benchmark runs). Three rings,
+/// chunk lost on the way lost the frame for good ("frame seq 0 lost: 128
+/// of 188 chunks missing" in 2 of 3 benchmark runs). Three rings,
 /// since a first frame of this size loses chunks in about half of them.
 fn xdp_large_first_frame(path: &str) {
     const RINGS: usize = 3;

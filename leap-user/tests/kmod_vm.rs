@@ -536,7 +536,7 @@ fn opens_beyond_the_namespace_and_module_limits_are_refused() {
     Device::open(Path::new(DEVICE_PATH)).expect("a slot is free again");
 }
 
-/// Issue 22: a member of the device's group without any capability owns a
+/// A member of the device's group without any capability owns a
 /// user namespace (`unshare -Urn`) and so has CAP_NET_ADMIN over its own
 /// network namespace. It must not open the device (by default), and a real
 /// node must still open afterwards.

@@ -271,8 +271,8 @@ fn a_first_frame_that_races_the_proof_and_loses_a_chunk_still_arrives() {
 /// stranger's, A waited 100 ms for nothing and sent the frame in the
 /// original's format; B then proved A half-way through that frame, started
 /// its reassembly over (the chunks taken so far forgotten) and nobody could
-/// send them again (issue 21: "frame seq 0 lost: 128 of 188 chunks
-/// missing" over xdp, 128 being two receive batches of 64; or, with no
+/// send them again ("frame seq 0 lost: 128 of 188 chunks missing" over
+/// xdp, 128 being two receive batches of 64; or, with no
 /// receive deadline, a ring that hangs).
 #[test]
 fn a_first_frame_to_a_node_without_a_previous_node_that_loses_chunks_still_arrives() {

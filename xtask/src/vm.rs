@@ -159,7 +159,7 @@ check "a user with only CAP_NET_ADMIN can open and bind" \
 	--ambient-caps=-all,+net_admin --bounding-set=-all,+net_admin /bin/original_abi bind 24101
 chmod 0600 /dev/leap_tensor
 
-# Issue 22: a member of the device's group (as the packaged udev rule makes
+# A member of the device's group (as the packaged udev rule makes
 # it) with no capability runs busybox's `unshare -Urn`: it owns a user and a
 # network namespace and holds CAP_NET_ADMIN there, which must not open the
 # device (EPERM from the module, not EACCES from the file mode: the same
