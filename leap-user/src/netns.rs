@@ -27,6 +27,19 @@ pub fn enter(path: &Path) -> io::Result<()> {
     Ok(setns(f, CloneFlags::CLONE_NEWNET)?)
 }
 
+/// Runs `f` on a fresh thread inside the network namespace at `path` and
+/// returns what it returns (a panic in `f` goes on in the caller).
+///
+/// # Errors
+///
+/// Entering the namespace ([`enter`]); `f` does not run then.
+pub fn run_in<T: Send + 'static>(path: &Path, f: impl FnOnce() -> T + Send + 'static) -> io::Result<T> {
+    let path = path.to_path_buf();
+    std::thread::spawn(move || enter(&path).map(|()| f()))
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+}
+
 /// Errors building a topology.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -123,13 +123,7 @@ impl SshCluster {
     }
 
     fn in_ns<T: Send + 'static>(&self, i: usize, f: impl FnOnce() -> T + Send + 'static) -> T {
-        let path = self.topo.nodes()[i].path();
-        std::thread::spawn(move || {
-            leap::netns::enter(&path).expect("setns");
-            f()
-        })
-        .join()
-        .expect("namespace thread panicked")
+        leap::netns::run_in(&self.topo.nodes()[i].path(), f).expect("setns")
     }
 
     /// `leap bench --hosts ssh://root@...` from host 0 with `extra`,

@@ -170,13 +170,7 @@ impl Cluster {
 
     /// Runs `f` on a thread inside host `i`'s namespace.
     pub fn in_ns<T: Send + 'static>(&self, i: usize, f: impl FnOnce() -> T + Send + 'static) -> T {
-        let path = self.topo.nodes()[i].path();
-        std::thread::spawn(move || {
-            leap::netns::enter(&path).expect("setns");
-            f()
-        })
-        .join()
-        .expect("namespace thread panicked")
+        leap::netns::run_in(&self.topo.nodes()[i].path(), f).expect("setns")
     }
 
     /// An authenticated client of agent `i`, connected from host 0.

@@ -23,12 +23,7 @@ pub fn object() -> ObjectSource {
 /// Runs `f` on a fresh thread inside the network namespace at `path`
 /// ([`leap::netns::NodeNet::path`]).
 pub fn in_netns<T: Send + 'static>(path: PathBuf, f: impl FnOnce() -> T + Send + 'static) -> T {
-    std::thread::spawn(move || {
-        leap::netns::enter(&path).expect("setns");
-        f()
-    })
-    .join()
-    .expect("namespace thread panicked")
+    leap::netns::run_in(&path, f).expect("setns")
 }
 
 /// `ip -d link show dev IFACE` inside `netns`.
