@@ -207,56 +207,31 @@ fn reordered_chunks_make_intact_frames() {
 #[test]
 fn a_first_frame_that_races_the_proof_and_loses_a_chunk_still_arrives() {
     let (a_addr, b_addr) = (free_addr(), free_addr());
-    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
-    s.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
-    let relay_addr = s.local_addr().unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let st = stop.clone();
-    let relay = std::thread::spawn(move || {
-        let mut buf = [0u8; 65536];
-        let mut late: Vec<(Instant, Vec<u8>)> = Vec::new();
-        let mut lost = false;
-        while !st.load(Ordering::Relaxed) {
-            let now = Instant::now();
-            late.retain(|(due, d)| if *due <= now { s.send_to(d, b_addr).unwrap() == 0 } else { true });
-            let Ok((n, from)) = s.recv_from(&mut buf) else { continue };
-            let d = &buf[..n];
-            if from == b_addr {
-                s.send_to(d, a_addr).unwrap();
-            } else if Hello::parse(d).is_ok_and(|h| h.echo != 0 && h.nonce == 0) {
-                // A's answer to B's challenge: late.
-                late.push((now + Duration::from_millis(20), d.to_vec()));
-            } else if !lost && ChunkHeader::parse(d).is_ok_and(|(h, _)| h.seq == 0 && h.chunk_id == 3) {
-                lost = true;
-            } else {
-                s.send_to(d, b_addr).unwrap();
-            }
+    let mut lost = false;
+    let relay = FirstFrameRelay::start(a_addr, b_addr, move |d| {
+        if Hello::parse(d).is_ok_and(|h| h.echo != 0 && h.nonce == 0) {
+            // A's answer to B's challenge: late.
+            Step::Late(Duration::from_millis(20))
+        } else if !lost && ChunkHeader::parse(d).is_ok_and(|(h, _)| h.seq == 0 && h.chunk_id == 3) {
+            lost = true;
+            Step::Drop
+        } else {
+            Step::Forward
         }
     });
-    let mut ca = UdpConfig::new(a_addr, relay_addr);
+    let mut ca = UdpConfig::new(a_addr, relay.addr);
     ca.gso = false;
     ca.trains = false;
-    let mut cb = UdpConfig::new(b_addr, relay_addr);
-    cb.prev = Some(relay_addr);
+    let mut cb = UdpConfig::new(b_addr, relay.addr);
+    cb.prev = Some(relay.addr);
     cb.recv_timeout = Some(Duration::from_secs(2));
     let mut b = UdpTransport::bind(cb).unwrap();
-    let mut a = UdpTransport::bind(ca).unwrap();
-    let frame = pattern(7, 16_392);
-    let sender = std::thread::spawn(move || {
-        a.send_next(&frame).unwrap();
-        // A answers NACKs inside its own calls too (and by its driver).
-        let mut scratch = vec![0u8; 64];
-        a.set_recv_timeout(Some(Duration::from_millis(5)));
-        for _ in 0..200 {
-            let _ = a.recv_prev(&mut scratch);
-        }
-        a.stats()
-    });
+    let a = UdpTransport::bind(ca).unwrap();
+    let sender = send_one_then_answer_nacks(a, pattern(7, 16_392));
     let mut out = vec![0u8; 16_392];
     let got = b.recv_prev(&mut out);
-    let a_stats = sender.join().unwrap();
-    stop.store(true, Ordering::Relaxed);
-    relay.join().unwrap();
+    let (_, _, a_stats) = sender.join().unwrap();
+    drop(relay);
     let got = got.unwrap_or_else(|e| panic!("B: {e}; B {:?}; A {a_stats:?}", b.stats()));
     assert_eq!(&out[..got.len], &pattern(7, 16_392)[..]);
     assert!(b.neighbours_are_leap().1, "B never proved A");
@@ -290,54 +265,30 @@ fn a_first_frame_to_a_node_without_a_previous_node_arrives_whole() {
 /// of every fourth chunk of it.
 fn first_frame_to_a_node_without_a_previous_node(lossy: bool) {
     let (a_addr, b_addr) = (free_addr(), free_addr());
-    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
-    s.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
-    let relay_addr = s.local_addr().unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let st = stop.clone();
-    let relay = std::thread::spawn(move || {
-        let mut buf = [0u8; 65536];
-        let mut dropped = std::collections::HashSet::new();
-        while !st.load(Ordering::Relaxed) {
-            let Ok((n, from)) = s.recv_from(&mut buf) else { continue };
-            let d = &buf[..n];
-            if from == b_addr {
-                s.send_to(d, a_addr).unwrap();
-            } else if ChunkHeader::parse(d)
-                .is_ok_and(|(h, _)| lossy && h.seq == 0 && h.chunk_id % 4 == 1 && dropped.insert(h.chunk_id))
-            {
-                // The first copy of every fourth chunk of the first frame.
-            } else {
-                s.send_to(d, b_addr).unwrap();
-            }
+    let mut dropped = std::collections::HashSet::new();
+    let relay = FirstFrameRelay::start(a_addr, b_addr, move |d| {
+        if ChunkHeader::parse(d)
+            .is_ok_and(|(h, _)| lossy && h.seq == 0 && h.chunk_id % 4 == 1 && dropped.insert(h.chunk_id))
+        {
+            // The first copy of every fourth chunk of the first frame.
+            Step::Drop
+        } else {
+            Step::Forward
         }
     });
-    let mut ca = UdpConfig::new(a_addr, relay_addr);
+    let mut ca = UdpConfig::new(a_addr, relay.addr);
     ca.gso = false;
     ca.trains = false;
     let mut cb = UdpConfig::new(b_addr, free_addr());
     cb.prev = None;
     cb.recv_timeout = Some(Duration::from_secs(2));
     let mut b = UdpTransport::bind(cb).unwrap();
-    let mut a = UdpTransport::bind(ca).unwrap();
-    let frame = pattern(9, 262_152);
-    let sender = std::thread::spawn(move || {
-        let started = Instant::now();
-        a.send_next(&frame).unwrap();
-        let send_took = started.elapsed();
-        // A answers NACKs inside its own calls too (and by its driver).
-        let mut scratch = vec![0u8; 64];
-        a.set_recv_timeout(Some(Duration::from_millis(5)));
-        for _ in 0..200 {
-            let _ = a.recv_prev(&mut scratch);
-        }
-        (a.neighbours_are_leap().0, send_took, a.stats())
-    });
+    let a = UdpTransport::bind(ca).unwrap();
+    let sender = send_one_then_answer_nacks(a, pattern(9, 262_152));
     let mut out = vec![0u8; 262_152];
     let got = b.recv_prev(&mut out);
-    let (a_proved_b, send_took, a_stats) = sender.join().unwrap();
-    stop.store(true, Ordering::Relaxed);
-    relay.join().unwrap();
+    let (send_took, a_proved_b, a_stats) = sender.join().unwrap();
+    drop(relay);
     let got = got.unwrap_or_else(|e| panic!("B: {e}; B {:?}; A {a_stats:?}", b.stats()));
     assert_eq!(&out[..got.len], &pattern(9, 262_152)[..]);
     assert!(a_proved_b, "A never proved B");
@@ -347,4 +298,78 @@ fn first_frame_to_a_node_without_a_previous_node(lossy: bool) {
         let st = b.stats();
         assert!(st.nacks_sent >= 1 && st.chunks_recovered >= 47, "the lost chunks were not fetched: {st:?}");
     }
+}
+
+/// What [`FirstFrameRelay`] does with a datagram from A.
+enum Step {
+    Forward,
+    Drop,
+    /// Forward it this much later.
+    Late(Duration),
+}
+
+/// A relay between A and B for the first-frame tests: what B sends goes to
+/// A as it is, what A sends goes to B as `step` says. Stops when dropped.
+struct FirstFrameRelay {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl FirstFrameRelay {
+    fn start(a: SocketAddr, b: SocketAddr, mut step: impl FnMut(&[u8]) -> Step + Send + 'static) -> Self {
+        let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+        let addr = s.local_addr().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let st = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut buf = [0u8; 65536];
+            let mut late: Vec<(Instant, Vec<u8>)> = Vec::new();
+            while !st.load(Ordering::Relaxed) {
+                let now = Instant::now();
+                late.retain(|(due, d)| if *due <= now { s.send_to(d, b).unwrap() == 0 } else { true });
+                let Ok((n, from)) = s.recv_from(&mut buf) else { continue };
+                let d = &buf[..n];
+                if from == b {
+                    s.send_to(d, a).unwrap();
+                    continue;
+                }
+                match step(d) {
+                    Step::Forward => {
+                        s.send_to(d, b).unwrap();
+                    }
+                    Step::Drop => {}
+                    Step::Late(after) => late.push((now + after, d.to_vec())),
+                }
+            }
+        });
+        Self { addr, stop, thread: Some(thread) }
+    }
+}
+
+impl Drop for FirstFrameRelay {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A sends `frame`, then sits in `recv_prev` for a while, where it answers
+/// NACKs too (as its driver does): how long the send took, whether A
+/// proved B, A's counters.
+fn send_one_then_answer_nacks(mut a: UdpTransport, frame: Vec<u8>) -> JoinHandle<(Duration, bool, leap::Stats)> {
+    std::thread::spawn(move || {
+        let started = Instant::now();
+        a.send_next(&frame).unwrap();
+        let send_took = started.elapsed();
+        let mut scratch = vec![0u8; 64];
+        a.set_recv_timeout(Some(Duration::from_millis(5)));
+        for _ in 0..200 {
+            let _ = a.recv_prev(&mut scratch);
+        }
+        (send_took, a.neighbours_are_leap().0, a.stats())
+    })
 }
