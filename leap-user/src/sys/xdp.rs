@@ -5,7 +5,7 @@
 
 use std::io;
 use std::net::IpAddr;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -261,6 +261,34 @@ const ETHTOOL_GDRVINFO: u32 = 0x0000_0003;
 /// `SIOCETHTOOL`.
 const SIOCETHTOOL: libc::c_ulong = 0x8946;
 
+/// A `linux/ethtool.h` command structure: its first field the `u32`
+/// command, its size what that command reads and writes.
+///
+/// # Safety
+///
+/// Implement only for such `#[repr(C)]` plain-data structures.
+unsafe trait EthtoolCmd {}
+// SAFETY: the `#[repr(C)]` mirrors of `ethtool_drvinfo`, `ethtool_channels`
+// and `ethtool_value` below, each checked against the kernel's size.
+unsafe impl EthtoolCmd for EthtoolDrvinfo {}
+// SAFETY: as above.
+unsafe impl EthtoolCmd for EthtoolChannels {}
+// SAFETY: as above.
+unsafe impl EthtoolCmd for EthtoolValue {}
+
+/// Runs the ethtool command in `cmd` on the interface `name` through
+/// `sock` (which fixes the network namespace the name resolves in); the
+/// kernel reads `cmd` and, for a query, fills it.
+fn ethtool<T: EthtoolCmd>(sock: BorrowedFd<'_>, name: &str, cmd: &mut T) -> io::Result<()> {
+    let mut req = ifreq(name)?;
+    req.ifr_ifru.ifru_data = std::ptr::from_mut(cmd).cast();
+    // SAFETY: the socket is open; `req` names the interface and points to
+    // `cmd`, an ethtool command structure of the size its command uses
+    // (`EthtoolCmd`), writable and alive for the call.
+    unsafe { ioctl::ethtool(sock.as_raw_fd(), &mut req) }?;
+    Ok(())
+}
+
 /// The driver name of the interface `name` (`"veth"`, `"mlx5_core"`, ...)
 /// in the current network namespace (`ETHTOOL_GDRVINFO`).
 ///
@@ -269,15 +297,9 @@ const SIOCETHTOOL: libc::c_ulong = 0x8946;
 /// The `socket` or `ioctl` error (`EOPNOTSUPP` for a device without
 /// ethtool support).
 pub fn if_driver(name: &str) -> io::Result<String> {
-    let sock = ioctl_socket()?;
-    let mut req = ifreq(name)?;
     let mut info: EthtoolDrvinfo = bytemuck::Zeroable::zeroed();
     info.cmd = ETHTOOL_GDRVINFO;
-    req.ifr_ifru.ifru_data = (&raw mut info).cast();
-    // SAFETY: the socket is open; `req` names the interface and points to
-    // `info`, the writable `ethtool_drvinfo` that ETHTOOL_GDRVINFO fills,
-    // alive for the call.
-    unsafe { ioctl::ethtool(sock.as_raw_fd(), &mut req) }?;
+    ethtool(ioctl_socket()?.as_fd(), name, &mut info)?;
     let end = info.driver.iter().position(|&b| b == 0).unwrap_or(info.driver.len());
     Ok(String::from_utf8_lossy(&info.driver[..end]).into_owned())
 }
@@ -311,15 +333,9 @@ const ETHTOOL_GCHANNELS: u32 = 0x0000_003c;
 /// The `socket` or `ioctl` error (`EOPNOTSUPP` for a driver without
 /// channel support).
 pub fn if_rx_queues(name: &str) -> io::Result<u32> {
-    let sock = ioctl_socket()?;
-    let mut req = ifreq(name)?;
     let mut ch: EthtoolChannels = bytemuck::Zeroable::zeroed();
     ch.cmd = ETHTOOL_GCHANNELS;
-    req.ifr_ifru.ifru_data = (&raw mut ch).cast();
-    // SAFETY: the socket is open; `req` names the interface and points to
-    // `ch`, the writable `ethtool_channels` that ETHTOOL_GCHANNELS fills,
-    // alive for the call.
-    unsafe { ioctl::ethtool(sock.as_raw_fd(), &mut req) }?;
+    ethtool(ioctl_socket()?.as_fd(), name, &mut ch)?;
     Ok(ch.rx_count + ch.combined_count)
 }
 
@@ -351,14 +367,8 @@ pub const ETH_FLAG_RXVLAN: u32 = 1 << 8;
 ///
 /// The `ioctl` error (`ENODEV` for no such interface).
 pub fn if_offload_flags(sock: BorrowedFd<'_>, name: &str) -> io::Result<u32> {
-    let mut req = ifreq(name)?;
-    let mut v: EthtoolValue = bytemuck::Zeroable::zeroed();
-    v.cmd = ETHTOOL_GFLAGS;
-    req.ifr_ifru.ifru_data = (&raw mut v).cast();
-    // SAFETY: the socket is open; `req` names the interface and points to
-    // `v`, the writable `ethtool_value` that ETHTOOL_GFLAGS fills, alive
-    // for the call.
-    unsafe { ioctl::ethtool(sock.as_raw_fd(), &mut req) }?;
+    let mut v = EthtoolValue { cmd: ETHTOOL_GFLAGS, data: 0 };
+    ethtool(sock, name, &mut v)?;
     Ok(v.data)
 }
 
@@ -370,14 +380,7 @@ pub fn if_offload_flags(sock: BorrowedFd<'_>, name: &str) -> io::Result<u32> {
 /// The `ioctl` error: `EOPNOTSUPP` when a flag to change is fixed on this
 /// device, `EPERM` without the capability.
 pub fn set_if_offload_flags(sock: BorrowedFd<'_>, name: &str, flags: u32) -> io::Result<()> {
-    let mut req = ifreq(name)?;
-    let mut v = EthtoolValue { cmd: ETHTOOL_SFLAGS, data: flags };
-    req.ifr_ifru.ifru_data = (&raw mut v).cast();
-    // SAFETY: the socket is open; `req` names the interface and points to
-    // `v`, the `ethtool_value` that ETHTOOL_SFLAGS reads, alive for the
-    // call.
-    unsafe { ioctl::ethtool(sock.as_raw_fd(), &mut req) }?;
-    Ok(())
+    ethtool(sock, name, &mut EthtoolValue { cmd: ETHTOOL_SFLAGS, data: flags })
 }
 
 /// A datagram socket of the calling thread's network namespace, for
