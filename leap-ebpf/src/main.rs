@@ -205,7 +205,7 @@ const _: () = assert!(FAST_LEN == 54 && FAST_LEN <= 8 * 7);
 const _: () = assert!(ETH_VLAN_LEN <= 8 * 3 && IPV4_HLEN <= 8 * 3 && IPV6_HLEN == 8 * 5);
 const _: () = assert!(UDP_HDR_LEN == 8 && CHUNK_HEADER_LEN <= 8 * 2);
 
-/// The header of `N` words at byte `i` of a longer copy.
+/// The three words from byte `i` of a longer copy (a 20-byte header in it).
 #[inline(always)]
 const fn part3(f: &Fast, i: usize) -> Words<3> {
     Words([f.word(i), f.word(i + 8), f.word(i + 16)])
