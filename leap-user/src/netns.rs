@@ -1,4 +1,5 @@
-//! Network namespaces: entering one from a thread ([`enter`]), and rings of
+//! Network namespaces: entering one from a thread ([`enter`]), free loopback
+//! ports for rings on one host ([`loopback_port`]), and rings of
 //! namespaces linked by veth pairs, for `leap ring --netns`,
 //! the benchmark and the privileged tests. Everything created is removed
 //! again when the [`Topology`] is dropped, also on panic.
@@ -25,6 +26,40 @@ use nix::sched::{CloneFlags, setns};
 pub fn enter(path: &Path) -> io::Result<()> {
     let f = File::open(path)?;
     Ok(setns(f, CloneFlags::CLONE_NEWNET)?)
+}
+
+/// A loopback port that is free for both TCP and UDP right now, that this
+/// process has not handed out before, and that lies below the kernel's
+/// ephemeral range (`net.ipv4.ip_local_port_range`): a port the kernel picked
+/// for a `bind` to port 0 is one it may pick again at once for somebody's
+/// outgoing connection, before the node that was given it binds it. `None`
+/// when 1000 tries found none.
+pub fn loopback_port() -> Option<u16> {
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+    static HANDED_OUT: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768)
+        .max(2048);
+    let base = 1024 + (low - 1024) / 2;
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    let handed_out = handed_out.get_or_insert_with(HashSet::new);
+    for _ in 0..1000 {
+        let mut r = [0u8; 2];
+        getrandom::fill(&mut r).ok()?;
+        let port = base + u16::from_ne_bytes(r) % (low - base);
+        if handed_out.contains(&port) {
+            continue;
+        }
+        let a = std::net::SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        if std::net::TcpListener::bind(a).is_ok() && std::net::UdpSocket::bind(a).is_ok() {
+            handed_out.insert(port);
+            return Some(port);
+        }
+    }
+    None
 }
 
 /// Runs `f` on a fresh thread inside the network namespace at `path` and

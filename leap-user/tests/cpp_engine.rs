@@ -204,29 +204,25 @@ fn assert_ring(what: &str, r: &RingOutcome) {
     );
 }
 
-fn free_port(udp: bool) -> u16 {
-    if udp {
-        UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-    } else {
-        std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-    }
+fn free_port() -> u16 {
+    leap::netns::loopback_port().expect("a free loopback port")
 }
 
-fn loopback_nodes(udp: bool, n: usize) -> Vec<Node> {
-    (0..n).map(|_| Node { host: "127.0.0.1".into(), port: free_port(udp), env: vec![], netns: None }).collect()
+fn loopback_nodes(n: usize) -> Vec<Node> {
+    (0..n).map(|_| Node { host: "127.0.0.1".into(), port: free_port(), env: vec![], netns: None }).collect()
 }
 
 #[test]
 #[ignore = "needs the C++ example built by cargo xtask ci (stage smoke)"]
 fn loopback_tcp_engine_ring_resizes_and_returns_every_frame_intact() {
-    let r = cpp_ring("tcp", &loopback_nodes(false, 3));
+    let r = cpp_ring("tcp", &loopback_nodes(3));
     assert_ring("loopback tcp", &r);
 }
 
 #[test]
 #[ignore = "needs the C++ example built by cargo xtask ci (stage smoke)"]
 fn loopback_udp_engine_ring_resizes_and_returns_every_frame_intact() {
-    let r = cpp_ring("udp", &loopback_nodes(true, 3));
+    let r = cpp_ring("udp", &loopback_nodes(3));
     assert_ring("loopback udp", &r);
     assert_eq!(r.bad_crc, 0);
     assert_eq!(r.kinds, vec!["udp"; 3]);
@@ -397,7 +393,7 @@ fn addr(port: u16) -> SocketAddr {
 fn loopback_mixed_ring_of_cpp_nodes_leap_node_and_the_original_udp_endpoint() {
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
     let tail = sock.local_addr().unwrap();
-    let (head, node, worker) = (free_port(true), free_port(true), free_port(true));
+    let (head, node, worker) = (free_port(), free_port(), free_port());
     let nodes = [
         Node { host: "127.0.0.1".into(), port: head, env: vec![], netns: None },
         Node { host: "127.0.0.1".into(), port: node, env: vec![], netns: None },
@@ -462,7 +458,7 @@ fn loopback_mixed_ring_of_cpp_nodes_leap_node_and_the_original_udp_endpoint() {
 fn loopback_mixed_ring_with_the_original_udp_endpoint_as_head() {
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
     let head = sock.local_addr().unwrap();
-    let (worker, tail) = (free_port(true), free_port(true));
+    let (worker, tail) = (free_port(), free_port());
     let nodes = [
         Node { host: "127.0.0.1".into(), port: head.port(), env: vec![], netns: None },
         Node { host: "127.0.0.1".into(), port: worker, env: vec![], netns: None },

@@ -24,7 +24,7 @@ use leap::transport::ring_key::RingKey;
 const TOKEN: &str = "loopback-token-0123456789";
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    leap::netns::loopback_port().expect("a free loopback port")
 }
 
 /// Agents on loopback, stopped on drop.

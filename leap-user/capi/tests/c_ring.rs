@@ -5,7 +5,7 @@
 //! over XDP. The programs come in `LEAP_C_RING` / `LEAP_C_RING_ASAN`, the
 //! XDP object in `LEAP_XDP_OBJECT`: these tests are run by the xtask.
 
-use std::net::{SocketAddr, UdpSocket};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -112,7 +112,7 @@ fn run_ring(prog: &PathBuf, kind: &str, nodes: &[Node], wrap: impl Fn(Command) -
 }
 
 fn free_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    leap_rs::netns::loopback_port().expect("a free loopback port")
 }
 
 fn loopback_nodes() -> Vec<Node> {

@@ -20,6 +20,7 @@ with the transport split into a sender and a receiver.
 """
 
 import argparse
+import random
 import socket
 import sys
 import threading
@@ -113,10 +114,34 @@ def head(t: leap.Transport, dim: int, frames: int) -> float:
     return float(np.median(times))
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free for both TCP and UDP, never handed out before by
+    this process, and below the kernel's ephemeral range: a port the kernel
+    picked for `bind(0)` is one it may pick again at once for somebody's
+    outgoing connection before our node binds it."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    top = max(low, 2048)
+    for _ in range(1000):
+        port = random.randrange(1024 + (top - 1024) // 2, top)
+        if port in _HANDED_OUT:
+            continue
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as t, \
+                    socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
+                t.bind(("127.0.0.1", port))
+                u.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError("no free loopback port below the ephemeral range after 1000 tries")
 
 
 def option(text: str) -> tuple[str, str]:

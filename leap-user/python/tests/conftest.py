@@ -37,10 +37,8 @@ def need(ok: bool, why: str) -> None:
     pytest.skip(why)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, str(EXAMPLES))
+from pipeline import free_port  # noqa: E402  (one picker for the examples and the tests)
 
 
 def loopback(port: int) -> tuple[str, int]:

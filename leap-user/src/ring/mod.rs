@@ -421,18 +421,6 @@ impl Gate {
     }
 }
 
-fn free_port() -> u16 {
-    // A port free for both TCP and UDP right now.
-    for _ in 0..100 {
-        let Ok(t) = std::net::TcpListener::bind("127.0.0.1:0") else { continue };
-        let Ok(a) = t.local_addr() else { continue };
-        if std::net::UdpSocket::bind(a).is_ok() {
-            return a.port();
-        }
-    }
-    0
-}
-
 /// Endpoints of every node (and the namespaces, if any, kept alive by the
 /// returned topology).
 pub(crate) fn layout(cfg: &RingConfig) -> Result<(Vec<Endpoint>, Option<Topology>), RingError> {
@@ -443,8 +431,13 @@ pub(crate) fn layout(cfg: &RingConfig) -> Result<(Vec<Endpoint>, Option<Topology
         }
         Placement::Loopback => {
             let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
-            let ports: Vec<u16> =
-                (0..n).map(|i| if cfg.port == 0 { free_port() } else { cfg.port.wrapping_add(i as u16) }).collect();
+            let ports: Vec<u16> = (0..n)
+                .map(|i| match cfg.port {
+                    0 => crate::netns::loopback_port()
+                        .ok_or_else(|| RingError::Config("no free loopback port: name one with --port".into())),
+                    p => Ok(p.wrapping_add(i as u16)),
+                })
+                .collect::<Result<_, _>>()?;
             let addr = |i: usize| SocketAddr::new(lo, ports[i % n]);
             Ok((
                 (0..n)
