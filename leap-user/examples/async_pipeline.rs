@@ -9,7 +9,7 @@
 //! cargo run --example async_pipeline --features tokio
 //! ```
 
-use std::net::{SocketAddr, UdpSocket};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use leap::FrameKind;
@@ -20,7 +20,7 @@ const DIM: usize = 4096;
 const STEPS: i32 = 100;
 
 fn free_addr() -> SocketAddr {
-    UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr()).expect("a free loopback port")
+    SocketAddr::from(([127, 0, 0, 1], leap::netns::loopback_port().expect("a free loopback port")))
 }
 
 fn open(addrs: &[SocketAddr; 3], i: usize) -> Result<AsyncUdp, Box<dyn std::error::Error>> {

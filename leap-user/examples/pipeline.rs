@@ -17,7 +17,7 @@
 //! cargo run --example pipeline -- udp
 //! ```
 
-use std::net::{SocketAddr, UdpSocket};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use leap::transport::Halves;
@@ -28,7 +28,7 @@ use leap_common::frame::{FrameHeader, frame_len};
 const DIM: usize = 4096;
 
 fn free_addr() -> SocketAddr {
-    UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr()).expect("a free loopback port")
+    SocketAddr::from(([127, 0, 0, 1], leap::netns::loopback_port().expect("a free loopback port")))
 }
 
 /// Writes stage `layer`'s output for the frame `input` into `out` (same

@@ -19,7 +19,7 @@ use leap_common::chunk::{CHUNK_HEADER_LEN, ChunkHeader, ChunkKind, flags};
 use leap_common::hello::{Hello, caps};
 
 fn free_addr() -> SocketAddr {
-    UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+    SocketAddr::from(([127, 0, 0, 1], leap::netns::loopback_port().expect("a free loopback port")))
 }
 
 fn pattern(seed: u32, len: usize) -> Vec<u8> {

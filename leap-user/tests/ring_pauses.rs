@@ -3,7 +3,7 @@
 //! previous node's tail-loss probes of a frame already delivered never make
 //! it be delivered again). Loopback, library API, leap's defaults.
 
-use std::net::{SocketAddr, UdpSocket};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
@@ -16,7 +16,7 @@ use leap::transport::udp::{UdpConfig, UdpTransport};
 const FRAME: usize = 16_392;
 
 fn free_addr() -> SocketAddr {
-    UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+    SocketAddr::from(([127, 0, 0, 1], leap::netns::loopback_port().expect("a free loopback port")))
 }
 
 fn node(listen: SocketAddr, next: SocketAddr, prev: SocketAddr) -> UdpTransport {

@@ -8,7 +8,7 @@ use leap::{FrameKind, Transport, TransportError};
 use leap_common::control::{ControlMessage, ControlType};
 
 fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+    SocketAddr::from(([127, 0, 0, 1], leap::netns::loopback_port().expect("a free loopback port")))
 }
 
 /// Two nodes, each other's next and previous: both connect concurrently.

@@ -4,7 +4,7 @@
 
 mod support;
 
-use std::net::{SocketAddr, UdpSocket};
+use std::net::SocketAddr;
 
 use leap::transport::udp::{UdpConfig, UdpTransport};
 use leap::{FrameKind, Transport};
@@ -13,7 +13,7 @@ use leap::{FrameKind, Transport};
 static GLOBAL: support::Counting = support::Counting;
 
 fn free_addr() -> SocketAddr {
-    UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+    SocketAddr::from(([127, 0, 0, 1], leap::netns::loopback_port().expect("a free loopback port")))
 }
 
 /// Two UDP nodes that are each other's previous and next node.

@@ -9,7 +9,7 @@ use leap_common::chunk::ChunkHeader;
 use leap_common::control::{ControlMessage, ControlType};
 
 fn free_addr() -> SocketAddr {
-    UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+    SocketAddr::from(([127, 0, 0, 1], leap::netns::loopback_port().expect("a free loopback port")))
 }
 
 fn pair(max: usize) -> (UdpTransport, UdpTransport) {

@@ -96,7 +96,7 @@ fn relay(fault: Fault, a: SocketAddr, b: SocketAddr, stop: Arc<AtomicBool>) -> (
 }
 
 fn free_addr() -> SocketAddr {
-    UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+    SocketAddr::from(([127, 0, 0, 1], leap::netns::loopback_port().expect("a free loopback port")))
 }
 
 fn pattern(seed: u32, len: usize) -> Vec<u8> {

@@ -47,9 +47,12 @@ pub fn measure(topo: Option<&Topology>, n: usize, rounds: usize, cpus: &[usize])
     let addrs: Vec<SocketAddr> = match topo {
         Some(t) => t.nodes().iter().map(|nd| SocketAddr::new(nd.addr.into(), PORT)).collect(),
         None => (0..n)
-            .map(|_| UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr()))
-            .collect::<Result<_, _>>()
-            .map_err(|e| e.to_string())?,
+            .map(|_| {
+                crate::netns::loopback_port()
+                    .map(|p| SocketAddr::from(([127, 0, 0, 1], p)))
+                    .ok_or_else(|| "no free loopback port for the floor".to_string())
+            })
+            .collect::<Result<_, _>>()?,
     };
     let stop = Arc::new(AtomicBool::new(false));
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
