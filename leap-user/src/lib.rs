@@ -62,6 +62,7 @@ pub mod frame;
 pub mod netns;
 #[cfg(feature = "ring")]
 pub mod ring;
+pub mod secret_file;
 #[cfg(feature = "cli")]
 pub mod serve;
 pub mod sys;

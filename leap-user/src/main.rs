@@ -33,6 +33,7 @@ fn main() -> ExitCode {
         Command::Xdp(a) => leap::cli::xdp::main(a),
         Command::Kmod(a) => leap::cli::kmod::main(a),
         Command::Flood(a) => leap::cli::flood::main(a),
+        Command::Key(a) => leap::cli::key::main(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

@@ -346,3 +346,41 @@ fn every_flag_wins_over_the_node_file_even_at_its_default() {
     assert!(out.lines().any(|l| l == "log warn (flag)"), "{out}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_keyed_tcp_ring_runs_and_a_keyed_datagram_ring_is_refused() {
+    let d = tmpdir("key");
+    let key = d.join("ring.key");
+    let _ = std::fs::remove_file(&key);
+    let k = key.to_str().unwrap();
+    let (code, out, err) = leap(&["key", "new", k]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("new ring key, id "), "{out}");
+    assert_one_line_error(&["key", "new", k], "never overwritten");
+    let (code, out, err) = leap(&["key", "check", k]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("ring key, id "), "{out}");
+    for encrypt in [false, true] {
+        let mut args = vec!["ring", "--transport", "tcp", "--nodes", "3", "--frames", "50", "--loopback"];
+        args.extend(["--key-file", k, "--json"]);
+        if encrypt {
+            args.push("--encrypt");
+        }
+        let (code, out, err) = leap(&args);
+        assert_eq!(code, 0, "{err}");
+        let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+        assert_eq!((v["frames_delivered"].as_u64(), v["frames_corrupt"].as_u64()), (Some(50), Some(0)), "{v}");
+    }
+    assert_one_line_error(
+        &["ring", "--transport", "udp", "--nodes", "2", "--frames", "5", "--loopback", "--key-file", k],
+        "key_file",
+    );
+    std::fs::write(d.join("open.key"), "00".repeat(32)).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(d.join("open.key"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    assert_one_line_error(
+        &["ring", "--transport", "tcp", "--loopback", "--key-file", d.join("open.key").to_str().unwrap()],
+        "chmod 600",
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}

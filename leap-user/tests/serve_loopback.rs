@@ -354,7 +354,7 @@ fn tcp_member_forwards_nothing_but_to_members_that_prove_the_run_key() {
 
     // A token holder names a plain service as the next member of a run,
     // and plays the previous member with raw bytes: the service gets the
-    // 40-byte keyed hello and nothing else, a stranger and the raw bytes
+    // 57-byte keyed hello and nothing else, a stranger and the raw bytes
     // are refused, and the member fails naming the ring key.
     let next = TcpListener::bind("127.0.0.1:0").unwrap();
     let prev_addr = free_addr();
@@ -390,11 +390,12 @@ fn tcp_member_forwards_nothing_but_to_members_that_prove_the_run_key() {
     // service).
     let mut from_prev = TcpStream::connect(worker).unwrap();
     let key = RingKey::from_bytes([9; 32]);
-    leap::transport::ring_key::prove_connecting(&mut from_prev, &key, Duration::from_secs(3)).unwrap();
+    let keys = leap::transport::ring_key::KeySet::proof_only(key);
+    leap::transport::ring_key::prove_connecting(&mut from_prev, &keys, Duration::from_secs(3)).unwrap();
     from_prev.write_all(&frame).unwrap();
     let (got, _) = read_all(&mut to_next, Duration::from_secs(4));
-    assert_eq!(got.len(), 40, "the service got {} bytes, not just the keyed hello", got.len());
-    assert_eq!(&got[..8], b"LEAPKEY1");
+    assert_eq!(got.len(), 57, "the service got {} bytes, not just the keyed hello", got.len());
+    assert_eq!(&got[..8], b"LEAPKEY2");
     match c.recv().unwrap() {
         Response::Error { kind: ErrorKind::MemberFailed, message } => {
             assert!(message.contains("ring key"), "{message}");

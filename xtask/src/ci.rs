@@ -219,6 +219,9 @@ const CORE_ALLOWED: &[&str] = &[
     "memchr",
     // Keyed BLAKE2s for the ring-key proof of TCP connections (RustCrypto).
     "blake2",
+    // AES-256-GCM tags and HKDF for the frames of keyed rings.
+    "ring",
+    "untrusted",
     "digest",
     "crypto-common",
     "block-buffer",

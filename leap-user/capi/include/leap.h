@@ -178,6 +178,8 @@ typedef struct leap_drops {
   uint64_t foreign_dst;
   // From a v4-mapped IPv6 source (XDP paths).
   uint64_t mapped_source;
+  // A frame or datagram whose ring-key tag did not verify.
+  uint64_t bad_tag;
 } leap_drops;
 
 // Counters of one transport (both halves of a split one), the library's

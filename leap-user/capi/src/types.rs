@@ -199,6 +199,8 @@ pub struct leap_drops {
     pub foreign_dst: u64,
     /// From a v4-mapped IPv6 source (XDP paths).
     pub mapped_source: u64,
+    /// A frame or datagram whose ring-key tag did not verify.
+    pub bad_tag: u64,
 }
 
 /// Counters of one transport (both halves of a split one), the library's
@@ -304,6 +306,7 @@ impl leap_stats {
             foreign_vlan,
             foreign_dst,
             mapped_source,
+            bad_tag,
         } = drops;
         Self {
             frames_sent,
@@ -346,6 +349,7 @@ impl leap_stats {
                 foreign_vlan,
                 foreign_dst,
                 mapped_source,
+                bad_tag,
             },
         }
     }

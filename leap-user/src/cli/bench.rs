@@ -218,6 +218,13 @@ impl clap::builder::ValueParserFactory for TransportKind {
 ///
 /// Bad arguments, a failed floor measurement, or unwritable output.
 pub fn main(args: &BenchArgs) -> Result<()> {
+    if args.transport_args.key_file.is_some() {
+        // Never a plain figure under a keyed name, nor the other way round.
+        bail!(
+            "--key-file: leap bench does not measure keyed rings yet; measure one with \
+             `leap ring --transport tcp --key-file FILE` (tcp is the keyed transport in this version)"
+        );
+    }
     if !args.merge.is_empty() {
         let mut merged: Option<BenchReport> = None;
         for p in &args.merge {

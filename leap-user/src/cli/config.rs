@@ -27,6 +27,9 @@
 //! # busy_poll_us = 50             # busy-poll the receive sockets (needs CAP_NET_ADMIN; 0: off)
 //! # tcp_source_port = 7101        # tcp: connect to the next node from this port
 //! # tcp_prev_port = 7101          # tcp: the previous node only from this source port
+//! # key_file = "/etc/leap/ring.key"   # keyed ring (tcp): every frame tagged (`leap key new`)
+//! # previous_key_file = "/etc/leap/old.key"  # still accepted while the ring changes keys
+//! # encrypt = false               # with key_file: encrypt frames too (every node alike)
 //!
 //! [node]
 //! log = "info"
@@ -154,6 +157,14 @@ pub struct TransportSection {
     /// TCP: accept the previous node only from this source port
     /// (`--tcp-prev-port`).
     pub tcp_prev_port: Option<u16>,
+    /// A ring key file (`--key-file`).
+    pub key_file: Option<std::path::PathBuf>,
+    /// The ring's previous key during a change of keys
+    /// (`--previous-key-file`).
+    pub previous_key_file: Option<std::path::PathBuf>,
+    /// Encrypt frames with the ring key (`--encrypt`).
+    #[serde(default)]
+    pub encrypt: bool,
 }
 
 impl Default for TransportSection {
@@ -177,6 +188,9 @@ impl Default for TransportSection {
             busy_poll_us: None,
             tcp_source_port: None,
             tcp_prev_port: None,
+            key_file: None,
+            previous_key_file: None,
+            encrypt: false,
         }
     }
 }

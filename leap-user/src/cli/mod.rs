@@ -6,6 +6,7 @@ pub mod bench_member;
 pub mod capabilities;
 pub mod config;
 pub mod flood;
+pub mod key;
 pub mod kmod;
 pub mod node;
 pub mod ring;
@@ -62,6 +63,8 @@ pub enum Command {
     Kmod(kmod::KmodArgs),
     /// Attach, detach and inspect the XDP program on an interface.
     Xdp(xdp::XdpArgs),
+    /// Make and check ring keys (`--key-file`).
+    Key(key::KeyArgs),
 }
 
 /// `--transport` values.
@@ -125,6 +128,18 @@ pub struct TransportArgs {
     /// Send chunks exactly like the original (reserved field 0).
     #[arg(long)]
     pub original_compat: bool,
+    /// A ring key file (64 hex digits, mode 0600; `leap key new FILE`
+    /// makes one): every connection proves the key and every frame carries
+    /// its tag (tcp only in this version; other transports refuse it).
+    #[arg(long, value_name = "FILE")]
+    pub key_file: Option<std::path::PathBuf>,
+    /// The ring's previous key, still accepted while the ring changes keys
+    /// node by node (each use is logged).
+    #[arg(long, value_name = "FILE", requires = "key_file")]
+    pub previous_key_file: Option<std::path::PathBuf>,
+    /// Encrypt frames with the ring key (every node alike).
+    #[arg(long, requires = "key_file")]
+    pub encrypt: bool,
     /// Busy-poll receives this many microseconds before sleeping.
     #[arg(long, default_value_t = 0, value_name = "US")]
     pub spin_us: u64,
@@ -244,7 +259,24 @@ impl From<crate::transport::config::Reliability> for ReliabilityArg {
 }
 
 impl TransportArgs {
-    /// Backend options for frames of `frame_len` bytes.
+    /// The keys the key files name (`None`: an unkeyed ring).
+    ///
+    /// # Errors
+    ///
+    /// A key file that cannot be used, named with the fix.
+    pub fn keys(&self) -> anyhow::Result<Option<crate::transport::ring_key::KeySet>> {
+        use crate::transport::ring_key::{KeySet, RingKey};
+        let Some(current) = &self.key_file else { return Ok(None) };
+        let read = |p: &std::path::Path| RingKey::from_file(p).map_err(|e| anyhow::anyhow!("--key-file: {e}"));
+        Ok(Some(KeySet {
+            previous: self.previous_key_file.as_deref().map(read).transpose()?,
+            encrypt: self.encrypt,
+            ..KeySet::new(read(current)?)
+        }))
+    }
+
+    /// Backend options for frames of `frame_len` bytes (the keys are
+    /// [`Self::keys`]).
     pub fn options(&self, frame_len: usize) -> Options {
         Options {
             frame_len,

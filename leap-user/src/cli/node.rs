@@ -219,6 +219,14 @@ fn resolve(args: &NodeArgs, log_flag: &str) -> Result<Resolved> {
             t(p).tcp_prev_port.filter(|&port| port > 0)
         }),
         original_compat: l.flag("original-compat", ta.original_compat),
+        key_file: l.pick("key-file", ta.key_file.clone(), "transport.key_file", |p| t(p).key_file.clone()),
+        previous_key_file: l.pick(
+            "previous-key-file",
+            ta.previous_key_file.clone(),
+            "transport.previous_key_file",
+            |p| t(p).previous_key_file.clone(),
+        ),
+        encrypt: l.pick("encrypt", ta.encrypt, "transport.encrypt", |p| t(p).encrypt),
         spin_us: l.flag("spin-us", ta.spin_us),
         xdp_object: l.pick("xdp-object", ta.xdp_object.clone(), "transport.xdp_object", |p| t(p).xdp_object.clone()),
         // Checked when the file was read.
@@ -253,6 +261,10 @@ fn resolve(args: &NodeArgs, log_flag: &str) -> Result<Resolved> {
         bail!("--frame-size {frame_size}: must be {min}..={} bytes", crate::ring::MAX_FRAME);
     }
     let mut opts = merged.options(frame_size);
+    opts.ring_key = merged.keys()?;
+    if opts.ring_key.is_none() && merged.encrypt {
+        bail!("--encrypt (encrypt = true) needs a ring key: give --key-file (key_file = ...)");
+    }
     // `leap xdp status|stats` on this host see the node's program.
     opts.xdp_pin = true;
     opts.inflight = inflight;

@@ -98,6 +98,7 @@ impl RingArgs {
 /// Bad arguments, a failed node, or corrupt frames.
 pub fn main(args: &RingArgs) -> Result<()> {
     let mut cfg = args.config();
+    cfg.options.ring_key = args.transport_args.keys()?;
     cfg.validate()?;
     let bar = std::io::stderr().is_terminal().then(|| {
         let b = indicatif::ProgressBar::new(cfg.frames);

@@ -110,6 +110,9 @@ pub struct Drops {
     pub foreign_dst: u64,
     /// An IPv6 source `::ffff:a.b.c.d` (XDP receive path).
     pub mapped_source: u64,
+    /// A frame or datagram whose ring-key tag did not verify: forged,
+    /// altered, replayed or reordered (keyed rings only).
+    pub bad_tag: u64,
 }
 }
 
@@ -134,6 +137,7 @@ impl Drops {
             + self.foreign_vlan
             + self.foreign_dst
             + self.mapped_source
+            + self.bad_tag
     }
 
     /// Counts a chunk-header parse error.

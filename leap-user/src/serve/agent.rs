@@ -583,8 +583,16 @@ fn start(sh: &Arc<Shared>, spec: MemberSpec, guard: BusyGuard) -> std::io::Resul
         // Never raw: a worker would forward whatever bytes arrive. Both
         // ends of every hop are agents, so both use length framing.
         tcp_framing: TcpFraming::Length,
-        // And keyed: a member only talks to members of the run.
-        ring_key: spec.run_key.clone(),
+        // And keyed: a member only talks to members of the run (the key
+        // proves each connection's ends; frames untagged, so that the tcp
+        // rows compare with the other paths'). Datagram members prove
+        // each other with hellos.
+        ring_key: match spec.transport {
+            crate::transport::open::TransportKind::Tcp => {
+                spec.run_key.clone().map(crate::transport::ring_key::KeySet::proof_only)
+            }
+            _ => None,
+        },
         ..Options::default()
     };
     let st = stop.clone();

@@ -413,47 +413,9 @@ pub fn write_message<T: Serialize>(w: &mut impl Write, msg: &T) -> io::Result<()
 /// Why the token file cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
-    /// Opening or reading it failed.
-    #[error("reading the token file {path}: {source}")]
-    Read {
-        /// The file.
-        path: String,
-        /// Why.
-        source: io::Error,
-    },
-    /// The last component is a symbolic link (never followed: whoever can
-    /// write the directory could aim it elsewhere).
-    #[error("the token file {path} is a symbolic link; give the path of the file itself (install -m 600 TOKEN {path})")]
-    Symlink {
-        /// The file.
-        path: String,
-    },
-    /// A directory, device, FIFO or socket.
-    #[error("the token file {path} is not a regular file; put the token in a plain file of mode 0600")]
-    NotRegular {
-        /// The file.
-        path: String,
-    },
-    /// Owned by someone who is neither root nor this process's user.
-    #[error(
-        "the token file {path} is owned by uid {owner}, neither root nor this service's user (uid {euid}); chown root {path} (or to the service user)"
-    )]
-    Owner {
-        /// The file.
-        path: String,
-        /// Its owner.
-        owner: u32,
-        /// Ours.
-        euid: u32,
-    },
-    /// Others may read or write it.
-    #[error("the token file {path} is readable or writable by group or others (mode {mode:o}); chmod 600 {path}")]
-    Exposed {
-        /// The file.
-        path: String,
-        /// Its mode.
-        mode: u32,
-    },
+    /// The file's type, owner or mode, or reading it.
+    #[error(transparent)]
+    File(#[from] crate::secret_file::SecretFileError),
     /// Too short or too long.
     #[error(
         "the token in {path} has {len} bytes; use {MIN_TOKEN}..={MAX_TOKEN} (e.g. `head -c 32 /dev/urandom | base64`)"
@@ -477,35 +439,8 @@ pub enum TokenError {
 ///
 /// [`TokenError`], naming the fix.
 pub fn read_token(path: &std::path::Path) -> Result<String, TokenError> {
-    use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+    let text = crate::secret_file::read(path, "token", MAX_TOKEN + 2)?;
     let p = || path.display().to_string();
-    let mut f = match std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NOCTTY | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err(TokenError::Symlink { path: p() }),
-        Err(source) => return Err(TokenError::Read { path: p(), source }),
-    };
-    let meta = f.metadata().map_err(|source| TokenError::Read { path: p(), source })?;
-    let ft = meta.file_type();
-    if !ft.is_file() || ft.is_fifo() || ft.is_socket() {
-        return Err(TokenError::NotRegular { path: p() });
-    }
-    let euid = nix::unistd::geteuid().as_raw();
-    if meta.uid() != 0 && meta.uid() != euid {
-        return Err(TokenError::Owner { path: p(), owner: meta.uid(), euid });
-    }
-    if meta.mode() & 0o077 != 0 {
-        return Err(TokenError::Exposed { path: p(), mode: meta.mode() & 0o7777 });
-    }
-    let mut buf = Vec::new();
-    (&mut f)
-        .take(MAX_TOKEN as u64 + 2)
-        .read_to_end(&mut buf)
-        .map_err(|source| TokenError::Read { path: p(), source })?;
-    let text = String::from_utf8_lossy(&buf);
     let token = text.lines().next().unwrap_or("").trim().to_string();
     if !(MIN_TOKEN..=MAX_TOKEN).contains(&token.len()) {
         return Err(TokenError::Length { path: p(), len: token.len() });
@@ -516,6 +451,7 @@ pub fn read_token(path: &std::path::Path) -> Result<String, TokenError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::secret_file::SecretFileError;
 
     fn spec() -> MemberSpec {
         MemberSpec {
@@ -637,15 +573,18 @@ mod tests {
         let _ = std::fs::remove_file(&link);
         std::os::unix::fs::symlink(&p, &link).unwrap();
         let e = read_token(&link).unwrap_err();
-        assert!(matches!(e, TokenError::Symlink { .. }), "{e}");
+        assert!(matches!(e, TokenError::File(SecretFileError::Symlink { .. })), "{e}");
         assert!(e.to_string().contains("symbolic link"), "{e}");
         let e = read_token(&dir).unwrap_err();
-        assert!(matches!(e, TokenError::NotRegular { .. }), "{e}");
+        assert!(matches!(e, TokenError::File(SecretFileError::NotRegular { .. })), "{e}");
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
         let e = read_token(&p).unwrap_err();
-        assert!(matches!(e, TokenError::Exposed { .. }) && e.to_string().contains("chmod 600"), "{e}");
+        assert!(
+            matches!(e, TokenError::File(SecretFileError::Exposed { .. })) && e.to_string().contains("chmod 600"),
+            "{e}"
+        );
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o620)).unwrap();
-        assert!(matches!(read_token(&p), Err(TokenError::Exposed { .. })), "group-writable");
+        assert!(matches!(read_token(&p), Err(TokenError::File(SecretFileError::Exposed { .. }))), "group-writable");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -664,7 +603,7 @@ mod tests {
         std::os::unix::fs::chown(&p, Some(65534), Some(65534)).unwrap();
         let e = read_token(&p).unwrap_err();
         let _ = std::fs::remove_dir_all(&dir);
-        assert!(matches!(e, TokenError::Owner { owner: 65534, .. }), "{e}");
+        assert!(matches!(e, TokenError::File(SecretFileError::Owner { owner: 65534, .. })), "{e}");
         assert!(e.to_string().contains("chown root"), "{e}");
     }
 }

@@ -241,7 +241,7 @@ pub struct Options {
     /// TCP: both ends of every connection prove this key before any frame
     /// (see [`super::tcp::TcpConfig::ring_key`]). The other backends do
     /// not use it yet.
-    pub ring_key: Option<super::ring_key::RingKey>,
+    pub ring_key: Option<super::ring_key::KeySet>,
     /// Send chunks with `reserved = 0` like the original.
     pub original_compat: bool,
     /// Spin on non-blocking receives this long before sleeping.

@@ -101,6 +101,14 @@ pub enum TransportError {
     /// The kernel-module backend failed.
     #[error(transparent)]
     Kmod(#[from] kmod::KmodError),
+    /// A frame from the `peer` side failed its ring-key tag (forged,
+    /// altered, replayed or reordered): its bytes were not delivered and
+    /// the connection was dropped.
+    #[error("a frame from the {peer} node failed its ring-key tag (forged or altered); its connection was dropped")]
+    Forged {
+        /// "previous" or "next".
+        peer: &'static str,
+    },
     /// A TCP peer did not prove the ring key ([`ring_key`]): nothing was
     /// sent to it or taken from it.
     #[error("{peer} did not prove the ring key: {source}")]

@@ -77,6 +77,18 @@ impl std::str::FromStr for TransportKind {
 /// What the backend reports, or [`super::TransportError::Unsupported`] for a
 /// backend this build does not have.
 pub fn open(kind: TransportKind, ep: &Endpoint, opts: &Options) -> Result<Box<dyn Transport>> {
+    if opts.ring_key.is_some() && kind != TransportKind::Tcp {
+        // Never an unkeyed ring in place of a keyed one.
+        return Err(super::TransportError::Setting(super::settings::SettingError {
+            key: "key_file".into(),
+            problem: format!(
+                "a keyed ring runs on tcp only in this version ({} does not tag its datagrams yet): \
+                 use transport = \"tcp\", or drop key_file to run {} unkeyed",
+                kind.as_str(),
+                kind.as_str()
+            ),
+        }));
+    }
     match kind {
         TransportKind::Tcp => {
             let mut c = TcpConfig::new(ep.listen, ep.next, opts.frame_len);

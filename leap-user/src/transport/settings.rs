@@ -58,6 +58,9 @@ pub const KEYS: &[(&str, &str)] = &[
     ("tcp_source_port", "tcp: connect to the next node from this port (not the listen port; 0: any)"),
     ("tcp_prev_port", "tcp: accept the previous node only from this source port (its tcp_source_port; 0: any)"),
     ("original_compat", "true | false: send chunks exactly like the original"),
+    ("key_file", "a ring key file (0600, made by `leap key new`): every frame tagged (tcp)"),
+    ("previous_key_file", "the ring's previous key, still accepted while the ring changes keys"),
+    ("encrypt", "true | false: encrypt frames with the ring key (every node alike)"),
 ];
 
 /// A setting that cannot be taken: which key, and what to do.
@@ -75,6 +78,11 @@ fn bad(key: &str, problem: impl Into<String>) -> SettingError {
     SettingError { key: key.into(), problem: problem.into() }
 }
 
+/// The ring key in the file at `v`.
+fn key_file(key: &str, v: &str) -> Result<super::ring_key::RingKey, SettingError> {
+    super::ring_key::RingKey::from_file(std::path::Path::new(v)).map_err(|e| bad(key, e.to_string()))
+}
+
 /// A port, 0 meaning none.
 fn port(key: &str, v: &str) -> Result<Option<u16>, SettingError> {
     Ok(std::num::NonZeroU16::new(number(key, v, 0, u64::from(u16::MAX))? as u16).map(u16::from))
@@ -89,12 +97,24 @@ pub struct Settings {
     prev: Option<SocketAddr>,
     interface: Option<String>,
     options: Options,
+    /// `previous_key_file` and `encrypt`, kept until `key_file` comes.
+    previous_key: Option<super::ring_key::RingKey>,
+    encrypt: bool,
 }
 
 impl Settings {
     /// The defaults of `kind` (those of a node file without the key).
     pub fn new(kind: TransportKind) -> Self {
-        Self { kind, listen: None, next: None, prev: None, interface: None, options: Options::default() }
+        Self {
+            kind,
+            listen: None,
+            next: None,
+            prev: None,
+            interface: None,
+            options: Options::default(),
+            previous_key: None,
+            encrypt: false,
+        }
     }
 
     /// The transport this opens.
@@ -194,6 +214,26 @@ impl Settings {
             }
             "tcp_source_port" => o.tcp_source_port = port(key, v)?,
             "tcp_prev_port" => o.tcp_prev_port = port(key, v)?,
+            "key_file" => {
+                let current = key_file(key, v)?;
+                o.ring_key = Some(super::ring_key::KeySet {
+                    previous: self.previous_key.clone(),
+                    encrypt: self.encrypt,
+                    ..super::ring_key::KeySet::new(current)
+                });
+            }
+            "previous_key_file" => {
+                self.previous_key = if v.is_empty() { None } else { Some(key_file(key, v)?) };
+                if let Some(k) = &mut o.ring_key {
+                    k.previous.clone_from(&self.previous_key);
+                }
+            }
+            "encrypt" => {
+                self.encrypt = boolean(key, v)?;
+                if let Some(k) = &mut o.ring_key {
+                    k.encrypt = self.encrypt;
+                }
+            }
             _ => {
                 let keys: Vec<&str> = KEYS.iter().map(|(k, _)| *k).collect();
                 return Err(bad(key, format!("unknown setting; the settings are: {}", keys.join(", "))));
@@ -328,13 +368,39 @@ mod tests {
             ("original_compat", "true"),
             ("tcp_source_port", "7101"),
             ("tcp_prev_port", "7102"),
+            // Before the key: kept until it comes.
+            ("encrypt", "true"),
+            ("previous_key_file", "OLD"),
+            ("key_file", "NEW"),
         ];
         assert_eq!(good.len(), KEYS.len(), "a key without a test");
+        let dir = std::env::temp_dir().join(format!("leap-settings-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let (old, new) =
+            (super::super::ring_key::RingKey::random().unwrap(), super::super::ring_key::RingKey::random().unwrap());
+        let (old_path, new_path) = (dir.join("old.key"), dir.join("new.key"));
+        crate::secret_file::create(&old_path, &old.to_file_text()).unwrap();
+        crate::secret_file::create(&new_path, &new.to_file_text()).unwrap();
         let mut s = udp();
         for (k, v) in good {
+            let v = match v {
+                "OLD" => old_path.to_str().unwrap(),
+                "NEW" => new_path.to_str().unwrap(),
+                v => v,
+            };
             s.set(k, v).unwrap_or_else(|e| panic!("{k} = {v}: {e}"));
         }
+        let _ = std::fs::remove_dir_all(&dir);
         let o = s.options();
+        assert_eq!(
+            o.ring_key,
+            Some(super::super::ring_key::KeySet {
+                previous: Some(old),
+                encrypt: true,
+                ..super::super::ring_key::KeySet::new(new)
+            })
+        );
         assert_eq!((o.frame_len, o.inflight, o.window, o.keep_frames), (16392, 8, Some(32), Some(64)));
         assert_eq!(o.recv_timeout, Some(Duration::from_millis(250)));
         assert_eq!((o.crc, o.trains, o.gso, o.original_compat), (false, false, false, true));

@@ -18,7 +18,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 pub use super::config::TcpFraming;
 use super::lend::OwnedBuf;
 use super::ready::Readiness;
-use super::ring_key::{self, RingKey};
+use super::ring_key::{self, KeySet, Session, TAG_LEN};
 use super::{FrameKind, FrameReceiver, FrameSender, Halves, Lent, Received, Result, Stats, Transport, TransportError};
 
 const PREFIX_LEN: usize = 8;
@@ -49,12 +49,13 @@ pub struct TcpConfig {
     pub setup_timeout: Duration,
     /// Receive deadline (`None`: wait forever).
     pub recv_timeout: Option<Duration>,
-    /// With a key, both ends of every connection prove it before any frame
-    /// crosses ([`super::ring_key`]): the next node must prove it before
-    /// this node sends, and a connection to the listen address that does
-    /// not prove it is dropped unread. Both ends must hold the same key;
-    /// an unkeyed or original node cannot take part.
-    pub ring_key: Option<RingKey>,
+    /// With keys, both ends of every connection prove one before any frame
+    /// crosses, and every frame then carries a tag (and is encrypted when
+    /// the keys say so) ([`super::ring_key`]): the next node must prove a
+    /// key before this node sends, a connection to the listen address that
+    /// does not prove one is dropped unread, and a frame whose tag fails
+    /// ends its connection. An unkeyed or original node cannot take part.
+    pub ring_key: Option<KeySet>,
 }
 
 impl TcpConfig {
@@ -86,6 +87,12 @@ struct Inbound {
     /// Bytes taken off the stream while a send to the next node was stuck
     /// (see [`TcpTransport::write`]); reads serve these first.
     stash: Stash,
+    /// A keyed connection's frame keys.
+    session: Option<Session>,
+    /// The tag of the frame being read.
+    tag: [u8; TAG_LEN],
+    /// A keyed frame made contiguous to be tagged or encrypted.
+    scratch: Vec<u8>,
 }
 
 #[derive(Debug, Default)]
@@ -132,7 +139,7 @@ pub struct TcpTransport {
 /// Whether an error means the connection is gone (as opposed to a deadline).
 fn is_broken(e: &TransportError) -> bool {
     match e {
-        TransportError::PeerClosed(_) => true,
+        TransportError::PeerClosed(_) | TransportError::Forged { .. } => true,
         TransportError::Syscall(e) => matches!(
             e.source.kind(),
             io::ErrorKind::BrokenPipe
@@ -211,8 +218,9 @@ fn connect_bound(addr: SocketAddr, from: SocketAddr, limit: Duration) -> io::Res
 /// waits no longer for a connection that stalls (one at a time).
 const PROOF_DEADLINE: Duration = Duration::from_secs(2);
 
-/// [`connect_from`], then the connecting side's ring-key proof when `key`
-/// is given: the stream is returned only when the next node proved it.
+/// [`connect_from`], then the connecting side's ring-key proof when `keys`
+/// are given: the stream is returned only when the next node proved a key,
+/// with the connection's frame keys.
 ///
 /// # Errors
 ///
@@ -220,15 +228,17 @@ const PROOF_DEADLINE: Duration = Duration::from_secs(2);
 pub fn connect_keyed(
     addr: SocketAddr,
     source: Option<SocketAddr>,
-    key: Option<&RingKey>,
+    keys: Option<&KeySet>,
     timeout: Duration,
-) -> Result<TcpStream> {
+) -> Result<(TcpStream, Option<Session>)> {
     let mut s = connect_from(addr, source, timeout)?;
-    if let Some(key) = key {
-        ring_key::prove_connecting(&mut s, key, PROOF_DEADLINE)
-            .map_err(|source| TransportError::RingKey { peer: addr, source })?;
+    let Some(keys) = keys else { return Ok((s, None)) };
+    let session = ring_key::prove_connecting(&mut s, keys, PROOF_DEADLINE)
+        .map_err(|source| TransportError::RingKey { peer: addr, source })?;
+    if session.used_previous {
+        log::info!("ring key: the next node {addr} proved the previous key (a ring changing keys)");
     }
-    Ok(s)
+    Ok((s, keys.tags().then_some(session)))
 }
 
 /// Binds exactly `addr` and listens.
@@ -257,9 +267,9 @@ pub fn accept_from(
     l: &TcpListener,
     prev: Option<IpAddr>,
     prev_port: Option<u16>,
-    key: Option<&RingKey>,
+    keys: Option<&KeySet>,
     timeout: Duration,
-) -> Result<TcpStream> {
+) -> Result<(TcpStream, Option<Session>)> {
     l.set_nonblocking(true).map_err(|e| TransportError::io("fcntl", e))?;
     let start = Instant::now();
     loop {
@@ -280,14 +290,23 @@ pub fn accept_from(
                 }
                 let mut s = s;
                 s.set_nonblocking(false).map_err(|e| TransportError::io("fcntl", e))?;
-                if let Some(key) = key
-                    && let Err(e) = ring_key::prove_accepting(&mut s, key, PROOF_DEADLINE)
-                {
-                    log::warn!("refused a connection from {from}: {e}");
-                    continue;
-                }
+                let session = match keys.map(|k| ring_key::prove_accepting(&mut s, k, PROOF_DEADLINE)) {
+                    None => None,
+                    Some(Ok(session)) => {
+                        if session.used_previous {
+                            log::info!(
+                                "ring key: the previous node {from} proved the previous key (a ring changing keys)"
+                            );
+                        }
+                        keys.and_then(|k| k.tags().then_some(session))
+                    }
+                    Some(Err(e)) => {
+                        log::warn!("refused a connection from {from}: {e}");
+                        continue;
+                    }
+                };
                 tune(&s);
-                return Ok(s);
+                return Ok((s, session));
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 if start.elapsed() >= timeout {
@@ -300,9 +319,24 @@ pub fn accept_from(
     }
 }
 
+/// The kind a frame's tag is bound to: the prefix's kind when frames are
+/// length-framed; with raw framing the kind is not on the wire (it is read
+/// from the frame's bytes), so it is 0.
+fn nonce_kind(framed: bool, kind: FrameKind) -> u8 {
+    if framed { kind as u8 } else { 0 }
+}
+
 impl Inbound {
-    fn new(stream: TcpStream) -> Self {
-        Self { stream, partial: Vec::new(), prefix: [0; PREFIX_LEN], stash: Stash::default() }
+    fn new((stream, session): (TcpStream, Option<Session>)) -> Self {
+        Self {
+            stream,
+            partial: Vec::new(),
+            prefix: [0; PREFIX_LEN],
+            stash: Stash::default(),
+            session,
+            tag: [0; TAG_LEN],
+            scratch: Vec::new(),
+        }
     }
 
     /// Whether bytes taken off the stream wait in the stash.
@@ -380,13 +414,15 @@ impl TcpTransport {
         Ok(t)
     }
 
-    /// Writes one frame to `stream`. While the next node takes no bytes,
-    /// what the previous node sends is drained into `prev`'s stash: with
-    /// several frames in flight, every node of a ring can be stuck sending
-    /// with full socket buffers all around, and nobody reading would be a
-    /// deadlock (seen in a 1 GiB VM: 8 x 256 KiB frames in flight).
+    /// Writes one frame to `out`'s stream (tagged, and encrypted, when the
+    /// connection is keyed: the frame is copied together first). While the
+    /// next node takes no bytes, what the previous node sends is drained
+    /// into `prev`'s stash: with several frames in flight, every node of a
+    /// ring can be stuck sending with full socket buffers all around, and
+    /// nobody reading would be a deadlock (seen in a 1 GiB VM: 8 x 256 KiB
+    /// frames in flight).
     fn write(
-        stream: &mut TcpStream,
+        out: &mut Inbound,
         mut prev: Option<&mut Inbound>,
         framing: TcpFraming,
         kind: FrameKind,
@@ -401,8 +437,24 @@ impl TcpTransport {
         let mut prefix = [0u8; PREFIX_LEN];
         prefix[..4].copy_from_slice(&len32.to_le_bytes());
         prefix[4] = kind as u8;
-        let pre: &[u8] = if framing == TcpFraming::Length { &prefix } else { &[] };
-        let mut bufs = [IoSlice::new(pre), IoSlice::new(head), IoSlice::new(tail)];
+        let framed = framing == TcpFraming::Length;
+        let pre: &[u8] = if framed { &prefix } else { &[] };
+        let Inbound { stream, session, scratch, .. } = out;
+        let tag: [u8; TAG_LEN];
+        let (head, tail, tag): (&[u8], &[u8], &[u8]) = match session {
+            None => (head, tail, &[]),
+            Some(session) => {
+                scratch.clear();
+                scratch.extend_from_slice(head);
+                scratch.extend_from_slice(tail);
+                tag = session
+                    .sealer
+                    .seal(nonce_kind(framed, kind), scratch)
+                    .map_err(|e| TransportError::io("seal", e))?;
+                (&scratch[..], &[], &tag)
+            }
+        };
+        let mut bufs = [IoSlice::new(pre), IoSlice::new(head), IoSlice::new(tail), IoSlice::new(tag)];
         let mut bufs = &mut bufs[..];
         IoSlice::advance_slices(&mut bufs, 0);
         let sock = socket2::SockRef::from(&*stream);
@@ -428,47 +480,63 @@ impl TcpTransport {
         Ok(())
     }
 
-    /// Reads one frame into `out`. On a deadline mid-frame, keeps what was
-    /// read so the stream stays in step.
+    /// Reads one frame into `out` (and its tag, checked, on a keyed
+    /// connection). On a deadline mid-frame, keeps what was read so the
+    /// stream stays in step.
     fn read(inb: &mut Inbound, cfg: &TcpConfig, out: &mut [u8], side: &'static str) -> Result<Received> {
         let framed = cfg.framing == TcpFraming::Length;
-        // Resume a frame interrupted by a deadline.
-        let mut have = inb.partial.len();
         let pre_len = if framed { PREFIX_LEN } else { 0 };
-        if have > 0 {
-            let (pre, body) = inb.partial.split_at(have.min(pre_len));
-            inb.prefix[..pre.len()].copy_from_slice(pre);
-            if !body.is_empty() {
-                let capacity = out.len();
-                out.get_mut(..body.len())
-                    .ok_or(TransportError::FrameTooLarge { len: body.len(), capacity })?
-                    .copy_from_slice(body);
+        let tag_len = if inb.session.is_some() { TAG_LEN } else { 0 };
+        // The frame's length without prefix and tag, once known.
+        let body_len = |prefix: &[u8; PREFIX_LEN]| -> Result<usize> {
+            if !framed {
+                return Ok(cfg.frame_len);
             }
-            inb.partial.clear();
+            let len = u32::from_le_bytes(prefix[..4].try_into().expect("4 bytes")) as usize;
+            if len == 0 || prefix[4] > 1 {
+                return Err(TransportError::io(
+                    "read",
+                    io::Error::new(io::ErrorKind::InvalidData, "bad frame prefix: peer uses another framing?"),
+                ));
+            }
+            Ok(len)
+        };
+        // Resume a frame interrupted by a deadline: prefix, body, tag.
+        let mut have = inb.partial.len();
+        if have > 0 {
+            let partial = std::mem::take(&mut inb.partial);
+            let (pre, rest) = partial.split_at(have.min(pre_len));
+            inb.prefix[..pre.len()].copy_from_slice(pre);
+            if !rest.is_empty() {
+                let body = body_len(&inb.prefix)?;
+                let (b, t) = rest.split_at(rest.len().min(body));
+                let capacity = out.len();
+                out.get_mut(..b.len()).ok_or(TransportError::FrameTooLarge { len: body, capacity })?.copy_from_slice(b);
+                inb.tag[..t.len()].copy_from_slice(t);
+            }
         }
         let deadline = cfg.recv_timeout;
         let once = deadline.is_some_and(|t| t.is_zero());
-        let mut total = if framed { None } else { Some(cfg.frame_len) };
+        let mut body = if framed { None } else { Some(cfg.frame_len) };
         loop {
-            if total.is_none() && have >= PREFIX_LEN {
-                let len = u32::from_le_bytes(inb.prefix[..4].try_into().expect("4 bytes")) as usize;
-                if len == 0 || inb.prefix[4] > 1 {
-                    return Err(TransportError::io(
-                        "read",
-                        io::Error::new(io::ErrorKind::InvalidData, "bad frame prefix: peer uses another framing?"),
-                    ));
-                }
-                total = Some(len + PREFIX_LEN);
+            if body.is_none() && have >= PREFIX_LEN {
+                body = Some(body_len(&inb.prefix)?);
             }
-            let want = total.unwrap_or(PREFIX_LEN);
-            if want - pre_len > out.len() {
-                return Err(TransportError::FrameTooLarge { len: want - pre_len, capacity: out.len() });
+            if let Some(b) = body
+                && b > out.len()
+            {
+                return Err(TransportError::FrameTooLarge { len: b, capacity: out.len() });
             }
+            let want = body.map_or(PREFIX_LEN, |b| pre_len + b + tag_len);
             if have >= want {
                 break;
             }
-            let dst =
-                if have < pre_len { &mut inb.prefix[have..pre_len] } else { &mut out[have - pre_len..want - pre_len] };
+            let dst = match body {
+                _ if have < pre_len => &mut inb.prefix[have..pre_len],
+                Some(b) if have < pre_len + b => &mut out[have - pre_len..b],
+                Some(b) => &mut inb.tag[have - pre_len - b..tag_len],
+                None => unreachable!("the prefix is read before the body"),
+            };
             match inb.stash.read(&mut inb.stream, dst, once) {
                 Ok(0) => return Err(TransportError::PeerClosed(side)),
                 Ok(n) => have += n,
@@ -477,7 +545,11 @@ impl TcpTransport {
                     if have > 0 {
                         inb.partial.extend_from_slice(&inb.prefix[..have.min(pre_len)]);
                         if have > pre_len {
-                            inb.partial.extend_from_slice(&out[..have - pre_len]);
+                            let b = body.expect("known past the prefix");
+                            inb.partial.extend_from_slice(&out[..(have - pre_len).min(b)]);
+                            if have > pre_len + b {
+                                inb.partial.extend_from_slice(&inb.tag[..have - pre_len - b]);
+                            }
                         }
                     }
                     return Err(TransportError::Timeout(deadline.unwrap_or_default()));
@@ -485,9 +557,17 @@ impl TcpTransport {
                 Err(e) => return Err(TransportError::io("read", e)),
             }
         }
-        let len = total.expect("known") - pre_len;
+        let len = body.expect("known");
+        let prefix_kind = if inb.prefix[4] == 1 { FrameKind::Control } else { FrameKind::Data };
+        if let Some(session) = &mut inb.session {
+            let kind = if framed { prefix_kind } else { FrameKind::Data };
+            session
+                .opener
+                .open(nonce_kind(framed, kind), &mut out[..len], &inb.tag)
+                .map_err(|_| TransportError::Forged { peer: side })?;
+        }
         let kind = if framed {
-            if inb.prefix[4] == 1 { FrameKind::Control } else { FrameKind::Data }
+            prefix_kind
         } else if ControlMessage::decode_frame(&out[..len]).is_ok() {
             FrameKind::Control
         } else {
@@ -575,7 +655,7 @@ impl Transport for TcpTransport {
 
     fn send_prev(&mut self, frame: &[u8]) -> Result<()> {
         let inb = self.rx.from_prev.as_mut().ok_or(TransportError::PeerClosed("previous"))?;
-        TcpTransport::write(&mut inb.stream, None, self.rx.cfg.framing, FrameKind::Data, frame, &[])
+        TcpTransport::write(inb, None, self.rx.cfg.framing, FrameKind::Data, frame, &[])
     }
 
     fn recv_next(&mut self, buf: &mut [u8]) -> Result<Received> {
@@ -628,7 +708,7 @@ impl TcpSendHalf {
         // Any send forgets a frame begun and not committed.
         self.pending = None;
         if let Some(inb) = &mut self.to_next {
-            match TcpTransport::write(&mut inb.stream, prev.as_deref_mut(), self.cfg.framing, kind, header, payload) {
+            match TcpTransport::write(inb, prev.as_deref_mut(), self.cfg.framing, kind, header, payload) {
                 Ok(()) => return self.sent(header.len() + payload.len()),
                 Err(e) if is_broken(&e) => {
                     log::warn!("connection to the next node {} lost ({e}); reconnecting", self.cfg.next)
@@ -639,9 +719,9 @@ impl TcpSendHalf {
         self.to_next = None;
         let source = self.cfg.source_port.map(|p| SocketAddr::new(self.cfg.listen.ip(), p));
         let s = connect_keyed(self.cfg.next, source, self.cfg.ring_key.as_ref(), self.cfg.setup_timeout)?;
-        let _ = s.set_read_timeout(self.cfg.recv_timeout.map(|t| t.max(Duration::from_millis(1))));
+        let _ = s.0.set_read_timeout(self.cfg.recv_timeout.map(|t| t.max(Duration::from_millis(1))));
         let inb = self.to_next.insert(Inbound::new(s));
-        TcpTransport::write(&mut inb.stream, prev, self.cfg.framing, kind, header, payload)?;
+        TcpTransport::write(inb, prev, self.cfg.framing, kind, header, payload)?;
         self.sent(header.len() + payload.len())
     }
 
@@ -777,7 +857,7 @@ impl TcpRecvHalf {
         if self.from_prev.is_none() {
             let wait = self.cfg.recv_timeout.unwrap_or(self.cfg.setup_timeout);
             let s = accept_from(&self.listener, self.cfg.prev, self.cfg.prev_port, self.cfg.ring_key.as_ref(), wait)?;
-            log::info!("previous node connected again from {:?}", s.peer_addr().ok());
+            log::info!("previous node connected again from {:?}", s.0.peer_addr().ok());
             self.set_from_prev(Some(Inbound::new(s)));
         }
         let inb = self.from_prev.as_mut().expect("connected");
@@ -790,6 +870,12 @@ impl TcpRecvHalf {
             }
             Err(e) if e.is_would_block() => {}
             Err(e) if e.is_timeout() => s.timeouts += 1,
+            Err(e @ TransportError::Forged { .. }) => {
+                s.drops.bad_tag += 1;
+                log::warn!("{e}; accepting the previous node again");
+                drop(s);
+                self.set_from_prev(None);
+            }
             Err(e) if is_broken(e) => {
                 log::info!("connection from the previous node lost ({e}); accepting it again when it comes back");
                 drop(s);
