@@ -70,22 +70,49 @@ pub struct Entry {
     /// Run by this program of [`BenchConfig::programs`], one process per
     /// node, instead of `leap ring`'s threads.
     pub program: Option<usize>,
+    /// With the ring key of `options.ring_key`: frames tagged (`tcp+key`)
+    /// or encrypted (`tcp+enc`), in the same rounds as the plain ring.
+    pub key: KeyMode,
+}
+
+/// How an [`Entry`] uses the ring key.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KeyMode {
+    /// No key.
+    #[default]
+    Plain,
+    /// Every frame tagged.
+    Tagged,
+    /// Every frame encrypted.
+    Encrypted,
+}
+
+/// Whether a backend can run keyed in this version.
+pub fn has_key(k: TransportKind) -> bool {
+    k == TransportKind::Tcp
 }
 
 impl Entry {
     /// `kind` without busy polling.
     pub fn plain(kind: TransportKind) -> Self {
-        Self { kind, busy_poll: false, program: None }
+        Self { kind, busy_poll: false, program: None, key: KeyMode::Plain }
     }
 
     /// [`Self::all`], each plain entry followed by the same ring run by
-    /// each of `programs` programs.
-    pub fn with_programs(kinds: &[TransportKind], busy_poll: bool, programs: usize) -> Vec<Self> {
+    /// each of `programs` programs, then the keyed entries when `keyed`.
+    pub fn with_programs(kinds: &[TransportKind], busy_poll: bool, programs: usize, keyed: bool) -> Vec<Self> {
         let mut v = Vec::new();
         for e in Self::all(kinds, busy_poll) {
             v.push(e);
             if !e.busy_poll {
                 v.extend((0..programs).map(|p| Self { program: Some(p), ..e }));
+            }
+        }
+        if keyed {
+            for &kind in kinds.iter().filter(|k| has_key(**k)) {
+                for key in [KeyMode::Tagged, KeyMode::Encrypted] {
+                    v.push(Self { key, ..Self::plain(kind) });
+                }
             }
         }
         v
@@ -104,7 +131,7 @@ impl Entry {
     pub fn all(kinds: &[TransportKind], busy_poll: bool) -> Vec<Self> {
         let mut v: Vec<Self> = kinds.iter().map(|&k| Self::plain(k)).collect();
         if busy_poll {
-            v.extend(kinds.iter().filter(|k| has_crc(**k)).map(|&kind| Self { kind, busy_poll: true, program: None }));
+            v.extend(kinds.iter().filter(|k| has_crc(**k)).map(|&kind| Self { busy_poll: true, ..Self::plain(kind) }));
         }
         v
     }
@@ -112,7 +139,12 @@ impl Entry {
 
 impl std::fmt::Display for Entry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}{}", self.kind, if self.busy_poll { "+bp" } else { "" })
+        let key = match self.key {
+            KeyMode::Plain => "",
+            KeyMode::Tagged => "+key",
+            KeyMode::Encrypted => "+enc",
+        };
+        write!(f, "{}{}{key}", self.kind, if self.busy_poll { "+bp" } else { "" })
     }
 }
 
@@ -441,6 +473,14 @@ fn ring_config(cfg: &BenchConfig, e: Entry, size: usize, frames: u64, inflight: 
         frame_len: size,
         recv_timeout: cfg.options.recv_timeout.map(|t| t.min(RECV_TIMEOUT_MAX)),
         busy_poll: cfg.options.busy_poll.filter(|_| e.busy_poll),
+        ring_key: match e.key {
+            KeyMode::Plain => None,
+            mode => cfg.options.ring_key.clone().map(|k| crate::transport::ring_key::KeySet {
+                encrypt: mode == KeyMode::Encrypted,
+                tag_frames: true,
+                ..k
+            }),
+        },
         ..cfg.options.clone()
     };
     rc.control = false;
@@ -580,7 +620,12 @@ pub fn run_on(
             None => plain.push(k),
         }
     }
-    let kinds = Entry::with_programs(&plain, cfg.options.busy_poll.is_some(), cfg.programs.len());
+    let kinds = Entry::with_programs(
+        &plain,
+        cfg.options.busy_poll.is_some(),
+        cfg.programs.len(),
+        cfg.options.ring_key.is_some(),
+    );
     // Ring programs run one frame in flight: latency rows only.
     let in_mode = |e: &Entry, inflight: usize| inflight == 1 || e.program.is_none();
     let modes = [("latency", 1usize), ("throughput", THROUGHPUT_INFLIGHT)];
@@ -864,6 +909,8 @@ mod tests {
         runs: Vec<(TransportKind, usize, usize)>,
         /// Whether each run busy-polled, in run order.
         busy: Vec<bool>,
+        /// Each run's key: None, or whether it encrypted, in run order.
+        keyed: Vec<Option<bool>>,
         /// Ring programs: p50 = `program_p50(name, n)` for the `n`th run
         /// of `name` on a transport.
         program_p50: fn(&str, usize) -> f64,
@@ -882,6 +929,7 @@ mod tests {
                 p50,
                 runs: Vec::new(),
                 busy: Vec::new(),
+                keyed: Vec::new(),
                 program_p50: |_, _| 1.0,
                 order: Vec::new(),
                 floor_p50: |_| 10.0,
@@ -906,6 +954,7 @@ mod tests {
                 self.runs.iter().filter(|r| r.0 == rc.transport && r.1 == rc.frame_size && r.2 == rc.inflight).count();
             self.runs.push((rc.transport, rc.frame_size, rc.inflight));
             self.busy.push(rc.options.busy_poll.is_some());
+            self.keyed.push(rc.options.ring_key.as_ref().map(|k| k.encrypt));
             self.order.push((rc.transport, None, rc.inflight));
             let moved = rc.frames * rc.frame_size as u64 * rc.nodes as u64;
             let sent = rc.frames * rc.nodes as u64;
@@ -1046,6 +1095,26 @@ mod tests {
         assert_eq!(bp.datagrams_per_frame, Some(1.5));
         assert_eq!(bp.p50_vs_tcp, Some(1.0), "ratios to TCP from the same rounds");
         assert_eq!(rep.rows[0].datagrams_per_frame, None, "TCP is a stream");
+    }
+
+    #[test]
+    fn a_key_adds_tcp_key_and_tcp_enc_in_the_same_rounds_and_only_they_are_keyed() {
+        let mut rings = Scripted::new(|k, _| if k == TransportKind::Tcp { 10.0 } else { 20.0 });
+        let mut cfg = config(2);
+        cfg.options.ring_key =
+            Some(crate::transport::ring_key::KeySet::new(crate::transport::ring_key::RingKey::from_bytes([1; 32])));
+        let rep = run_on(&cfg, &mut rings, &|_, _, _| {}).unwrap();
+        let names: Vec<&str> = rep.rows.iter().filter(|r| r.mode == "latency").map(|r| r.transport.as_str()).collect();
+        assert_eq!(names, ["tcp", "udp", "tcp+key", "tcp+enc"]);
+        // Per round: tcp plain, udp plain, tcp tagged, tcp encrypted (rotated).
+        let latency: Vec<(TransportKind, Option<bool>)> =
+            rings.runs.iter().zip(&rings.keyed).filter(|(r, _)| r.2 == 1).map(|(r, &k)| (r.0, k)).collect();
+        use TransportKind::{Tcp, Udp};
+        assert_eq!(latency.len(), 8);
+        assert_eq!(latency[..4], [(Tcp, None), (Udp, None), (Tcp, Some(false)), (Tcp, Some(true))]);
+        assert!(latency.iter().all(|&(k, key)| k == Tcp || key.is_none()), "udp never keyed");
+        let key = rep.rows.iter().find(|r| r.transport == "tcp+key").unwrap();
+        assert_eq!(key.p50_vs_tcp, Some(1.0), "the keyed cost is read against tcp of the same rounds");
     }
 
     #[test]

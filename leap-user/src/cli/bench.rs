@@ -218,11 +218,11 @@ impl clap::builder::ValueParserFactory for TransportKind {
 ///
 /// Bad arguments, a failed floor measurement, or unwritable output.
 pub fn main(args: &BenchArgs) -> Result<()> {
-    if args.transport_args.key_file.is_some() {
-        // Never a plain figure under a keyed name, nor the other way round.
+    if args.transport_args.key_file.is_some() && (!args.hosts.is_empty() || args.hosts_file.is_some()) {
+        // Never a plain figure under a keyed name.
         bail!(
-            "--key-file: leap bench does not measure keyed rings yet; measure one with \
-             `leap ring --transport tcp --key-file FILE` (tcp is the keyed transport in this version)"
+            "--key-file with --hosts: keyed rows are measured on this host's rings only (the agents key \
+             their tcp members with a per-run key of their own); drop one of the two"
         );
     }
     if !args.merge.is_empty() {
@@ -320,7 +320,10 @@ pub fn main(args: &BenchArgs) -> Result<()> {
         repeat: args.repeat.unwrap_or(if args.quick { QUICK_ROUNDS } else { FULL_ROUNDS }).max(1),
         quick: args.quick,
         placement,
-        options: args.transport_args.options(16_392),
+        options: crate::transport::open::Options {
+            ring_key: args.transport_args.keys()?,
+            ..args.transport_args.options(16_392)
+        },
         site: args.site.clone(),
         profile: None,
         mtu: args.mtu,

@@ -91,8 +91,6 @@ struct Inbound {
     session: Option<Session>,
     /// The tag of the frame being read.
     tag: [u8; TAG_LEN],
-    /// A keyed frame made contiguous to be tagged or encrypted.
-    scratch: Vec<u8>,
 }
 
 #[derive(Debug, Default)]
@@ -335,7 +333,6 @@ impl Inbound {
             stash: Stash::default(),
             session,
             tag: [0; TAG_LEN],
-            scratch: Vec::new(),
         }
     }
 
@@ -439,19 +436,20 @@ impl TcpTransport {
         prefix[4] = kind as u8;
         let framed = framing == TcpFraming::Length;
         let pre: &[u8] = if framed { &prefix } else { &[] };
-        let Inbound { stream, session, scratch, .. } = out;
+        let Inbound { stream, session, .. } = out;
         let tag: [u8; TAG_LEN];
         let (head, tail, tag): (&[u8], &[u8], &[u8]) = match session {
             None => (head, tail, &[]),
             Some(session) => {
-                scratch.clear();
-                scratch.extend_from_slice(head);
-                scratch.extend_from_slice(tail);
-                tag = session
+                let (t, cipher) = session
                     .sealer
-                    .seal(nonce_kind(framed, kind), scratch)
+                    .seal(nonce_kind(framed, kind), &[head, tail])
                     .map_err(|e| TransportError::io("seal", e))?;
-                (&scratch[..], &[], &tag)
+                tag = t;
+                match cipher {
+                    Some(c) => (c, &[], &tag),
+                    None => (head, tail, &tag),
+                }
             }
         };
         let mut bufs = [IoSlice::new(pre), IoSlice::new(head), IoSlice::new(tail), IoSlice::new(tag)];
