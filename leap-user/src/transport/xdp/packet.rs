@@ -85,6 +85,24 @@ pub enum UdpChecksum {
     Absent,
     /// Only the pseudo-header sum (a `CHECKSUM_PARTIAL` sender on veth).
     Partial,
+    /// Not summed: the datagram holds chunks of a leap frame that carries
+    /// its CRC32C and is kept for NACKs ([`frame_checks_itself`]).
+    Unchecked,
+}
+
+/// Whether a UDP payload is a chunk (or a train) of a frame between leap
+/// nodes that checks itself: a data or control chunk flagged `LEAP`,
+/// `CRC` and `RELIABLE`. Summing its UDP checksum in software would buy
+/// nothing: a chunk corrupted on the way fails the frame's CRC32C, which
+/// is checked before delivery, and is fetched again with a NACK. Hellos,
+/// NACKs, best-effort frames and every datagram of an original peer keep
+/// the check. A header damaged into these flags costs at most a refetch.
+pub fn frame_checks_itself(payload: &[u8]) -> bool {
+    use leap_common::chunk::{LEAP_MAGIC, flags};
+    let (Some(magic), Some(reserved)) = (payload.get(..4), payload.get(10..12)) else { return false };
+    let reserved = u16::from_be_bytes([reserved[0], reserved[1]]);
+    let needed = flags::LEAP | flags::CRC | flags::RELIABLE;
+    magic == LEAP_MAGIC.to_be_bytes() && reserved & needed == needed && reserved & flags::KIND_MASK <= 1
 }
 
 /// A UDP datagram found in a frame.
@@ -175,7 +193,8 @@ pub fn udp_checksum(src: IpAddr, dst: IpAddr, udp: &[u8; UDP_HLEN], payload: &[u
 /// Parses Ethernet (one VLAN tag), IPv4 without fragments or IPv6 without
 /// extension headers, and UDP, and checks what the kernel checks without
 /// knowing the host: the IPv4 header checksum, the UDP checksum (a partial
-/// one is returned as such for [`RxFilter`] to judge), no v4-mapped IPv6
+/// one is returned as such for [`RxFilter`] to judge; none for a chunk of a
+/// frame that checks itself, [`frame_checks_itself`]), no v4-mapped IPv6
 /// source.
 ///
 /// # Errors
@@ -236,7 +255,11 @@ pub fn parse_udp(frame: &[u8]) -> Result<UdpDatagram<'_>, Reject> {
         return Err(not_udp);
     }
     let payload = frame.get(l4 + UDP_HLEN..l4 + udp_len).ok_or(not_udp)?;
-    let checksum = udp_checksum(src_ip, dst_ip, udp, payload).ok_or(Reject::BadUdpChecksum)?;
+    let checksum = if frame_checks_itself(payload) {
+        UdpChecksum::Unchecked
+    } else {
+        udp_checksum(src_ip, dst_ip, udp, payload).ok_or(Reject::BadUdpChecksum)?
+    };
     Ok(UdpDatagram {
         src: SocketAddr::new(src_ip, u16::from_be_bytes([udp[0], udp[1]])),
         dst: SocketAddr::new(dst_ip, u16::from_be_bytes([udp[2], udp[3]])),
@@ -322,6 +345,9 @@ impl RxFilter {
         }
         let (src, dst) = (rec.source(), rec.destination());
         self.admit_destination(dst)?;
+        if frame_checks_itself(payload) {
+            return Ok(src);
+        }
         let mut udp = [0u8; UDP_HLEN];
         udp[0..2].copy_from_slice(&rec.src_port.to_be_bytes());
         udp[2..4].copy_from_slice(&rec.dst_port.to_be_bytes());
@@ -558,6 +584,43 @@ mod tests {
         let mut f = spec(&[7u8; 40]).build();
         f[V4_PAYLOAD + 20] = 8;
         assert_eq!(parse_udp(&f), Err(Reject::BadUdpChecksum));
+    }
+
+    #[test]
+    fn a_reliable_crc_frame_chunk_skips_the_udp_checksum_and_nothing_else_does() {
+        use leap_common::chunk::{ChunkHeader, flags};
+        let chunk = |reserved: u16| {
+            let mut c = ChunkHeader { seq: 1, chunk_id: 0, total_chunks: 1, reserved }.to_bytes().to_vec();
+            c.extend_from_slice(&[5u8; 64]);
+            c
+        };
+        let leap = flags::LEAP | flags::CRC | flags::RELIABLE;
+        for (reserved, skipped) in [
+            (leap, true),
+            (leap | 1, true),                       // control
+            (leap | flags::RETRANSMIT, true),       // a resent chunk
+            (leap | 2, false),                      // a NACK
+            (flags::LEAP | flags::RELIABLE, false), // no CRC
+            (flags::LEAP | flags::CRC, false),      // best effort: no refetch
+            (0, false),                             // an original peer
+            (flags::CRC | flags::RELIABLE, false),  // not from leap
+        ] {
+            let payload = chunk(reserved);
+            assert_eq!(frame_checks_itself(&payload), skipped, "{reserved:#x}");
+            for s in [spec(&payload), v6_spec(&payload)] {
+                let mut f = s.build();
+                let last = f.len() - 1;
+                f[last] ^= 0x40;
+                let want = if skipped { Ok(UdpChecksum::Unchecked) } else { Err(Reject::BadUdpChecksum) };
+                assert_eq!(parse_udp(&f).map(|d| d.checksum), want, "{reserved:#x}");
+                assert_eq!(host().admit_frame(&f).map(|d| d.checksum), want, "{reserved:#x}");
+                // The ring buffer's record of it, checksum field off by one.
+                let mut rec = record(&s);
+                rec.udp_check ^= 1;
+                assert_eq!(host().admit_record(&rec).is_ok(), skipped, "{reserved:#x}");
+            }
+        }
+        assert!(!frame_checks_itself(b"LEAP"), "too short for a header");
     }
 
     #[test]
