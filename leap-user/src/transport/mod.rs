@@ -5,6 +5,7 @@
 pub mod asyncio;
 pub mod config;
 pub(crate) mod datagram;
+pub(crate) mod datagram_auth;
 pub(crate) mod halves;
 pub mod kmod;
 pub mod lend;

@@ -1,0 +1,461 @@
+//! Tags for the datagrams of a keyed ring (udp, xdp, xdp-ringbuf): every
+//! datagram a keyed node sends carries a trailer, and a keyed node checks
+//! it before the datagram may change any state.
+//!
+//! Not wired into the datagram transports yet: a key on them is refused
+//! (`transport::open`). This module is the part that can be tested alone:
+//! the trailer, the keys, the replay window and the epoch rule.
+//!
+//! # The trailer
+//!
+//! ```text
+//! datagram | epoch (8, big-endian) | packet number (8, big-endian) | tag (16)
+//! ```
+//!
+//! `epoch` names one run of the sending process, `packet number` counts
+//! its datagrams to one destination from 0. The key is derived with
+//! HKDF-SHA256 from the ring key, the epoch, the sender's and the
+//! receiver's addresses, so a datagram moved to another node, sent back to
+//! its sender, or taken from another run does not verify. The tag is
+//! AES-256-GCM's over the datagram and the trailer's first 16 bytes, the
+//! nonce the packet number: within one key (one epoch, one direction) the
+//! number only grows, so a (key, nonce) pair is never used twice; two runs
+//! of a process get different keys because their epochs differ.
+//!
+//! # Checks, in order, each before any state changes
+//!
+//! 1. The trailer is there (else `short`).
+//! 2. The epoch is the sender's current one or newer (else `stale_epoch`:
+//!    a datagram recorded before the sender restarted). Epochs grow: the
+//!    start time in microseconds since 1970 in the high bits, random low
+//!    bits. A node whose clock stepped back behind its last run is refused
+//!    until the clock passes it again; it logs why.
+//! 3. The tag verifies under the ring key, else under the previous key
+//!    during a rotation (else `bad_tag`). A new epoch costs one HKDF per
+//!    key; the keys of at most [`PEERS`] senders are kept, so a flood of
+//!    made-up epochs or addresses costs bounded work and memory.
+//! 4. The packet number is inside the replay window and not seen before
+//!    (else `replayed`); only now does the window move and, for a newer
+//!    epoch, the sender's state reset.
+
+// Nothing outside the tests calls this yet (see above).
+#![cfg_attr(not(test), allow(dead_code))]
+
+use std::net::SocketAddr;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use ring_crypto::{aead, hkdf};
+
+use super::ring_key::{KeySet, RingKey, TAG_LEN};
+
+/// Bytes a keyed datagram carries after its payload.
+pub const TRAILER_LEN: usize = 8 + 8 + TAG_LEN;
+/// Packet numbers behind the highest one seen that are still taken (once).
+pub const REPLAY_WINDOW: u64 = 1024;
+/// Senders whose keys and windows are kept.
+pub const PEERS: usize = 8;
+
+/// Why a datagram of a keyed ring was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    /// Shorter than its trailer.
+    #[error("shorter than a keyed datagram's trailer")]
+    Short,
+    /// An epoch older than the sender's current one.
+    #[error("from an older run of its sender")]
+    StaleEpoch,
+    /// The tag did not verify under any key held.
+    #[error("its tag does not verify")]
+    BadTag,
+    /// A packet number already taken or too old for the window.
+    #[error("replayed or too old")]
+    Replayed,
+}
+
+/// An epoch for this run of the process: microseconds since 1970 in the
+/// high 44 bits (enough until the year 2527), 20 random bits below.
+///
+/// # Errors
+///
+/// The random source failed.
+pub fn new_epoch() -> std::io::Result<u64> {
+    let us = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
+    let mut r = [0u8; 4];
+    getrandom::fill(&mut r).map_err(std::io::Error::other)?;
+    Ok((us << 20) | u64::from(u32::from_le_bytes(r) & 0xF_FFFF))
+}
+
+fn addr_bytes(a: SocketAddr) -> [u8; 18] {
+    let mut b = [0u8; 18];
+    match a {
+        SocketAddr::V4(v4) => b[..16].copy_from_slice(&v4.ip().to_ipv6_mapped().octets()),
+        SocketAddr::V6(v6) => b[..16].copy_from_slice(&v6.ip().octets()),
+    }
+    b[16..].copy_from_slice(&a.port().to_be_bytes());
+    b
+}
+
+/// The key of the datagrams of `epoch` from `from` to `to`.
+fn direction_key(key: &RingKey, epoch: u64, from: SocketAddr, to: SocketAddr) -> aead::LessSafeKey {
+    let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, b"leap datagrams v1").extract(key.bytes());
+    let (e, f, t) = (epoch.to_be_bytes(), addr_bytes(from), addr_bytes(to));
+    let info: [&[u8]; 3] = [&e, &f, &t];
+    let okm = prk.expand(&info, &aead::AES_256_GCM).expect("32 bytes are within HKDF-SHA256's limit");
+    aead::LessSafeKey::new(aead::UnboundKey::from(okm))
+}
+
+fn nonce(pn: u64) -> aead::Nonce {
+    let mut n = [0u8; aead::NONCE_LEN];
+    n[4..].copy_from_slice(&pn.to_be_bytes());
+    aead::Nonce::assume_unique_for_key(n)
+}
+
+/// The tag of `datagram` with the trailer's first 16 bytes `head`: AES-GCM
+/// over both as plaintext, the ciphertext thrown away (as
+/// `ring_key::seal_into` explains, the receiver computes it again).
+fn tag(key: &aead::LessSafeKey, pn: u64, datagram: &[u8], head: &[u8; 16], scratch: &mut Vec<u8>) -> [u8; TAG_LEN] {
+    scratch.clear();
+    scratch.extend_from_slice(datagram);
+    scratch.extend_from_slice(head);
+    let t = key
+        .seal_in_place_separate_tag(nonce(pn), aead::Aad::empty(), scratch)
+        .expect("a datagram is far below AES-GCM's length limit");
+    t.as_ref().try_into().expect("AES-256-GCM tags are 16 bytes")
+}
+
+/// Seals the datagrams of one run of this node to one destination.
+pub struct Sealer {
+    key: aead::LessSafeKey,
+    epoch: u64,
+    pn: u64,
+    scratch: Vec<u8>,
+}
+
+impl std::fmt::Debug for Sealer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sealer").field("epoch", &self.epoch).field("pn", &self.pn).finish_non_exhaustive()
+    }
+}
+
+impl Sealer {
+    /// The sealer of `epoch` ([`new_epoch`]) from `from` to `to`, with the
+    /// ring's current key.
+    pub fn new(keys: &KeySet, epoch: u64, from: SocketAddr, to: SocketAddr) -> Self {
+        Self { key: direction_key(&keys.current, epoch, from, to), epoch, pn: 0, scratch: Vec::new() }
+    }
+
+    /// Appends the trailer to `datagram`.
+    pub fn seal(&mut self, datagram: &mut Vec<u8>) {
+        let pn = self.pn;
+        // 2^64 datagrams are centuries at any line rate.
+        self.pn += 1;
+        let mut head = [0u8; 16];
+        head[..8].copy_from_slice(&self.epoch.to_be_bytes());
+        head[8..].copy_from_slice(&pn.to_be_bytes());
+        let t = tag(&self.key, pn, datagram, &head, &mut self.scratch);
+        datagram.extend_from_slice(&head);
+        datagram.extend_from_slice(&t);
+    }
+}
+
+/// Which packet numbers of one epoch were taken: the highest, and a bit per
+/// number in the [`REPLAY_WINDOW`] below it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReplayWindow {
+    /// One more than the highest number taken (0: none yet).
+    top: u64,
+    bits: [u64; (REPLAY_WINDOW / 64) as usize],
+}
+
+impl ReplayWindow {
+    /// Whether `pn` may be taken (new, and not too old).
+    pub fn fresh(&self, pn: u64) -> bool {
+        if pn >= self.top {
+            return true;
+        }
+        let age = self.top - 1 - pn;
+        age < REPLAY_WINDOW && self.bits[(pn % REPLAY_WINDOW / 64) as usize] & (1 << (pn % 64)) == 0
+    }
+
+    /// Takes `pn` (after [`Self::fresh`] said yes).
+    pub fn take(&mut self, pn: u64) {
+        if pn >= self.top {
+            // Clear the numbers the window moves over: at most all of it.
+            let moved = (pn + 1 - self.top).min(REPLAY_WINDOW);
+            for k in 0..moved {
+                let n = self.top + k;
+                self.bits[(n % REPLAY_WINDOW / 64) as usize] &= !(1 << (n % 64));
+            }
+            self.top = pn + 1;
+        }
+        self.bits[(pn % REPLAY_WINDOW / 64) as usize] |= 1 << (pn % 64);
+    }
+}
+
+/// One sender as the opener knows it.
+struct Peer {
+    from: SocketAddr,
+    epoch: u64,
+    /// The key that verified this epoch (current or previous).
+    key: aead::LessSafeKey,
+    previous: bool,
+    window: ReplayWindow,
+    /// For eviction: the opener's count of datagrams taken when this peer
+    /// last sent one.
+    last: u64,
+}
+
+/// Checks the trailers of the datagrams arriving at `to`.
+pub struct Opener {
+    keys: KeySet,
+    to: SocketAddr,
+    peers: Vec<Peer>,
+    taken: u64,
+    scratch: Vec<u8>,
+}
+
+impl std::fmt::Debug for Opener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Opener").field("to", &self.to).field("peers", &self.peers.len()).finish_non_exhaustive()
+    }
+}
+
+/// A datagram that verified.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Opened {
+    /// Bytes of the datagram without its trailer.
+    pub len: usize,
+    /// The sender started a newer run (its epoch moved).
+    pub new_epoch: bool,
+    /// It was tagged with the previous key (a ring changing keys).
+    pub previous_key: bool,
+}
+
+impl Opener {
+    /// An opener for the datagrams to `to` with `keys`.
+    pub fn new(keys: KeySet, to: SocketAddr) -> Self {
+        Self { keys, to, peers: Vec::new(), taken: 0, scratch: Vec::new() }
+    }
+
+    /// Checks `datagram` from `from` (the checks of the module's docs) and
+    /// returns the length of what it carries.
+    ///
+    /// # Errors
+    ///
+    /// [`Refused`]: nothing changed.
+    pub fn open(&mut self, from: SocketAddr, datagram: &[u8]) -> Result<Opened, Refused> {
+        let len = datagram.len().checked_sub(TRAILER_LEN).ok_or(Refused::Short)?;
+        let (body, trailer) = datagram.split_at(len);
+        let head: &[u8; 16] = trailer[..16].try_into().expect("16 bytes");
+        let got: &[u8; TAG_LEN] = trailer[16..].try_into().expect("16 bytes");
+        let epoch = u64::from_be_bytes(head[..8].try_into().expect("8 bytes"));
+        let pn = u64::from_be_bytes(head[8..].try_into().expect("8 bytes"));
+        let known = self.peers.iter().position(|p| p.from == from);
+        let check = |key: &aead::LessSafeKey, scratch: &mut Vec<u8>| {
+            let ours = tag(key, pn, body, head, scratch);
+            bool::from(subtle::ConstantTimeEq::ct_eq(&ours[..], &got[..]))
+        };
+        if let Some(i) = known {
+            let p = &self.peers[i];
+            if epoch < p.epoch {
+                return Err(Refused::StaleEpoch);
+            }
+            if epoch == p.epoch {
+                if !p.window.fresh(pn) {
+                    return Err(Refused::Replayed);
+                }
+                if !check(&p.key, &mut self.scratch) {
+                    return Err(Refused::BadTag);
+                }
+                self.taken += 1;
+                let p = &mut self.peers[i];
+                p.window.take(pn);
+                p.last = self.taken;
+                return Ok(Opened { len, new_epoch: false, previous_key: p.previous });
+            }
+        }
+        // A sender not known, or a newer epoch of one: derive its keys.
+        let candidates =
+            std::iter::once((&self.keys.current, false)).chain(self.keys.previous.iter().map(|k| (k, true)));
+        let mut found = None;
+        for (k, previous) in candidates {
+            let key = direction_key(k, epoch, from, self.to);
+            if check(&key, &mut self.scratch) {
+                found = Some((key, previous));
+                break;
+            }
+        }
+        let (key, previous) = found.ok_or(Refused::BadTag)?;
+        self.taken += 1;
+        let mut window = ReplayWindow::default();
+        window.take(pn);
+        let peer = Peer { from, epoch, key, previous, window, last: self.taken };
+        match known {
+            Some(i) => self.peers[i] = peer,
+            None if self.peers.len() < PEERS => self.peers.push(peer),
+            None => {
+                let oldest = (0..self.peers.len()).min_by_key(|&i| self.peers[i].last).expect("PEERS > 0");
+                self.peers[oldest] = peer;
+            }
+        }
+        Ok(Opened { len, new_epoch: known.is_some(), previous_key: previous })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(k: u8) -> KeySet {
+        KeySet::new(RingKey::from_bytes([k; 32]))
+    }
+
+    fn a() -> SocketAddr {
+        "10.0.0.1:7000".parse().unwrap()
+    }
+
+    fn b() -> SocketAddr {
+        "10.0.0.2:7000".parse().unwrap()
+    }
+
+    fn sealed(s: &mut Sealer, body: &[u8]) -> Vec<u8> {
+        let mut d = body.to_vec();
+        s.seal(&mut d);
+        d
+    }
+
+    #[test]
+    fn sealed_datagrams_open_once_in_any_order_within_the_window() {
+        let mut s = Sealer::new(&keys(1), 5, a(), b());
+        let mut o = Opener::new(keys(1), b());
+        let ds: Vec<Vec<u8>> = (0..100u8).map(|i| sealed(&mut s, &[i; 300])).collect();
+        // Reordered: evens then odds, each once.
+        for i in (0..100).step_by(2).chain((1..100).step_by(2)) {
+            let got = o.open(a(), &ds[i]).unwrap();
+            assert_eq!(got.len, 300);
+            assert_eq!(&ds[i][..got.len], &[i as u8; 300][..]);
+        }
+        // Every one again: replays.
+        for d in &ds {
+            assert_eq!(o.open(a(), d), Err(Refused::Replayed));
+        }
+    }
+
+    #[test]
+    fn altered_moved_or_reflected_datagrams_fail_and_change_nothing() {
+        let mut s = Sealer::new(&keys(1), 5, a(), b());
+        let mut o = Opener::new(keys(1), b());
+        let d = sealed(&mut s, b"LEAP chunk");
+        for i in 0..d.len() {
+            let mut bad = d.clone();
+            bad[i] ^= 0x01;
+            assert!(o.open(a(), &bad).is_err(), "byte {i} altered");
+        }
+        // From another address, or to another node, or back to its sender.
+        assert_eq!(o.open("10.0.0.3:7000".parse().unwrap(), &d), Err(Refused::BadTag));
+        assert_eq!(Opener::new(keys(1), "10.0.0.3:7000".parse().unwrap()).open(a(), &d), Err(Refused::BadTag));
+        assert_eq!(Opener::new(keys(1), a()).open(b(), &d), Err(Refused::BadTag));
+        // Another key.
+        assert_eq!(Opener::new(keys(2), b()).open(a(), &d), Err(Refused::BadTag));
+        assert_eq!(o.open(a(), &d[..TRAILER_LEN - 1]), Err(Refused::Short));
+        // None of it moved anything: the intact datagram is still taken.
+        assert_eq!(o.open(a(), &d).unwrap().len, 10);
+    }
+
+    #[test]
+    fn a_newer_epoch_resets_the_sender_and_an_older_one_is_refused() {
+        let mut o = Opener::new(keys(1), b());
+        let mut first = Sealer::new(&keys(1), 100, a(), b());
+        let old = sealed(&mut first, b"before the restart");
+        let old2 = sealed(&mut first, b"also before");
+        assert!(!o.open(a(), &old).unwrap().new_epoch);
+        let mut second = Sealer::new(&keys(1), 200, a(), b());
+        let d = sealed(&mut second, b"after");
+        assert!(o.open(a(), &d).unwrap().new_epoch, "packet number 0 again, in a new epoch");
+        assert_eq!(o.open(a(), &old2), Err(Refused::StaleEpoch), "recorded before the restart");
+        // A forged newer epoch (no key) does not move the sender.
+        let forged = sealed(&mut Sealer::new(&keys(9), 300, a(), b()), b"x");
+        assert_eq!(o.open(a(), &forged), Err(Refused::BadTag));
+        assert!(o.open(a(), &sealed(&mut second, b"still")).is_ok());
+    }
+
+    #[test]
+    fn a_rotation_takes_both_keys_and_says_which() {
+        let (old, new) = (RingKey::from_bytes([1; 32]), RingKey::from_bytes([2; 32]));
+        let moved = KeySet { previous: Some(old.clone()), ..KeySet::new(new.clone()) };
+        let mut o = Opener::new(moved, b());
+        let from_old = sealed(&mut Sealer::new(&KeySet::new(old), 1, a(), b()), b"old");
+        let got = o.open(a(), &from_old).unwrap();
+        assert!(got.previous_key);
+        let c: SocketAddr = "10.0.0.3:7000".parse().unwrap();
+        let from_new = sealed(&mut Sealer::new(&KeySet::new(new), 1, c, b()), b"new");
+        assert!(!o.open(c, &from_new).unwrap().previous_key);
+    }
+
+    #[test]
+    fn the_window_at_its_edges() {
+        let mut w = ReplayWindow::default();
+        assert!(w.fresh(0));
+        w.take(0);
+        assert!(!w.fresh(0));
+        w.take(REPLAY_WINDOW);
+        // 0 is now exactly one window behind the top: too old.
+        assert!(!w.fresh(0));
+        assert!(w.fresh(1), "REPLAY_WINDOW - 1 behind: still taken once");
+        w.take(1);
+        assert!(!w.fresh(1));
+        // A jump far ahead clears every bit it moves over.
+        w.take(10 * REPLAY_WINDOW);
+        for pn in 9 * REPLAY_WINDOW + 1..10 * REPLAY_WINDOW {
+            assert!(w.fresh(pn), "{pn}");
+        }
+        assert!(!w.fresh(9 * REPLAY_WINDOW));
+        // Near the end of the number space.
+        let mut w = ReplayWindow::default();
+        w.take(u64::MAX - 1);
+        assert!(w.fresh(u64::MAX - 2) && !w.fresh(u64::MAX - 1));
+    }
+
+    #[test]
+    fn the_window_agrees_with_a_set_on_random_orders() {
+        // A seeded xorshift drives packet numbers around a moving top.
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut w = ReplayWindow::default();
+        let mut seen = std::collections::BTreeSet::new();
+        let mut top = 0u64;
+        for _ in 0..20_000 {
+            let pn = (top + next() % 64).saturating_sub(next() % (REPLAY_WINDOW + 200));
+            let model = !seen.contains(&pn) && (pn >= top || top - 1 - pn < REPLAY_WINDOW);
+            assert_eq!(w.fresh(pn), model, "pn {pn} top {top}");
+            if model {
+                w.take(pn);
+                seen.insert(pn);
+                top = top.max(pn + 1);
+            }
+        }
+    }
+
+    #[test]
+    fn made_up_senders_cost_bounded_memory() {
+        let mut o = Opener::new(keys(1), b());
+        for i in 0..100u16 {
+            let from = SocketAddr::from(([10, 0, 1, 1], 1000 + i));
+            let d = sealed(&mut Sealer::new(&keys(1), 1, from, b()), b"x");
+            o.open(from, &d).unwrap();
+            assert!(o.peers.len() <= PEERS);
+        }
+    }
+
+    #[test]
+    fn epochs_grow_from_run_to_run() {
+        let e1 = new_epoch().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        assert!(new_epoch().unwrap() > e1);
+    }
+}
