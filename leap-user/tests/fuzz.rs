@@ -463,6 +463,12 @@ fn fuzz_frame_parser_accepts_only_what_the_kernel_would() {
             UdpChecksum::Valid => assert!(full),
             UdpChecksum::Absent => assert!(check == 0 && d.src.is_ipv4()),
             UdpChecksum::Partial => assert!(partial_checksums && check == oracle_sum(&pseudo)),
+            // Skipped only for a reliable CRC-carrying leap chunk.
+            UdpChecksum::Unchecked => {
+                let reserved = d.payload.get(10..12).map(|r| u16::from_be_bytes([r[0], r[1]]));
+                let want = leap_common::chunk::flags::LEAP | leap_common::chunk::flags::CRC;
+                assert!(d.payload.starts_with(b"LEAP") && reserved.is_some_and(|r| r & want == want));
+            }
         }
     }
     eprintln!("frame parser: {n} inputs, {accepted} accepted");
