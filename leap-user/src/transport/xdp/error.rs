@@ -134,9 +134,34 @@ pub enum XdpError {
         max = leap_common::xdp::MAX_QUEUES
     )]
     BadQueues(Vec<u32>),
-    /// The configuration cannot work (what the variants above do not name).
-    #[error("{0}")]
-    Config(String),
+    /// AF_XDP socket sizes that cannot work.
+    #[error(
+        "AF_XDP settings: frame size {frame_size} (a power of two in 2048..=4096), ring size {ring_size} \
+         (a power of two), {frames} UMEM frames (at least the ring size)"
+    )]
+    XskSizes {
+        /// Bytes per UMEM frame.
+        frame_size: u32,
+        /// Entries per ring.
+        ring_size: u32,
+        /// UMEM frames.
+        frames: u32,
+    },
+    /// The object carries no aya-log map, or its events cannot be read.
+    #[error("aya-log: {0}")]
+    Log(#[source] aya_log::Error),
+    /// The kernel cannot hand over or describe the XDP link.
+    #[error("XDP link ({what}): {source}")]
+    Link {
+        /// What was asked.
+        what: &'static str,
+        /// What aya said.
+        #[source]
+        source: aya::programs::links::LinkError,
+    },
+    /// The program pinned under the BPF file system cannot be described.
+    #[error("pinned XDP program: {0}")]
+    PinnedProgram(#[source] aya::programs::ProgramError),
 }
 
 /// Whether `queues` is a receive-queue list the program can hold: 1 to

@@ -175,7 +175,7 @@ impl XdpTransportConfig {
 ///
 /// # Errors
 ///
-/// [`XdpError::Config`] without an interface, else
+/// [`XdpError::NeedsInterface`] without an interface, else
 /// as [`XdpTransport::open`].
 pub fn open_endpoint(
     delivery: Delivery,
@@ -277,8 +277,8 @@ pub fn host_filter(cfg: &XdpTransportConfig) -> Result<RxFilter, XdpError> {
 /// # Errors
 ///
 /// [`XdpError::Syscall`] when the interface's MAC or the host's addresses
-/// cannot be read, [`XdpError::Config`] for more addresses or VLANs than
-/// the program's maps hold, or a VLAN ID beyond 4095.
+/// cannot be read, [`XdpError::TooManyLocalAddrs`] or [`XdpError::TooManyVlans`] for more than
+/// the program's maps hold, [`XdpError::BadVlan`] for a VLAN ID beyond 4095.
 pub fn host_filter_for(
     iface: &str,
     listen: Option<std::net::IpAddr>,

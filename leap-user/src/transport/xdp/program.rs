@@ -411,10 +411,9 @@ impl XdpProgram {
     ///
     /// # Errors
     ///
-    /// [`XdpError::Config`] when the object has no log map.
+    /// [`XdpError::Log`] when the object has no log map.
     pub fn enable_log(&mut self) -> Result<(), XdpError> {
-        let logger =
-            aya_log::EbpfLogger::init(&mut self.ebpf).map_err(|e| XdpError::Config(format!("aya-log: {e}")))?;
+        let logger = aya_log::EbpfLogger::init(&mut self.ebpf).map_err(XdpError::Log)?;
         self.logger = Some(logger);
         Ok(())
     }
@@ -583,7 +582,7 @@ impl XdpProgram {
     ///
     /// # Errors
     ///
-    /// [`XdpError::Config`] when not attached, [`XdpError::Busy`] when
+    /// [`XdpError::NotAttachedYet`] when not attached, [`XdpError::Busy`] when
     /// something is pinned there already, [`XdpError::Pin`].
     pub fn pin(mut self) -> Result<PathBuf, XdpError> {
         let Some(a) = self.attachment.take() else {
@@ -609,8 +608,7 @@ impl XdpProgram {
                 map.pin(&path).map_err(|e| XdpError::Pin { path: path.clone(), source: std::io::Error::other(e) })?;
             }
             let link = program_mut(&mut self.ebpf, self.name)?.take_link(a.link).map_err(XdpError::Program)?;
-            let fd_link =
-                FdLink::try_from(link).map_err(|e| XdpError::Config(format!("XDP link cannot be pinned: {e}")))?;
+            let fd_link = FdLink::try_from(link).map_err(|source| XdpError::Link { what: "pin", source })?;
             let path = dir.join(a.mode.link_file());
             fd_link.pin(&path).map_err(|e| XdpError::Pin { path, source: std::io::Error::other(e) })?;
             Ok(())
@@ -633,7 +631,7 @@ impl XdpProgram {
     ///
     /// # Errors
     ///
-    /// [`XdpError::Config`] when not attached, [`XdpError::Busy`] when a
+    /// [`XdpError::NotAttachedYet`] when not attached, [`XdpError::Busy`] when a
     /// persistent attachment is pinned there, [`XdpError::Pin`].
     pub fn pin_running(&mut self) -> Result<MapPins, XdpError> {
         let Some(a) = &self.attachment else {
@@ -810,14 +808,15 @@ impl PinnedProgram {
     ///
     /// # Errors
     ///
-    /// [`XdpError::Config`] when the kernel cannot describe them.
+    /// [`XdpError::Link`] or [`XdpError::PinnedProgram`] when the kernel
+    /// cannot describe them.
     pub fn ids(&self) -> Result<(Option<u32>, u32), XdpError> {
         if let Some(link) = &self.link {
-            let info = link.info().map_err(|e| XdpError::Config(format!("link info: {e}")))?;
+            let info = link.info().map_err(|source| XdpError::Link { what: "info", source })?;
             return Ok((Some(info.id()), info.program_id()));
         }
         let info = aya::programs::ProgramInfo::from_pin(self.dir.join(self.mode.prog_file()))
-            .map_err(|e| XdpError::Config(format!("program info: {e}")))?;
+            .map_err(XdpError::PinnedProgram)?;
         Ok((None, info.id()))
     }
 

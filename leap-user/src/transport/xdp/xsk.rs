@@ -178,15 +178,19 @@ impl XskSocket {
     ///
     /// # Errors
     ///
-    /// [`XdpError::Xsk`] naming the failed step, [`XdpError::Config`] for a
-    /// bad configuration.
+    /// [`XdpError::Syscall`] naming the failed step, [`XdpError::XskSizes`]
+    /// for sizes that cannot work.
     pub fn open(iface: &str, queue: u32, cfg: &XskConfig) -> Result<Self, XdpError> {
         if !cfg.frame_size.is_power_of_two()
             || !(2048..=4096).contains(&cfg.frame_size)
             || !cfg.ring_size.is_power_of_two()
             || cfg.frames < cfg.ring_size
         {
-            return Err(XdpError::Config(format!("invalid AF_XDP settings {cfg:?}")));
+            return Err(XdpError::XskSizes {
+                frame_size: cfg.frame_size,
+                ring_size: cfg.ring_size,
+                frames: cfg.frames,
+            });
         }
         let tries: &[bool] = match cfg.zero_copy {
             ZeroCopy::Auto => &[true, false],
