@@ -61,7 +61,7 @@ pub mod cli;
 pub mod frame;
 // The datagram link without I/O (issue 23): not used by the transports
 // yet, only by its own tests.
-#[cfg_attr(not(test), allow(dead_code, reason = "the transports do not use the link yet"))]
+#[allow(dead_code, reason = "the transports do not use the link yet")]
 pub(crate) mod link;
 pub mod netns;
 #[cfg(feature = "ring")]

@@ -127,12 +127,12 @@ use crate::frame::reliable::{
     encode_nack, ranges,
 };
 use crate::frame::relock::SourceLock;
-use crate::frame::{LostFrame, Push, Reassembler};
 use crate::frame::types::{Drops, FrameKind, Received};
+use crate::frame::{LostFrame, Push, Reassembler};
 use crate::transport::Stats;
 
-pub use transmit::{Transmit, TransmitKind};
 use transmit::{Outgoing, Queued, Resend};
+pub use transmit::{Transmit, TransmitKind};
 
 /// Rate at which queued retransmissions leave, in bytes per second (a burst
 /// of [`RETX_BURST`] chunks, then a pause).
@@ -395,7 +395,11 @@ impl Link {
         self.mtu_due = Some(now + MTU_RECHECK);
         let k = self.train_fit().unwrap_or(1);
         if k != self.train {
-            log::info!("path MTU to {} is now {mtu:?}: {k} chunk(s) per datagram, {} before", self.cfg.next, self.train);
+            log::info!(
+                "path MTU to {} is now {mtu:?}: {k} chunk(s) per datagram, {} before",
+                self.cfg.next,
+                self.train
+            );
             self.train = k;
         }
     }
@@ -407,9 +411,9 @@ impl Link {
         if !self.cfg.trains || self.cfg.original_compat || peer_bytes == 0 {
             return None;
         }
-        let path = self.path_mtu.map_or(CHUNK_DATAGRAM_MAX, |m| {
-            m.saturating_sub(crate::sys::udp::ip_udp_headers(self.cfg.next.is_ipv6()))
-        });
+        let path = self
+            .path_mtu
+            .map_or(CHUNK_DATAGRAM_MAX, |m| m.saturating_sub(crate::sys::udp::ip_udp_headers(self.cfg.next.is_ipv6())));
         Some(leap_common::chunk::train_chunks_for(peer_bytes.min(path)))
     }
 
@@ -545,7 +549,9 @@ impl Link {
         };
         let (epoch, caps) = (self.epoch, self.caps);
         let (outcome, is_next, is_prev) = match src {
-            Some(a) if a == self.cfg.next => (self.next_peer.on_hello(&h, now, epoch, caps), true, self.prev == Some(a)),
+            Some(a) if a == self.cfg.next => {
+                (self.next_peer.on_hello(&h, now, epoch, caps), true, self.prev == Some(a))
+            }
             Some(a) if self.prev_peer.as_ref().is_some_and(|p| p.addr() == a) => {
                 if let Some(lock) = &mut self.lock
                     && lock.locked_hello(&h)

@@ -110,7 +110,14 @@ impl Outgoing {
 }
 
 /// Writes chunk `id` of frame `seq` (sent with `reserved`) into `buf`.
-pub(super) fn write_one(seq: u16, reserved: u16, frame: &[u8], trailer: &[u8], id: u16, buf: &mut [u8]) -> Option<usize> {
+pub(super) fn write_one(
+    seq: u16,
+    reserved: u16,
+    frame: &[u8],
+    trailer: &[u8],
+    id: u16,
+    buf: &mut [u8],
+) -> Option<usize> {
     let chunker = Chunker::with_trailer(seq, reserved, frame, &[], trailer)?;
     (id < chunker.total()).then(|| write_chunk(&chunker, id, buf))
 }
