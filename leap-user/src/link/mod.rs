@@ -107,7 +107,24 @@
 //!   once-a-second limit on send failures (there are none here);
 //! - [ ] one configuration: [`LinkConfig`] is filled by hand; it should
 //!   come from the one typed configuration, and [`Stats`] should move below
-//!   `transport` (it is named from there for now).
+//!   `transport` (it is named from there for now);
+//! - [ ] [`Link::poll_timeout`] is what the last [`Link::handle_timeout`]
+//!   found ([`Link::drive`] does not update it); hellos and NACKs are
+//!   queued as owned 1 412-byte boxes (an allocation each), and
+//!   [`Link::poll_transmit`] hands out one datagram at a time (GSO
+//!   batching is the driver's).
+//!
+//! # Observed while porting (behaviour kept, tests pin it)
+//!
+//! - Between receive calls the driver NACKs the expected frame only by its
+//!   progress in the call's buffer, which is empty then (the chunks wait
+//!   in a side slot): a frame that arrives damaged while the caller
+//!   computes is repaired once the next call begins, and if a later
+//!   frame's chunks show up first the driver asks for the expected frame
+//!   whole (`NACK_ALL`), even when its slot holds most of it.
+//! - The reassembly starts at the first seq it sees (as the original's
+//!   does): frames overtaken by a later one before any was taken are
+//!   dropped as stale.
 
 mod transmit;
 
@@ -956,6 +973,9 @@ impl Link {
             _ => false,
         };
         let data = (!kept).then(|| {
+            // A copy `datagram.rs` does not make (it sends from the
+            // caller's memory at once): counted, as every copy is.
+            self.stats.copied_bytes += frame.len() as u64;
             let mut v = self.spare.pop().unwrap_or_default();
             v.clear();
             v.extend_from_slice(frame);

@@ -829,3 +829,80 @@ fn the_received_kind_is_taken_from_a_leap_senders_flags() {
     s.run_until_frames(1, 1, Duration::from_millis(50));
     assert!(s.nodes[1].events.contains(&Event::Frame(Received { len: 64, kind: FrameKind::Control })));
 }
+
+#[test]
+fn a_nack_from_an_unproven_next_node_is_not_answered() {
+    let mut s = Sim::pair(28, |c| c);
+    s.send(0, &frame(1, 16_392));
+    let mut nack = [0u8; CHUNK_DATAGRAM_MAX];
+    let n = encode_nack(0, [NACK_ALL], &mut nack);
+    s.inject(addr(2), 0, &nack[..n]);
+    let a = s.nodes[0].link.stats();
+    assert_eq!((a.nacks_received, a.retransmits, a.drops.wrong_source), (0, 0, 1));
+}
+
+#[test]
+fn a_nack_from_the_previous_node_is_dropped() {
+    let mut s = line(29);
+    s.run_for(Duration::from_millis(5));
+    s.send(0, &frame(1, 3000));
+    s.run_until_frames(1, 1, Duration::from_millis(50));
+    s.run_for(Duration::from_millis(10));
+    assert!(s.nodes[1].link.prev_is_leap());
+    let mut nack = [0u8; CHUNK_DATAGRAM_MAX];
+    let n = encode_nack(0, [NACK_ALL], &mut nack);
+    let before = s.nodes[1].link.stats().drops.wrong_source;
+    s.inject(addr(1), 1, &nack[..n]);
+    let b = s.nodes[1].link.stats();
+    assert_eq!((b.nacks_received, b.drops.wrong_source), (0, before + 1));
+}
+
+#[test]
+fn each_chunk_of_a_train_is_taken_on_its_own() {
+    let mut s = proven_pair(30, |c| c);
+    first_frame(&mut s);
+    let f = frame(9, 2 * CHUNK_PAYLOAD_MAX + 100);
+    let hdr = |id| ChunkHeader { seq: 1, chunk_id: id, total_chunks: 3, reserved: flags::LEAP };
+    let part = |id: usize| &f[id * CHUNK_PAYLOAD_MAX..((id + 1) * CHUNK_PAYLOAD_MAX).min(f.len())];
+    // A train whose middle chunk names a chunk the frame does not have.
+    let mut train = chunk(hdr(0), part(0));
+    train.extend(chunk(ChunkHeader { chunk_id: 5, ..hdr(1) }, part(1)));
+    train.extend(chunk(hdr(2), part(2)));
+    s.inject(addr(1), 1, &train);
+    assert_eq!(s.nodes[1].link.stats().drops.bad_chunk_id, 1);
+    assert_eq!(s.nodes[1].frames.len(), 1);
+    s.inject(addr(1), 1, &chunk(hdr(1), part(1)));
+    assert!(s.nodes[1].frames[1..] == [f]);
+    // Longer than any train: dropped whole, as oversize.
+    let big = vec![0u8; leap_common::chunk::TRAIN_DATAGRAM_MAX + 1];
+    s.inject(addr(1), 1, &big);
+    assert_eq!(s.nodes[1].link.stats().drops.oversize, 1);
+}
+
+#[test]
+fn an_original_senders_restart_is_inferred_from_a_run_of_old_seqs() {
+    let original = || LinkConfig { original_compat: true, ..LinkConfig::new(addr(2)) };
+    let mut s = Sim::pair(31, |c| c);
+    let now = s.now;
+    s.nodes[0].link = Link::with_epoch(original(), now, 11);
+    s.nodes[1].deadline = Some(Duration::from_secs(1));
+    for i in 0..70 {
+        s.send(0, &frame(i, 1000));
+    }
+    s.run_until_frames(1, 70, Duration::from_millis(50));
+    // It restarts: seqs from 0 again, far behind the expected 70. A few
+    // such chunks prove nothing; a long run with nothing taken does, at
+    // the next deadline.
+    let now = s.now;
+    s.nodes[0].link = Link::with_epoch(original(), now, 12);
+    for i in 0..6 {
+        s.send(0, &frame(i, 16_392));
+    }
+    s.run_for(Duration::from_millis(1100));
+    assert_eq!(s.nodes[1].frames.len(), 70);
+    let f = frame(100, 16_392);
+    s.send(0, &f);
+    s.run_until_frames(1, 71, Duration::from_millis(50));
+    assert!(s.nodes[1].frames.last() == Some(&f));
+    assert!(s.nodes[1].link.stats().drops.stale >= 72);
+}
