@@ -125,6 +125,10 @@
 //! - The reassembly starts at the first seq it sees (as the original's
 //!   does): frames overtaken by a later one before any was taken are
 //!   dropped as stale.
+//! - A source locked from its first chunk is read as the original until
+//!   it proved to be a leap node (a few hellos, well under a millisecond
+//!   on a LAN): frames that arrive meanwhile are best effort, a hole in
+//!   them gives them up instead of a NACK.
 
 mod transmit;
 

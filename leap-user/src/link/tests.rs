@@ -906,3 +906,45 @@ fn an_original_senders_restart_is_inferred_from_a_run_of_old_seqs() {
     assert!(s.nodes[1].frames.last() == Some(&f));
     assert!(s.nodes[1].link.stats().drops.stale >= 72);
 }
+
+#[test]
+fn frames_go_round_a_ring_of_three_through_loss() {
+    let mut s = line(32);
+    s.run_for(Duration::from_millis(10));
+    // Each node's first frame on a clean channel (the first-seq lock).
+    let warm = frame(250, 500);
+    s.send(0, &warm);
+    let mut forwarded = [0usize; 3];
+    // Nodes 1 and 2 forward what they got, then the clock moves.
+    let hop = |s: &mut Sim, forwarded: &mut [usize; 3]| {
+        for (i, done) in forwarded.iter_mut().enumerate().skip(1) {
+            while *done < s.nodes[i].frames.len() {
+                let f = s.nodes[i].frames[*done].clone();
+                s.send(i, &f);
+                *done += 1;
+            }
+        }
+        s.step();
+    };
+    while s.nodes[0].frames.is_empty() {
+        hop(&mut s, &mut forwarded);
+    }
+    // Each node locked on its previous one: until that one proved to be a
+    // leap node, its chunks are read as the original's (best effort).
+    s.run_for(Duration::from_millis(10));
+    assert!(s.nodes.iter().all(|n| n.link.prev_is_leap()));
+    s.chan.loss = 50;
+    s.chan.jitter = Duration::from_micros(100);
+    let frames: Vec<_> = (0..5).map(|i| frame(i, 40_000)).collect();
+    for f in &frames {
+        s.send(0, f);
+    }
+    let end = s.now + Duration::from_secs(1);
+    while s.nodes[0].frames.len() < 6 && s.now < end {
+        hop(&mut s, &mut forwarded);
+    }
+    assert!(s.nodes[0].frames[1..] == frames[..], "{} frames back", s.nodes[0].frames.len() - 1);
+    for n in &s.nodes {
+        assert_eq!(n.link.stats().frames_lost, 0, "{}", n.addr);
+    }
+}
