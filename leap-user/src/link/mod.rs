@@ -90,9 +90,10 @@
 //! - [ ] the first frame's wait for the next node's proof
 //!   (`await_next_proof`, [`FIRST_PROOF_WAIT`]): [`Link::awaits_proof`]
 //!   says whether it is due; the driver must wait by running the link;
-//! - [ ] `recheck_trains` once a second and on a refused GSO send: the
-//!   driver has to read the MTU (when [`Link::mtu_due`] says) and report a
-//!   refused train; GSO itself stays the driver's;
+//! - [x] `recheck_trains`, with the MTU as an input: the driver reads it
+//!   when [`Link::mtu_due`] says ([`Link::set_path_mtu`]) and after a
+//!   refused GSO send ([`Link::train_refused`], which says whether to turn
+//!   GSO off); GSO itself and the route probe stay the driver's;
 //! - [ ] send errors: the link counts a transmit as sent when it hands it
 //!   out (`send_errors` and the rate-limited log stay with the driver);
 //! - [ ] `send_with`/`begin_send`/`finish_send` (frames written in place):
@@ -423,6 +424,23 @@ impl Link {
             );
             self.train = k;
         }
+    }
+
+    /// The kernel refused to segment a train (a GSO send failed with
+    /// `EIO`, `EINVAL` or `EMSGSIZE`); `mtu` is the path MTU read again.
+    /// Trains are sized to it; returns whether they still fit, in which
+    /// case GSO is what fails and the driver turns it off
+    /// (`recheck_trains` in `datagram.rs`).
+    pub fn train_refused(&mut self, now: Instant, mtu: Option<usize>) -> bool {
+        self.path_mtu = mtu;
+        self.mtu_due = Some(now + MTU_RECHECK);
+        let Some(k) = self.train_fit() else { return false };
+        if k == self.train {
+            return true;
+        }
+        log::info!("path MTU to {} is now {mtu:?}: {k} chunk(s) per datagram, {} before", self.cfg.next, self.train);
+        self.train = k;
+        false
     }
 
     /// Chunks per train to the next node (None: no trains, by either

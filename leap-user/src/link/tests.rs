@@ -948,3 +948,48 @@ fn frames_go_round_a_ring_of_three_through_loss() {
         assert_eq!(n.link.stats().frames_lost, 0, "{}", n.addr);
     }
 }
+
+#[test]
+fn an_unanswering_next_node_gets_at_most_one_hello_a_second() {
+    let mut s = Sim::new(33);
+    // The next node is the original (or nobody): it never answers.
+    s.add(addr(1), LinkConfig::new(addr(2)), 11);
+    s.run_for(Duration::from_secs(10));
+    let a = s.nodes[0].link.stats();
+    // 5 ms doubling to 1 s: 8 in the first second, then one a second.
+    assert!((15..=18).contains(&a.hellos_sent), "{}", a.hellos_sent);
+    let now = s.now;
+    let due = s.nodes[0].link.handle_timeout(now).expect("the next challenge");
+    assert!(due > now && due <= now + Duration::from_secs(1));
+}
+
+#[test]
+fn an_idle_link_stops_asking_to_be_woken_after_its_probes() {
+    let mut s = proven_pair(34, |c| c);
+    s.send(0, &frame(1, 16_392));
+    s.run_until_frames(1, 1, Duration::from_millis(50));
+    // The sender cannot know the frame arrived: it probes its tail six
+    // times (25 ms, doubling), each a stale chunk at the receiver.
+    s.run_for(Duration::from_secs(3));
+    let (a, b) = (s.nodes[0].link.stats(), s.nodes[1].link.stats());
+    assert_eq!((a.probes, b.drops.stale), (6, 6));
+    for i in 0..2 {
+        let now = s.now;
+        assert_eq!(s.nodes[i].link.handle_timeout(now), None, "node {i}");
+        assert!(!s.nodes[i].link.busy(now));
+    }
+}
+
+#[test]
+fn a_refused_train_shrinks_to_the_new_mtu_or_turns_gso_off() {
+    let mut s = proven_pair(35, |c| c);
+    let now = s.now;
+    s.nodes[0].link.set_path_mtu(now, Some(9000));
+    assert_eq!(s.nodes[0].link.mtu_due(), Some(now + super::MTU_RECHECK));
+    // The MTU fell to 4000: trains of two, GSO was not at fault.
+    assert!(!s.nodes[0].link.train_refused(now, Some(4000)));
+    assert_eq!(s.nodes[0].link.train_chunks(), 2);
+    // Refused again with trains that fit: GSO is what fails.
+    assert!(s.nodes[0].link.train_refused(now, Some(4000)));
+    assert_eq!(s.nodes[0].link.train_chunks(), 2);
+}
