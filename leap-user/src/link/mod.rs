@@ -87,15 +87,19 @@
 //! - [x] `reserved_for`, `train_fit`/`size_trains` (MTU passed in).
 //!
 //! Not yet (still only in `datagram.rs`):
-//! - [ ] the first frame's wait for the next node's proof
-//!   (`await_next_proof`, [`FIRST_PROOF_WAIT`]): [`Link::awaits_proof`]
-//!   says whether it is due; the driver must wait by running the link;
+//! - [x] the first frame's wait for the next node's proof
+//!   (`await_next_proof`, [`FIRST_PROOF_WAIT`]): the frame is held (a
+//!   copy) instead of blocking the caller, and queued at the proof or at
+//!   the end of the wait;
 //! - [x] `recheck_trains`, with the MTU as an input: the driver reads it
 //!   when [`Link::mtu_due`] says ([`Link::set_path_mtu`]) and after a
 //!   refused GSO send ([`Link::train_refused`], which says whether to turn
 //!   GSO off); GSO itself and the route probe stay the driver's;
 //! - [ ] send errors: the link counts a transmit as sent when it hands it
 //!   out (`send_errors` and the rate-limited log stay with the driver);
+//! - [ ] a frame within 4 bytes of the format's largest (about 91 MB) is
+//!   refused even when it would go without a CRC (its format is decided
+//!   only when it leaves);
 //! - [ ] `send_with`/`begin_send`/`finish_send` (frames written in place):
 //!   [`Link::send`] copies the frame once (into the kept slot, as `send`
 //!   does, or into a queue when it is not kept, which `send` does not);
@@ -140,7 +144,7 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use leap_common::chunk::{CHUNK_DATAGRAM_MAX, CHUNK_PAYLOAD_MAX, ChunkHeader, ChunkKind, flags};
+use leap_common::chunk::{CHUNK_DATAGRAM_MAX, CHUNK_PAYLOAD_MAX, CRC_TRAILER_LEN, ChunkHeader, ChunkKind, flags};
 use leap_common::hello::{Hello, caps};
 
 use crate::frame::peer::{Peer, Proven, random_u64};
@@ -277,6 +281,9 @@ pub struct Link {
     burst: Box<[u16; RETX_BURST]>,
     /// What the last [`Self::handle_timeout`] found.
     timeout: Option<Instant>,
+    /// Frames held for the next node's proof, and until when.
+    held: VecDeque<(u16, FrameKind, Vec<u8>)>,
+    held_until: Option<Instant>,
 }
 
 impl Link {
@@ -329,6 +336,8 @@ impl Link {
             spare: Vec::new(),
             burst: Box::new([0; RETX_BURST]),
             timeout: None,
+            held: VecDeque::new(),
+            held_until: None,
             cfg,
         }
     }
@@ -618,6 +627,7 @@ impl Link {
             );
             if is_next {
                 self.size_trains(now);
+                self.release_held(now);
             }
             if !outcome.restarted {
                 self.events.push_back(Event::Proven { addr, next: is_next });
@@ -800,7 +810,8 @@ impl Link {
     /// retransmissions. A frame given up is [`Event::Lost`]. Returns when
     /// to look again (also [`Self::poll_timeout`]).
     pub fn handle_timeout(&mut self, now: Instant) -> Option<Instant> {
-        self.timeout = self.service(now);
+        let held = self.release_held(now);
+        self.timeout = earliest(self.service(now), held);
         self.timeout
     }
 
@@ -856,6 +867,7 @@ impl Link {
     /// The timers between receive calls (the driver's): never gives a frame
     /// up; returns whether a receive would now give one up.
     pub fn drive(&mut self, now: Instant) -> bool {
+        self.release_held(now);
         self.send_hellos(now);
         let mut loss_due = false;
         if self.recovering() {
@@ -941,7 +953,7 @@ impl Link {
         if !self.control.is_empty() || !self.outgoing.is_empty() || !self.resend.is_empty() {
             return Some(now);
         }
-        self.timeout
+        earliest(self.timeout, self.held_until)
     }
 
     // ----- send (a sketch) -----
@@ -965,13 +977,62 @@ impl Link {
     /// Queues a frame to the next node (kept for NACKs when the next node
     /// is a proven leap node and this one reliable); returns its seq.
     ///
+    /// The first frame of a link waits up to [`FIRST_PROOF_WAIT`] for the
+    /// next node to prove that it is a leap node (`await_next_proof` in
+    /// `datagram.rs`, which blocks the caller meanwhile): it is held, with
+    /// any frame sent after it, copied, and queued once the proof arrives
+    /// or the wait is over, in the format the next node gets then.
+    ///
     /// # Errors
     ///
     /// The frame's length when it is empty or too long for the format.
     pub fn send(&mut self, now: Instant, kind: FrameKind, frame: &[u8]) -> Result<u16, usize> {
-        if frame.is_empty() || frame.len() > leap_common::chunk::FRAME_LEN_MAX {
+        if frame.is_empty() || frame.len() + CRC_TRAILER_LEN > leap_common::chunk::FRAME_LEN_MAX {
             return Err(frame.len());
         }
+        if self.awaits_proof() {
+            self.proof_waited = true;
+            self.held_until = Some(now + FIRST_PROOF_WAIT);
+        }
+        if self.held_until.is_some() {
+            self.send_hellos(now);
+            let seq = self.seq;
+            self.seq = self.seq.wrapping_add(1);
+            self.stats.copied_bytes += frame.len() as u64;
+            self.held.push_back((seq, kind, frame.to_vec()));
+            self.release_held(now);
+            return Ok(seq);
+        }
+        let seq = self.seq;
+        self.seq = self.seq.wrapping_add(1);
+        self.queue_frame(now, seq, kind, frame);
+        Ok(seq)
+    }
+
+    /// Queues the frames held for the next node's proof once it arrived
+    /// or the wait is over; returns when the wait ends otherwise.
+    fn release_held(&mut self, now: Instant) -> Option<Instant> {
+        let until = self.held_until?;
+        if !self.next_is_leap() && now < until {
+            return Some(until);
+        }
+        if !self.next_is_leap() {
+            log::info!(
+                "next node {} did not prove to be a leap node within {FIRST_PROOF_WAIT:?}; \
+                 sending it the original format until it does",
+                self.cfg.next
+            );
+        }
+        self.held_until = None;
+        while let Some((seq, kind, frame)) = self.held.pop_front() {
+            self.queue_frame(now, seq, kind, &frame);
+        }
+        None
+    }
+
+    /// Queues frame `seq` (of a valid length) in the format the next node
+    /// gets now.
+    fn queue_frame(&mut self, now: Instant, seq: u16, kind: FrameKind, frame: &[u8]) {
         self.send_hellos(now);
         let reserved = self.reserved_for(kind);
         let crc;
@@ -981,11 +1042,7 @@ impl Link {
         } else {
             &[]
         };
-        let Some(total) = leap_common::chunk::chunks_for(frame.len() + trailer.len()) else {
-            return Err(frame.len());
-        };
-        let seq = self.seq;
-        self.seq = self.seq.wrapping_add(1);
+        let total = leap_common::chunk::chunks_for(frame.len() + trailer.len()).expect("checked by send");
         let kept = match &mut self.retx {
             Some(retx) if reserved & flags::LEAP != 0 => {
                 retx.store(seq, reserved, frame, &[], trailer);
@@ -1012,7 +1069,6 @@ impl Link {
         self.last_send = Some(now);
         self.stats.frames_sent += 1;
         self.stats.bytes_sent += frame.len() as u64;
-        Ok(seq)
     }
 
     /// Writes the next datagram to send into `buf` (at least

@@ -313,7 +313,9 @@ fn a_frame_is_delivered_whole() {
 #[test]
 fn the_pair_proves_each_other_and_flags_its_chunks() {
     let mut s = Sim::pair(2, |c| c);
-    // Before the proofs: exactly the original's chunks (reserved 0).
+    // Before the proofs (and without the first frame's wait for them):
+    // exactly the original's chunks (reserved 0).
+    s.nodes[0].link.proof_wait_done();
     let mut buf = vec![0; 65536];
     s.send(0, &frame(0, 100));
     let t = s.nodes[0].link.poll_transmit(s.now, &mut buf).unwrap();
@@ -540,6 +542,16 @@ fn a_forged_epoch_is_not_taken_for_a_restart() {
     assert!(!s.nodes[1].events.iter().any(|e| matches!(e, Event::Restarted { .. })));
 }
 
+/// Node 0's first frame to node 1 in a [`line`]: node 1 has no previous
+/// node configured and answers hellos only from the source it locked on,
+/// so the frame waits [`super::FIRST_PROOF_WAIT`] and leaves in the
+/// original's format (as with `datagram.rs`).
+fn first_frame_in_line(s: &mut Sim) {
+    s.send(0, &frame(1, 3000));
+    s.run_until_frames(1, 1, Duration::from_millis(200));
+    assert_eq!(s.nodes[1].frames.len(), 1);
+}
+
 /// Three nodes: 0 sends to 1, 1 sends to 2 (and 2 to 0).
 fn line(seed: u64) -> Sim {
     let mut s = Sim::new(seed);
@@ -557,9 +569,13 @@ fn the_first_valid_chunk_locks_the_source() {
     assert_eq!(s.nodes[1].link.prev(), None);
     s.run_for(Duration::from_millis(5));
     let f = frame(1, 3000);
+    let t0 = s.now;
     s.send(0, &f);
-    s.run_until_frames(1, 1, Duration::from_millis(50));
+    s.run_until_frames(1, 1, Duration::from_millis(200));
     assert_eq!(s.nodes[1].link.prev(), Some(addr(1)));
+    // Node 1 answers no hello from a source it has not locked on, so
+    // node 0's first frame waited for a proof that could not come.
+    assert!(s.now >= t0 + super::FIRST_PROOF_WAIT);
     // Another source's valid chunks are dropped and counted.
     let before = s.nodes[1].link.stats().drops.wrong_source;
     s.inject(addr(9), 1, &chunk(ChunkHeader::data(1, 0, 1), &[1; 10]));
@@ -581,8 +597,7 @@ fn a_nack_does_not_take_the_lock() {
 fn a_released_lock_is_taken_by_a_chunk_only_after_the_proof_window() {
     let mut s = line(13);
     s.run_for(Duration::from_millis(5));
-    s.send(0, &frame(1, 3000));
-    s.run_until_frames(1, 1, Duration::from_millis(50));
+    first_frame_in_line(&mut s);
     let now = s.now;
     assert_eq!(s.nodes[1].link.release_source(now), Some(addr(1)));
     assert_eq!(s.nodes[1].link.prev(), None);
@@ -600,8 +615,7 @@ fn a_released_lock_is_taken_by_a_chunk_only_after_the_proof_window() {
 fn a_gone_source_gives_way_to_a_proven_leap_node() {
     let mut s = line(14);
     s.run_for(Duration::from_millis(5));
-    s.send(0, &frame(1, 3000));
-    s.run_until_frames(1, 1, Duration::from_millis(50));
+    first_frame_in_line(&mut s);
     s.run_for(Duration::from_millis(10));
     assert!(s.nodes[1].link.prev_is_leap());
     // The previous node is gone; another leap node starts sending to 1.
@@ -621,8 +635,7 @@ fn a_gone_source_gives_way_to_a_proven_leap_node() {
 fn a_live_source_answers_the_probe_and_keeps_its_lock() {
     let mut s = line(15);
     s.run_for(Duration::from_millis(5));
-    s.send(0, &frame(1, 3000));
-    s.run_until_frames(1, 1, Duration::from_millis(50));
+    first_frame_in_line(&mut s);
     s.add(addr(4), LinkConfig::new(addr(2)), 44);
     s.run_for(PROBE_WAIT * 3);
     assert_eq!(s.nodes[1].link.prev(), Some(addr(1)));
@@ -845,8 +858,7 @@ fn a_nack_from_an_unproven_next_node_is_not_answered() {
 fn a_nack_from_the_previous_node_is_dropped() {
     let mut s = line(29);
     s.run_for(Duration::from_millis(5));
-    s.send(0, &frame(1, 3000));
-    s.run_until_frames(1, 1, Duration::from_millis(50));
+    first_frame_in_line(&mut s);
     s.run_for(Duration::from_millis(10));
     assert!(s.nodes[1].link.prev_is_leap());
     let mut nack = [0u8; CHUNK_DATAGRAM_MAX];
@@ -992,4 +1004,55 @@ fn a_refused_train_shrinks_to_the_new_mtu_or_turns_gso_off() {
     // Refused again with trains that fit: GSO is what fails.
     assert!(s.nodes[0].link.train_refused(now, Some(4000)));
     assert_eq!(s.nodes[0].link.train_chunks(), 2);
+}
+
+#[test]
+fn the_first_frame_waits_for_the_next_nodes_proof() {
+    let mut s = Sim::pair(36, |c| c);
+    let t0 = s.now;
+    s.send(0, &frame(1, 16_392));
+    let mut buf = vec![0; 65536];
+    let t = s.nodes[0].link.poll_transmit(t0, &mut buf).unwrap();
+    assert_eq!(t.kind, TransmitKind::Hello);
+    assert_eq!(s.nodes[0].link.poll_transmit(t0, &mut buf), None, "the frame is held");
+    s.chan.send(t0, addr(1), t.to, &buf[..t.len]);
+    s.run_until_frames(1, 1, Duration::from_millis(50));
+    assert!(s.now < t0 + Duration::from_millis(5), "released at the proof");
+    let b = s.nodes[1].link.stats();
+    assert_eq!(b.chunks_received, 12);
+    assert!(s.nodes[0].link.stats().datagrams_sent == 12);
+}
+
+#[test]
+fn an_unanswering_next_node_costs_the_first_frame_100_ms_once() {
+    let mut s = Sim::new(37);
+    s.add(addr(1), LinkConfig::new(addr(2)), 11);
+    let t0 = s.now;
+    s.send(0, &frame(1, 3000));
+    s.send(0, &frame(2, 3000));
+    let mut buf = vec![0; 65536];
+    while s.now < t0 + super::FIRST_PROOF_WAIT {
+        let now = s.now;
+        while let Some(t) = s.nodes[0].link.poll_transmit(now, &mut buf) {
+            assert_eq!(t.kind, TransmitKind::Hello, "at {:?}", now - t0);
+        }
+        let due = s.nodes[0].link.handle_timeout(now).expect("a timer");
+        s.now = due.max(now + Duration::from_micros(1));
+    }
+    let now = s.now;
+    s.nodes[0].link.handle_timeout(now);
+    let mut chunks = Vec::new();
+    while let Some(t) = s.nodes[0].link.poll_transmit(now, &mut buf) {
+        if t.kind == TransmitKind::Chunks(1) {
+            chunks.push(ChunkHeader::parse(&buf[..t.len]).unwrap().0);
+        }
+    }
+    // Both frames, in order, in the original's format.
+    assert_eq!(
+        chunks.iter().map(|h| (h.seq, h.reserved)).collect::<Vec<_>>(),
+        [(0, 0), (0, 0), (0, 0), (1, 0), (1, 0), (1, 0)]
+    );
+    // Once only: the next frame leaves at once.
+    s.send(0, &frame(3, 100));
+    assert!(matches!(s.nodes[0].link.poll_transmit(now, &mut buf), Some(t) if t.kind == TransmitKind::Chunks(1)));
 }
