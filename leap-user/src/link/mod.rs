@@ -84,9 +84,7 @@
 //! - [x] `service`, `service_background`, `recovering`, `lost`,
 //!   `deadline_passed` (restart inferred from old seqs for an unproven
 //!   sender), `nothing_yet` (as [`Link::suspend`]), `recv_begin`;
-//! - [x] `reserved_for`, `train_fit`/`size_trains` (MTU passed in).
-//!
-//! Not yet (still only in `datagram.rs`):
+//! - [x] `reserved_for`, `train_fit`/`size_trains` (MTU passed in);
 //! - [x] the first frame's wait for the next node's proof
 //!   (`await_next_proof`, [`FIRST_PROOF_WAIT`]): the frame is held (a
 //!   copy) instead of blocking the caller, and queued at the proof or at
@@ -94,7 +92,11 @@
 //! - [x] `recheck_trains`, with the MTU as an input: the driver reads it
 //!   when [`Link::mtu_due`] says ([`Link::set_path_mtu`]) and after a
 //!   refused GSO send ([`Link::train_refused`], which says whether to turn
-//!   GSO off); GSO itself and the route probe stay the driver's;
+//!   GSO off); GSO itself and the route probe stay the driver's.
+//!
+//! Not yet (still only in `datagram.rs`, or differing from it):
+//! - [ ] nothing calls the link: `datagram.rs` (and the driver thread,
+//!   `RxPath`, `Shared`, the halves) still run every datagram backend;
 //! - [ ] send errors: the link counts a transmit as sent when it hands it
 //!   out (`send_errors` and the rate-limited log stay with the driver);
 //! - [ ] a frame within 4 bytes of the format's largest (about 91 MB) is
@@ -134,6 +136,19 @@
 //!   it proved to be a leap node (a few hellos, well under a millisecond
 //!   on a LAN): frames that arrive meanwhile are best effort, a hole in
 //!   them gives them up instead of a NACK.
+//! - A node with no previous node configured answers hellos only from
+//!   the source it locked on, so the first frame to it waits the whole
+//!   [`FIRST_PROOF_WAIT`] and goes in the original's format.
+//! - The sender cannot tell a delivered frame from a lost tail: after its
+//!   last frame it probes six times (25 ms doubling), each probe a stale
+//!   chunk at the receiver.
+//!
+//! # Tests
+//!
+//! `tests.rs`: links on a fake clock joined by a simulated channel (a
+//! seeded PRNG decides loss, duplication and delay jitter; a filter can
+//! drop or alter chosen datagrams), two or three links, no sockets; they
+//! run in well under a second (`cargo test -p leap --lib link`).
 
 mod transmit;
 
