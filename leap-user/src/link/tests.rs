@@ -1056,3 +1056,36 @@ fn an_unanswering_next_node_costs_the_first_frame_100_ms_once() {
     s.send(0, &frame(3, 100));
     assert!(matches!(s.nodes[0].link.poll_transmit(now, &mut buf), Some(t) if t.kind == TransmitKind::Chunks(1)));
 }
+
+#[test]
+fn a_later_frames_holes_are_nacked_with_the_expected_frames() {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    let mut s = proven_pair(38, |c| c);
+    first_frame(&mut s);
+    let nacked = Rc::new(RefCell::new(Vec::new()));
+    let seen = Rc::clone(&nacked);
+    let mut dropped = [false; 2];
+    s.chan.filter = Some(Box::new(move |_, _, d: &mut Vec<u8>| {
+        let Ok((h, _)) = ChunkHeader::parse(d) else { return true };
+        if h.kind() == leap_common::chunk::ChunkKind::Nack {
+            seen.borrow_mut().push(h.seq);
+            return true;
+        }
+        // Chunk 3 of seqs 1 and 2, first copies only.
+        let i = usize::from(h.seq.wrapping_sub(1));
+        if h.chunk_id == 3 && i < 2 && !dropped[i] {
+            dropped[i] = true;
+            return false;
+        }
+        true
+    }));
+    let frames = [frame(1, 16_392), frame(2, 16_392)];
+    for f in &frames {
+        s.send(0, f);
+    }
+    s.run_until_frames(1, 3, Duration::from_millis(50));
+    assert!(s.nodes[1].frames[1..] == frames[..]);
+    // One round: the expected frame's NACK, then the later frame's.
+    assert_eq!(nacked.borrow()[..], [1, 2]);
+}
