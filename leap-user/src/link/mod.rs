@@ -88,7 +88,10 @@
 //! - [x] the first frame's wait for the next node's proof
 //!   (`await_next_proof`, [`FIRST_PROOF_WAIT`]): the frame is held (a
 //!   copy) instead of blocking the caller, and queued at the proof or at
-//!   the end of the wait;
+//!   the end of the wait; the next node is challenged at once;
+//! - [x] the open lock before the first frame (`SourceLock::unlocked`,
+//!   the candidate's proof kept when its first chunk takes the lock, the
+//!   relock right after a stranger's hello), with `datagram.rs`'s log lines;
 //! - [x] `recheck_trains`, with the MTU as an input: the driver reads it
 //!   when [`Link::mtu_due`] says ([`Link::set_path_mtu`]) and after a
 //!   refused GSO send ([`Link::train_refused`], which says whether to turn
@@ -136,9 +139,12 @@
 //!   it proved to be a leap node (a few hellos, well under a millisecond
 //!   on a LAN): frames that arrive meanwhile are best effort, a hole in
 //!   them gives them up instead of a NACK.
-//! - A node with no previous node configured answers hellos only from
-//!   the source it locked on, so the first frame to it waits the whole
-//!   [`FIRST_PROOF_WAIT`] and goes in the original's format.
+//! - A node with no previous node configured keeps its source lock open
+//!   ([`SourceLock::unlocked`]) and answers the hellos of any source until
+//!   one proves itself (it takes the lock, [`Event::Relocked`] from
+//!   `None`) or sends a valid chunk: the first frame to it waits only for
+//!   that proof and goes as to a leap node, kept for NACKs. A first send
+//!   challenges the next node at once ([`Peer::challenge_now`]).
 //! - The sender cannot tell a delivered frame from a lost tail: after its
 //!   last frame it probes six times (25 ms doubling), each probe a stale
 //!   chunk at the receiver.
@@ -320,7 +326,6 @@ impl Link {
         if cfg.trains && !cfg.original_compat {
             caps = caps::with_train_bytes(caps, cfg.rx_train_bytes);
         }
-        let _ = now;
         let prev_peer = cfg.prev.filter(|&p| p != cfg.next).map(Peer::new);
         Self {
             reasm: Reassembler::with_window(cfg.max_frame_len, cfg.window),
@@ -330,7 +335,10 @@ impl Link {
             probe: ProbeTimer::default(),
             done: false,
             prev: cfg.prev,
-            lock: None,
+            // Without a previous node, the hellos of the node that will send
+            // to us are answered before its first frame (so that it sends
+            // that frame as to a leap node, kept for NACKs).
+            lock: cfg.prev.is_none().then(|| SourceLock::unlocked(now)),
             next_peer: Peer::new(cfg.next),
             prev_peer,
             epoch,
@@ -561,9 +569,10 @@ impl Link {
             (None, Some(src)) if hdr.kind() != ChunkKind::Nack => {
                 log::info!("taking frames from {src} only (the first source; set the previous node to choose it)");
                 self.prev = Some(src);
-                self.lock = None;
+                // The source that hellos before its frame: its proof goes on.
+                let candidate = self.lock.take().and_then(|mut l| l.take_candidate(src));
                 if src != self.cfg.next {
-                    self.prev_peer = Some(Peer::new(src));
+                    self.prev_peer = Some(candidate.unwrap_or_else(|| Peer::new(src)));
                     self.lock = Some(SourceLock::new(src, now, self.stats.chunks_received));
                 }
             }
@@ -686,12 +695,28 @@ impl Link {
             );
             self.queue_hello(probe, locked);
         }
+        // Nothing locked (at start, or released): a source that just proved
+        // itself takes the lock now, before the chunks of its first frame
+        // (the driver hands them over next, maybe in the same batch).
+        self.relock(now);
     }
 
     fn relock(&mut self, now: Instant) -> Option<Instant> {
         let lock = self.lock.as_mut()?;
+        let first = lock.never_held();
         let Some((peer, old)) = lock.poll(now) else { return lock.due() };
-        log::warn!("taking frames from {}, which proved to be a leap node (was {old:?})", peer.addr());
+        match old {
+            None if first => log::info!(
+                "taking frames from {} only (the first source, a leap node; set the previous node to choose it)",
+                peer.addr()
+            ),
+            Some(old) => log::warn!(
+                "previous node {old} did not answer for {:?}; taking frames from {} instead, which proved to be a leap node",
+                crate::frame::relock::PROBE_WAIT,
+                peer.addr()
+            ),
+            None => log::warn!("taking frames from {}, which proved to be a leap node", peer.addr()),
+        }
         self.events.push_back(Event::Relocked { from: old, to: peer.addr() });
         self.prev = Some(peer.addr());
         self.prev_peer = Some(peer);
@@ -712,7 +737,11 @@ impl Link {
         self.prev = None;
         self.prev_peer = None;
         self.restart_prev();
-        log::warn!("released the lock on {old}");
+        log::warn!(
+            "released the lock on {old}: frames are taken from the first source that proves to be a leap node \
+             within {:?}, then from the first that sends a valid chunk",
+            crate::frame::relock::RELEASE_PROOF_WINDOW
+        );
         Some(old)
     }
 
@@ -1008,6 +1037,9 @@ impl Link {
         if self.awaits_proof() {
             self.proof_waited = true;
             self.held_until = Some(now + FIRST_PROOF_WAIT);
+            // Challenges sent before the next node listened were lost, and
+            // left the next one up to a second away: ask now.
+            self.next_peer.challenge_now();
         }
         if self.held_until.is_some() {
             self.send_hellos(now);
