@@ -62,9 +62,10 @@ pub mod bench;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod frame;
-// The datagram link without I/O (issue 23): not used by the transports
-// yet, only by its own tests.
-#[allow(dead_code, reason = "the transports do not use the link yet")]
+// The datagram link without I/O (issue 23): every datagram backend's
+// receive side and recovery run on it; its own sending of first copies is
+// used only by its tests yet.
+#[allow(dead_code, reason = "the transports send first copies without the link yet")]
 pub(crate) mod link;
 pub mod netns;
 #[cfg(feature = "ring")]

@@ -4,9 +4,10 @@
 //! datagrams to send come out of [`Link::poll_transmit`], what happened
 //! comes out of [`Link::poll_event`], timers as [`Link::poll_timeout`].
 //!
-//! This is the first step of issue 23 (the quinn-proto split). The
-//! transports still run on `transport/datagram.rs`; nothing uses this
-//! module yet outside its tests, and main's behaviour is unchanged.
+//! This is issue 23's quinn-proto split. Every datagram backend runs on a
+//! link: `transport/datagram.rs` (`DatagramLink`) hands it every datagram,
+//! runs its timers and sends what it says; only the first copy of a frame
+//! is still sent by `datagram.rs` itself (see the checklist).
 //!
 //! # What a [`Link`] owns
 //!
@@ -97,30 +98,53 @@
 //!   refused GSO send ([`Link::train_refused`], which says whether to turn
 //!   GSO off); GSO itself and the route probe stay the driver's.
 //!
+//! Wired (`DatagramLink` in `transport/datagram.rs` holds a [`Link`]):
+//! - [x] every datagram of every backend goes through [`Link::handle`]
+//!   (`take_batch`, `train`, `datagram`), receive calls through
+//!   [`Link::begin_recv`], [`Link::handle_timeout`],
+//!   [`Link::deadline_passed`], [`Link::suspend`], the driver thread
+//!   through [`Link::drive`]; hellos, NACKs, retransmissions and probes
+//!   leave through [`Link::poll_transmit`] (retransmissions and probes in
+//!   one `sendmmsg` a burst, GSO where the kernel can, as before);
+//! - [x] send errors: the link counts a transmit as sent when it hands it
+//!   out; the driver gives a failed one back ([`Link::transmit_failed`]:
+//!   `send_errors`, and the rate-limited log lines of `datagram.rs`);
+//! - [x] the path MTU: read by the driver when it builds the link, when a
+//!   hello comes from the next node (it may prove it: trains are sized to
+//!   the MTU then), when [`Link::mtu_due`] says, and after a refused GSO
+//!   send;
+//! - [x] the first copy of a frame is sent by the driver (`UdpSender`,
+//!   written in place by `send_with`, GSO trains) with the link's
+//!   [`Link::reserved_for`], kept in [`Link::retx_mut`], counted by
+//!   [`Link::frame_sent`]; the first frame's wait for the proof blocks the
+//!   sender (`await_next_proof`) as before, the link challenging
+//!   ([`Link::poll_hellos`]).
+//!
 //! Not yet (still only in `datagram.rs`, or differing from it):
-//! - [ ] nothing calls the link: `datagram.rs` (and the driver thread,
-//!   `RxPath`, `Shared`, the halves) still run every datagram backend;
-//! - [ ] send errors: the link counts a transmit as sent when it hands it
-//!   out (`send_errors` and the rate-limited log stay with the driver);
+//! - [ ] the first copy of a frame through [`Link::send`] and
+//!   [`Link::poll_transmit`] (and the link's wait without blocking): the
+//!   driver sends it itself; [`Link::send`] and its held frames are used
+//!   only by the tests;
+//! - [ ] `frames_received` is counted when the link completes a frame, not
+//!   when the receive call returns it (the same total once it is
+//!   delivered);
 //! - [ ] a frame within 4 bytes of the format's largest (about 91 MB) is
 //!   refused even when it would go without a CRC (its format is decided
 //!   only when it leaves);
 //! - [ ] `send_with`/`begin_send`/`finish_send` (frames written in place):
 //!   [`Link::send`] copies the frame once (into the kept slot, as `send`
 //!   does, or into a queue when it is not kept, which `send` does not);
-//! - [ ] the receive call's spin, `drain_first`/`drained` bookkeeping (the
-//!   driver passes [`Link::set_rx_empty`]), `WAKE_TICK`, `DRIVE_TICK`,
-//!   `busy` (as [`Link::busy`]), the readiness eventfd, `poll_once`;
-//! - [ ] `kernel_drops` from the receive batch (the driver sets it through
-//!   [`Link::stats_mut`]), GRO segment cutting (`take_batch`);
-//! - [ ] log lines: the link logs as `datagram.rs` does, without its
-//!   once-a-second limit on send failures (there are none here);
+//! - the driver's, by design: the receive call's spin, the
+//!   `drained` bookkeeping ([`Link::set_rx_empty`]), `WAKE_TICK`,
+//!   `DRIVE_TICK`, the readiness eventfd, `poll_once`, `kernel_drops`
+//!   ([`Link::stats_mut`]), GRO segment cutting (`take_batch`), the
+//!   once-a-second limit on send-failure log lines;
 //! - [ ] one configuration: [`LinkConfig`] is filled by hand; it should
 //!   come from the one typed configuration, and [`Stats`] should move below
 //!   `transport` (it is named from there for now);
 //! - [ ] [`Link::poll_timeout`] is what the last [`Link::handle_timeout`]
 //!   found ([`Link::drive`] does not update it); hellos and NACKs are
-//!   queued as owned 1 412-byte boxes (an allocation each), and
+//!   queued as 1 412-byte boxes (reused once they left), and
 //!   [`Link::poll_transmit`] hands out one datagram at a time (GSO
 //!   batching is the driver's).
 //!
@@ -305,6 +329,11 @@ pub struct Link {
     /// Frames held for the next node's proof, and until when.
     held: VecDeque<(u16, FrameKind, Vec<u8>)>,
     held_until: Option<Instant>,
+    /// Memory of hellos and NACKs that left, and of chunk lists sent
+    /// again, to reuse (the receive path allocates nothing once warm).
+    #[allow(clippy::vec_box, reason = "each box moves into a queued hello or NACK and back, never copied")]
+    free_bytes: Vec<Box<[u8; CHUNK_DATAGRAM_MAX]>>,
+    free_ids: Vec<Vec<u16>>,
 }
 
 impl Link {
@@ -361,6 +390,8 @@ impl Link {
             timeout: None,
             held: VecDeque::new(),
             held_until: None,
+            free_bytes: Vec::new(),
+            free_ids: Vec::new(),
             cfg,
         }
     }
@@ -432,6 +463,18 @@ impl Link {
         self.proof_waited = true;
     }
 
+    /// Before a driver waits for the next node's proof its own way: the
+    /// next challenge is due at once.
+    pub fn proof_wait_begins(&mut self) {
+        self.next_peer.challenge_now();
+    }
+
+    /// Queues the challenges that are due (and moves the source lock if a
+    /// candidate won it); returns when the next one is.
+    pub fn poll_hellos(&mut self, now: Instant) -> Option<Instant> {
+        self.send_hellos(now)
+    }
+
     /// Chunks per datagram to the next node.
     pub fn train_chunks(&self) -> usize {
         self.train
@@ -447,11 +490,12 @@ impl Link {
     pub fn set_path_mtu(&mut self, now: Instant, mtu: Option<usize>) {
         self.path_mtu = mtu;
         self.mtu_due = Some(now + MTU_RECHECK);
-        let k = self.train_fit().unwrap_or(1);
+        let Some(k) = self.train_fit() else { return };
         if k != self.train {
             log::info!(
-                "path MTU to {} is now {mtu:?}: {k} chunk(s) per datagram, {} before",
+                "path MTU to {} is now {}: {k} chunk(s) per datagram, {} before",
                 self.cfg.next,
+                MtuText(mtu),
                 self.train
             );
             self.train = k;
@@ -470,7 +514,12 @@ impl Link {
         if k == self.train {
             return true;
         }
-        log::info!("path MTU to {} is now {mtu:?}: {k} chunk(s) per datagram, {} before", self.cfg.next, self.train);
+        log::info!(
+            "path MTU to {} is now {}: {k} chunk(s) per datagram, {} before",
+            self.cfg.next,
+            MtuText(mtu),
+            self.train
+        );
         self.train = k;
         false
     }
@@ -488,10 +537,25 @@ impl Link {
         Some(leap_common::chunk::train_chunks_for(peer_bytes.min(path)))
     }
 
+    /// Sizes the trains to the next node after it proved to be a leap node
+    /// (again): the largest it takes, within the path MTU, none with trains
+    /// off or when it takes none.
     fn size_trains(&mut self, now: Instant) {
+        let next = self.cfg.next;
         self.mtu_due = Some(now + MTU_RECHECK);
-        self.train = self.train_fit().unwrap_or(1);
-        log::info!("{} chunk(s) per datagram to {}", self.train, self.cfg.next);
+        let Some(k) = self.train_fit() else {
+            self.train = 1;
+            let why = if self.cfg.trains { "it takes no trains" } else { "trains are off here" };
+            log::info!("one chunk per datagram to {next} ({why})");
+            return;
+        };
+        self.train = k;
+        let mtu = MtuText(self.path_mtu);
+        if k == 1 {
+            log::info!("one chunk per datagram to {next} (path MTU {mtu}: no room for a train)");
+        } else {
+            log::info!("trains of {k} chunks to {next} (path MTU {mtu})");
+        }
     }
 
     /// What happened, oldest first.
@@ -746,7 +810,8 @@ impl Link {
     }
 
     fn queue_hello(&mut self, h: Hello, to: SocketAddr) {
-        self.control.push_back(Queued::hello(&h, to));
+        let q = Queued::hello(&h, to, self.free_bytes.pop());
+        self.control.push_back(q);
     }
 
     /// Queues the challenges that are due; returns when the next one is.
@@ -802,13 +867,14 @@ impl Link {
         let bytes = (n * CHUNK_DATAGRAM_MAX) as u64;
         let due = now + Duration::from_nanos(bytes * 1_000_000_000 / RETX_PACE_BYTES_PER_S);
         self.pace_due = Some(due);
-        self.resend.push_back(Resend::new(seq, &self.burst[..n], TransmitKind::Retransmit));
+        let v = self.free_ids.pop().unwrap_or_default();
+        self.resend.push_back(Resend::new(seq, &self.burst[..n], TransmitKind::Retransmit, v));
         retx.has_pending().then_some(due)
     }
 
     fn send_nack(&mut self, seq: u16, all: bool) {
         let Some(to) = self.prev else { return };
-        let mut q = Queued::empty(to, TransmitKind::Nack);
+        let mut q = Queued::empty(to, TransmitKind::Nack, self.free_bytes.pop());
         let len = if all || self.reasm.progress().1 == 0 {
             encode_nack(seq, [NACK_ALL], q.buf())
         } else if self.nack.attempts() <= 1 && !self.reasm.saw_ahead() {
@@ -817,6 +883,7 @@ impl Link {
             encode_nack(seq, ranges(self.reasm.missing()), q.buf())
         };
         if len == 0 {
+            self.free_bytes.push(q.bytes);
             return;
         }
         q.len = len;
@@ -825,9 +892,9 @@ impl Link {
 
     fn nack_gaps_ahead(&mut self) {
         let Some(to) = self.prev else { return };
-        let control = &mut self.control;
+        let (control, free) = (&mut self.control, &mut self.free_bytes);
         self.reasm.gaps_ahead(|seq, ids| {
-            let mut q = Queued::empty(to, TransmitKind::Nack);
+            let mut q = Queued::empty(to, TransmitKind::Nack, free.pop());
             q.len = encode_nack(seq, ranges(ids), q.buf());
             control.push_back(q);
         });
@@ -942,7 +1009,8 @@ impl Link {
             && let Some((frame, _, trailer)) = self.retx.as_ref().and_then(|r| r.get(seq))
         {
             let last = leap_common::chunk::chunks_for(frame.len() + trailer.len()).unwrap_or(1) - 1;
-            self.resend.push_back(Resend::new(seq, &[last], TransmitKind::Probe));
+            let v = self.free_ids.pop().unwrap_or_default();
+            self.resend.push_back(Resend::new(seq, &[last], TransmitKind::Probe, v));
         }
         earliest(due, self.pace_retransmits(now))
     }
@@ -950,6 +1018,12 @@ impl Link {
     /// Whether a receive would deliver a frame at once.
     pub fn deliverable(&self) -> bool {
         self.done || self.reasm.ready()
+    }
+
+    /// Whether a frame is complete in a side slot (a new receive call's
+    /// [`Self::begin_recv`] delivers it).
+    pub fn slot_ready(&self) -> bool {
+        self.reasm.ready()
     }
 
     /// Whether the driver should look often: a frame is being assembled,
@@ -1002,8 +1076,9 @@ impl Link {
 
     // ----- send (a sketch) -----
 
-    /// The `reserved` field for a frame of `kind` to the next node.
-    fn reserved_for(&self, kind: FrameKind) -> u16 {
+    /// The `reserved` field for a frame of `kind` to the next node: exactly
+    /// the original's 0 until the next node proved to be a leap node.
+    pub fn reserved_for(&self, kind: FrameKind) -> u16 {
         let Some(next) = self.next_peer.proven().filter(|_| !self.cfg.original_compat) else { return 0 };
         let mut r = flags::LEAP;
         if self.retx.is_some() {
@@ -1054,6 +1129,41 @@ impl Link {
         self.seq = self.seq.wrapping_add(1);
         self.queue_frame(now, seq, kind, frame);
         Ok(seq)
+    }
+
+    /// The frames kept for NACKs (`None`: not reliable), for a driver that
+    /// sends first copies itself and keeps them here.
+    pub fn retx_mut(&mut self) -> Option<&mut RetransmitBuffer> {
+        self.retx.as_mut()
+    }
+
+    /// A driver sent frame `seq` of `len` bytes itself (`kept`: in
+    /// [`Self::retx_mut`], whose copy it counted): it is probed, and the
+    /// link looks often for a while.
+    pub fn frame_sent(&mut self, now: Instant, seq: u16, kept: bool, len: usize) {
+        if kept {
+            self.probe.sent(now, &self.cfg.timers, seq);
+        }
+        self.last_send = Some(now);
+        self.stats.frames_sent += 1;
+        self.stats.bytes_sent += len as u64;
+    }
+
+    /// The driver failed to send a transmit of `kind` (`datagrams` of them
+    /// at once): they are counted as a send error instead of as sent.
+    pub fn transmit_failed(&mut self, kind: TransmitKind, datagrams: u64) {
+        let s = &mut self.stats;
+        s.send_errors += 1;
+        match kind {
+            TransmitKind::Hello => s.hellos_sent = s.hellos_sent.saturating_sub(datagrams),
+            TransmitKind::Nack => s.nacks_sent = s.nacks_sent.saturating_sub(datagrams),
+            TransmitKind::Retransmit => s.retransmits = s.retransmits.saturating_sub(datagrams),
+            TransmitKind::Probe => s.probes = s.probes.saturating_sub(datagrams),
+            TransmitKind::Chunks(n) => {
+                s.chunks_sent = s.chunks_sent.saturating_sub(u64::from(n) * datagrams);
+                s.datagrams_sent = s.datagrams_sent.saturating_sub(datagrams);
+            }
+        }
     }
 
     /// Queues the frames held for the next node's proof once it arrived
@@ -1135,7 +1245,9 @@ impl Link {
                 TransmitKind::Hello => self.stats.hellos_sent += 1,
                 _ => self.stats.nacks_sent += 1,
             }
-            return Some(Transmit { to: q.to, len: q.len, kind: q.kind });
+            let t = Transmit { to: q.to, len: q.len, kind: q.kind };
+            self.free_bytes.push(q.bytes);
+            return Some(t);
         }
         while let Some(mut o) = self.outgoing.pop_front() {
             let data = o.data.take();
@@ -1159,12 +1271,12 @@ impl Link {
             return Some(Transmit { to: self.cfg.next, len, kind: TransmitKind::Chunks(n as u16) });
         }
         while let Some(r) = self.resend.front_mut() {
-            let Some((frame, reserved, trailer)) = self.retx.as_ref().and_then(|b| b.get(r.seq)) else {
-                self.resend.pop_front();
-                continue;
-            };
-            let Some(&id) = r.ids.get(r.at) else {
-                self.resend.pop_front();
+            let (Some((frame, reserved, trailer)), Some(&id)) =
+                (self.retx.as_ref().and_then(|b| b.get(r.seq)), r.ids.get(r.at))
+            else {
+                if let Some(r) = self.resend.pop_front() {
+                    self.free_ids.push(r.ids);
+                }
                 continue;
             };
             r.at += 1;
@@ -1179,6 +1291,18 @@ impl Link {
             return Some(Transmit { to: self.cfg.next, len, kind });
         }
         None
+    }
+}
+
+/// A path MTU as the log says it: the number, or "unknown".
+pub struct MtuText(pub Option<usize>);
+
+impl std::fmt::Display for MtuText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(m) => write!(f, "{m}"),
+            None => f.write_str("unknown"),
+        }
     }
 }
 

@@ -45,12 +45,13 @@ pub(super) struct Queued {
 }
 
 impl Queued {
-    pub(super) fn empty(to: SocketAddr, kind: TransmitKind) -> Self {
-        Self { to, kind, len: 0, bytes: Box::new([0; CHUNK_DATAGRAM_MAX]) }
+    /// An empty one in `bytes` (memory of an earlier one, or `None`).
+    pub(super) fn empty(to: SocketAddr, kind: TransmitKind, bytes: Option<Box<[u8; CHUNK_DATAGRAM_MAX]>>) -> Self {
+        Self { to, kind, len: 0, bytes: bytes.unwrap_or_else(|| Box::new([0; CHUNK_DATAGRAM_MAX])) }
     }
 
-    pub(super) fn hello(h: &Hello, to: SocketAddr) -> Self {
-        let mut q = Self::empty(to, TransmitKind::Hello);
+    pub(super) fn hello(h: &Hello, to: SocketAddr, bytes: Option<Box<[u8; CHUNK_DATAGRAM_MAX]>>) -> Self {
+        let mut q = Self::empty(to, TransmitKind::Hello, bytes);
         let b = h.to_bytes();
         q.bytes[..b.len()].copy_from_slice(&b);
         q.len = b.len();
@@ -86,8 +87,11 @@ pub(super) struct Resend {
 }
 
 impl Resend {
-    pub(super) fn new(seq: u16, ids: &[u16], kind: TransmitKind) -> Self {
-        Self { seq, ids: ids.to_vec(), at: 0, kind }
+    /// Chunks `ids`, kept in `v` (memory of an earlier one).
+    pub(super) fn new(seq: u16, ids: &[u16], kind: TransmitKind, mut v: Vec<u16>) -> Self {
+        v.clear();
+        v.extend_from_slice(ids);
+        Self { seq, ids: v, at: 0, kind }
     }
 }
 

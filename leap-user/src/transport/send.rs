@@ -11,7 +11,6 @@ use socket2::{SockAddr, Socket};
 
 use super::{Result, TransportError};
 use crate::frame::Chunker;
-use crate::frame::chunker::ChunkRef;
 use crate::sys::udp::{TxBatch, gso_supported};
 
 /// The sending half: chunks frames and hands them to the kernel in one
@@ -147,50 +146,19 @@ impl UdpSender {
         Ok(Sent { chunks, datagrams })
     }
 
-    /// Sends chunks `ids` of an earlier frame `seq` again, flagged as
-    /// retransmissions; returns how many were sent. Ids beyond the frame are
-    /// skipped.
+    /// Sends datagrams of one chunk each, already written (retransmitted
+    /// chunks, probes), in one `sendmmsg` (GSO super-datagrams where the
+    /// kernel can).
     ///
     /// # Errors
     ///
     /// The `sendmmsg` error.
-    pub fn resend(
-        &mut self,
-        socket: &Socket,
-        seq: u16,
-        reserved: u16,
-        frame: &[u8],
-        trailer: &[u8],
-        ids: impl Iterator<Item = u16>,
-    ) -> Result<u64> {
-        let Some(chunker) = Chunker::with_trailer(seq, reserved | flags::RETRANSMIT, frame, &[], trailer) else {
-            return Ok(0);
-        };
-        let mut chunks = [None; 64];
-        let mut sent = 0u64;
-        let mut ids = ids.filter(|&id| id < chunker.total()).peekable();
-        while ids.peek().is_some() {
-            let mut n = 0;
-            for id in ids.by_ref().take(chunks.len()) {
-                chunks[n] = chunker.chunk(id);
-                n += 1;
-            }
-            self.transmit(socket, chunks[..n].iter().flatten().copied())?;
-            sent += n as u64;
-        }
-        Ok(sent)
-    }
-
-    /// Sends single chunks, one per datagram.
-    fn transmit<'a, I>(&mut self, socket: &Socket, chunks: I) -> Result<()>
+    pub fn send_datagrams<'a, F, I, D>(&mut self, socket: &Socket, datagrams: F) -> Result<()>
     where
-        I: Iterator<Item = ChunkRef<'a>> + Clone,
+        F: Fn() -> I,
+        I: Iterator<Item = D>,
+        D: IntoIterator<Item = &'a [u8]>,
     {
-        self.headers.clear();
-        self.headers.extend(chunks.clone().map(|c| c.header.to_bytes()));
-        let headers = &self.headers;
-        let datagrams =
-            || chunks.clone().zip(headers.iter()).map(|(c, h)| [&h[..], c.pieces[0], c.pieces[1], c.pieces[2]]);
         Self::send_batch(&mut self.batch, &mut self.gso, socket, &self.next, datagrams, CHUNK_DATAGRAM_MAX as u16)
     }
 
