@@ -114,11 +114,15 @@
 //!   the MTU then), when [`Link::mtu_due`] says, and after a refused GSO
 //!   send;
 //! - [x] the first copy of a frame is sent by the driver (`UdpSender`,
-//!   written in place by `send_with`, GSO trains) with the link's
-//!   [`Link::reserved_for`], kept in [`Link::retx_mut`], counted by
-//!   [`Link::frame_sent`]; the first frame's wait for the proof blocks the
-//!   sender (`await_next_proof`) as before, the link challenging
-//!   ([`Link::poll_hellos`]).
+//!   from the caller's memory or written in place by `send_with`, GSO
+//!   trains of [`Link::train_chunks`]) as the link decides
+//!   ([`Link::next_frame`]: seq, `reserved`, kept or not), kept in
+//!   [`Link::retx_mut`], counted by [`Link::frame_sent`] (which uses the
+//!   seq up); the first frame's wait for the proof blocks the sender
+//!   (`await_next_proof`) as before, the link challenging
+//!   ([`Link::poll_hellos`]). A frame written in place that turns out too
+//!   long for a CRC trailer (within 4 bytes of the format's largest) uses
+//!   its seq up; `datagram.rs` reused it for the next frame.
 //!
 //! Not yet (still only in `datagram.rs`, or differing from it):
 //! - [ ] the first copy of a frame through [`Link::send`] and
@@ -1137,10 +1141,22 @@ impl Link {
         self.retx.as_mut()
     }
 
-    /// A driver sent frame `seq` of `len` bytes itself (`kept`: in
-    /// [`Self::retx_mut`], whose copy it counted): it is probed, and the
-    /// link looks often for a while.
+    /// Before a driver sends a frame of `kind` itself (its first copy from
+    /// the caller's memory, [`Self::frame_sent`] after): the challenges due
+    /// are queued, and the frame's seq, its `reserved` field (the format
+    /// the next node gets now) and whether it is kept for NACKs (in
+    /// [`Self::retx_mut`]). The seq is used only by [`Self::frame_sent`].
+    pub fn next_frame(&mut self, now: Instant, kind: FrameKind) -> FrameHead {
+        self.send_hellos(now);
+        let reserved = self.reserved_for(kind);
+        FrameHead { seq: self.seq, reserved, keep: reserved & flags::LEAP != 0 && self.retx.is_some() }
+    }
+
+    /// A driver sent frame `seq` of `len` bytes itself, or tried to (the
+    /// seq is used up): `kept` in [`Self::retx_mut`] (the driver counted
+    /// that copy), it is probed; the link looks often for a while.
     pub fn frame_sent(&mut self, now: Instant, seq: u16, kept: bool, len: usize) {
+        self.seq = seq.wrapping_add(1);
         if kept {
             self.probe.sent(now, &self.cfg.timers, seq);
         }
@@ -1292,6 +1308,17 @@ impl Link {
         }
         None
     }
+}
+
+/// A frame a driver sends itself (see [`Link::next_frame`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameHead {
+    /// Its seq.
+    pub seq: u16,
+    /// Its chunks' `reserved` field (with [`flags::CRC`]: a CRC32C trailer).
+    pub reserved: u16,
+    /// Kept for NACKs in [`Link::retx_mut`].
+    pub keep: bool,
 }
 
 /// A path MTU as the log says it: the number, or "unknown".

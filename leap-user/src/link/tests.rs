@@ -1126,3 +1126,42 @@ fn a_later_frames_holes_are_nacked_with_the_expected_frames() {
     // One round: the expected frame's NACK, then the later frame's.
     assert_eq!(nacked.borrow()[..], [1, 2]);
 }
+
+#[test]
+fn a_frame_the_driver_sends_itself_is_numbered_kept_and_repaired_by_the_link() {
+    let mut s = proven_pair(39, |c| c);
+    first_frame(&mut s);
+    let now = s.now;
+    let f = frame(7, 16_392);
+    let head = s.nodes[0].link.next_frame(now, FrameKind::Data);
+    assert_eq!(head.seq, 1);
+    assert!(head.keep && head.reserved & flags::LEAP != 0 && head.reserved & flags::CRC != 0);
+    // The driver's first copy, chunk 5 lost on the way.
+    let crc = crc32c::crc32c(&f).to_le_bytes();
+    s.nodes[0].link.retx_mut().expect("reliable").store(head.seq, head.reserved, &f, &[], &crc);
+    let mut buf = vec![0; CHUNK_DATAGRAM_MAX];
+    for id in (0..12).filter(|&id| id != 5) {
+        let len = super::transmit::write_one(head.seq, head.reserved, &f, &crc, id, &mut buf).expect("a chunk");
+        s.chan.send(now, addr(1), addr(2), &buf[..len]);
+    }
+    s.nodes[0].link.frame_sent(now, head.seq, true, f.len());
+    s.run_until_frames(1, 2, Duration::from_millis(50));
+    assert_eq!(s.nodes[1].frames[1], f);
+    assert_eq!(s.nodes[0].link.stats().retransmits, 1);
+    // The seq was used up: the link's own next frame follows on.
+    assert_eq!(s.send(0, &frame(8, 100)), 2);
+}
+
+#[test]
+fn a_transmit_the_driver_failed_to_send_counts_as_a_send_error() {
+    let mut s = Sim::new(40);
+    s.add(addr(1), LinkConfig::new(addr(2)), 11);
+    let now = s.now;
+    s.nodes[0].link.handle_timeout(now);
+    let mut buf = vec![0; 65536];
+    let t = s.nodes[0].link.poll_transmit(now, &mut buf).expect("a challenge");
+    assert_eq!((t.kind, s.nodes[0].link.stats().hellos_sent), (TransmitKind::Hello, 1));
+    s.nodes[0].link.transmit_failed(t.kind, 1);
+    let a = s.nodes[0].link.stats();
+    assert_eq!((a.hellos_sent, a.send_errors), (0, 1));
+}

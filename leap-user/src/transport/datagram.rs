@@ -45,7 +45,7 @@ use super::send::UdpSender;
 use super::{FrameKind, Received, Result, Stats, TransportError};
 use crate::frame::LostFrame;
 use crate::frame::reliable::RETX_BURST;
-use crate::link::{Event, FIRST_PROOF_WAIT, Link, LinkConfig, MtuText, Transmit, TransmitKind};
+use crate::link::{Event, FIRST_PROOF_WAIT, FrameHead, Link, LinkConfig, MtuText, Transmit, TransmitKind};
 
 /// Longest a receive sleeps before it looks at its timers again.
 const WAKE_TICK: Duration = Duration::from_millis(20);
@@ -291,7 +291,7 @@ impl DatagramLink {
     ///
     /// As [`UdpSender::send`], unless the frame can be recovered by NACKs.
     pub fn send(&mut self, kind: FrameKind, head: &[u8], tail: &[u8]) -> Result<()> {
-        let reserved = self.prepare_send(kind);
+        let FrameHead { seq, reserved, keep } = self.prepare_send(kind);
         let crc;
         let trailer: &[u8] = if reserved & flags::CRC != 0 {
             crc = crc32c::crc32c_append(crc32c::crc32c(head), tail).to_le_bytes();
@@ -299,13 +299,12 @@ impl DatagramLink {
         } else {
             &[]
         };
-        let seq = self.sender.next_seq();
-        let res = self.sender.send(&self.socket, reserved, head, tail, trailer);
+        let res = self.sender.send(&self.socket, seq, reserved, head, tail, trailer);
         if matches!(res, Err(TransportError::BadFrameLen(_))) {
             return res.map(drop);
         }
         let kept = match self.link.retx_mut() {
-            Some(retx) if reserved & flags::LEAP != 0 => {
+            Some(retx) if keep => {
                 retx.store(seq, reserved, head, tail, trailer);
                 self.link.stats_mut().copied_bytes += (head.len() + tail.len()) as u64;
                 true
@@ -340,9 +339,7 @@ impl DatagramLink {
         if len == 0 || len > leap_common::chunk::FRAME_LEN_MAX {
             return Err(TransportError::BadFrameLen(len));
         }
-        let reserved = self.prepare_send(kind);
-        let seq = self.sender.next_seq();
-        let keep = reserved & flags::LEAP != 0 && self.link.retx_mut().is_some();
+        let FrameHead { seq, reserved, keep } = self.prepare_send(kind);
         let mut buf = match (self.link.retx_mut(), keep) {
             (Some(retx), true) => retx.take_slot(seq, len),
             _ => std::mem::take(&mut self.tx).into_vec(),
@@ -360,7 +357,6 @@ impl DatagramLink {
     /// As [`Self::send`].
     pub fn finish_send(&mut self, slot: SendSlot) -> Result<()> {
         let SendSlot { seq, reserved, keep, len, buf } = slot;
-        debug_assert_eq!(seq, self.sender.next_seq(), "another frame was sent between begin_send and finish_send");
         let frame = &buf[..len];
         let crc;
         let trailer: &[u8] = if reserved & flags::CRC != 0 {
@@ -369,7 +365,7 @@ impl DatagramLink {
         } else {
             &[]
         };
-        let res = self.sender.send(&self.socket, reserved, frame, &[], trailer);
+        let res = self.sender.send(&self.socket, seq, reserved, frame, &[], trailer);
         match (self.link.retx_mut(), keep) {
             (Some(retx), true) => {
                 retx.put_slot(seq, buf);
@@ -390,17 +386,17 @@ impl DatagramLink {
     }
 
     /// Before a frame leaves: the first waits for the next node's proof,
-    /// challenges go out when due. Returns the frame's `reserved` field.
-    fn prepare_send(&mut self, kind: FrameKind) -> u16 {
+    /// challenges go out when due. Returns what the link decided for it.
+    fn prepare_send(&mut self, kind: FrameKind) -> FrameHead {
         if self.link.awaits_proof() {
             self.await_next_proof(FIRST_PROOF_WAIT);
         }
         // Waited (or not needed): the link's own wait never holds a frame
         // sent from here.
         self.link.proof_wait_done();
-        self.link.poll_hellos(Instant::now());
+        let head = self.link.next_frame(Instant::now(), kind);
         self.flush();
-        self.link.reserved_for(kind)
+        head
     }
 
     /// Counts a frame sent (or attempted) as `seq`; a failed send of a kept
