@@ -46,8 +46,9 @@
 //! - [`frame`]: chunking, reassembly, loss recovery and the plain types
 //!   frames arrive as ([`frame::types`]); no system calls;
 //! - `link` (crate-private, in progress): the datagram link without I/O
-//!   that `transport/datagram.rs` is moving into, tested on a fake clock
-//!   (it still names `transport::Stats`, until that moves below it);
+//!   that every datagram backend decides with (`transport/datagram.rs`
+//!   drives it and does the I/O), tested on a fake clock (it still names
+//!   `transport::Stats`, until that moves below it);
 //! - [`netns`]: rings of network namespaces;
 //! - [`transport`]: inside it, [`transport::config`] (what every backend is
 //!   configured with) and the sending half below `datagram` (shared by the

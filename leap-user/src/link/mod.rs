@@ -122,7 +122,12 @@
 //!   (`await_next_proof`) as before, the link challenging
 //!   ([`Link::poll_hellos`]). A frame written in place that turns out too
 //!   long for a CRC trailer (within 4 bytes of the format's largest) uses
-//!   its seq up; `datagram.rs` reused it for the next frame.
+//!   its seq up; `datagram.rs` reused it for the next frame;
+//! - [x] the driver's, by design: the receive call's spin, the `drained`
+//!   bookkeeping ([`Link::set_rx_empty`]), `WAKE_TICK`, `DRIVE_TICK`, the
+//!   readiness eventfd, `poll_once`, `kernel_drops` ([`Link::stats_mut`]),
+//!   GRO segment cutting (`take_batch`), the once-a-second limit on
+//!   send-failure log lines.
 //!
 //! Not yet (still only in `datagram.rs`, or differing from it):
 //! - [ ] the first copy of a frame through [`Link::send`] and
@@ -138,11 +143,10 @@
 //! - [ ] `send_with`/`begin_send`/`finish_send` (frames written in place):
 //!   [`Link::send`] copies the frame once (into the kept slot, as `send`
 //!   does, or into a queue when it is not kept, which `send` does not);
-//! - the driver's, by design: the receive call's spin, the
-//!   `drained` bookkeeping ([`Link::set_rx_empty`]), `WAKE_TICK`,
-//!   `DRIVE_TICK`, the readiness eventfd, `poll_once`, `kernel_drops`
-//!   ([`Link::stats_mut`]), GRO segment cutting (`take_batch`), the
-//!   once-a-second limit on send-failure log lines;
+//! - [ ] one I/O driver: `datagram.rs` still holds the driver
+//!   (`DatagramLink`, `Shared`, `Driver`, the receive loop), named as
+//!   before (not yet `transport/driver.rs`); the halves, the async layer
+//!   and `UdpTransport`/`XdpTransport` still delegate to it as before;
 //! - [ ] one configuration: [`LinkConfig`] is filled by hand; it should
 //!   come from the one typed configuration, and [`Stats`] should move below
 //!   `transport` (it is named from there for now);
