@@ -1,10 +1,12 @@
-//! The part every datagram backend shares: sending frames as chunks through
-//! UDP, reassembling received chunks, proving neighbours to be leap nodes,
-//! and loss recovery (NACKs, the buffer of recent frames, probes). A backend
-//! only supplies the receive path (a UDP socket, AF_XDP sockets, a BPF ring
-//! buffer) through [`DatagramLink::recv_with`].
+//! The I/O every datagram backend shares around its [`Link`] (which makes
+//! every decision: reassembly, proving neighbours to be leap nodes, the
+//! source lock, loss recovery with NACKs, the buffer of recent frames and
+//! probes): the UDP socket and sender (GSO, `sendmmsg`), the clock, the path
+//! MTU, the receive calls, the driver thread and the readiness descriptor.
+//! A backend only supplies the receive path (a UDP socket, AF_XDP sockets, a
+//! BPF ring buffer) through [`RxPath`].
 //!
-//! On a hostile network:
+//! On a hostile network (decided by the link):
 //! - frames are taken from one source only: the configured previous node,
 //!   or else the first source that proved to be a leap node or sent a valid
 //!   chunk, whichever came first, locked (every other
@@ -31,8 +33,8 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use leap_common::chunk::{CHUNK_DATAGRAM_MAX, CHUNK_PAYLOAD_MAX, ChunkHeader, ChunkKind, flags};
-use leap_common::hello::{Hello, caps};
+use leap_common::chunk::{CHUNK_DATAGRAM_MAX, ChunkHeader, TRAIN_DATAGRAM_MAX, flags};
+use leap_common::hello::Hello;
 use socket2::Socket;
 
 pub use super::config::Reliability;
@@ -41,28 +43,12 @@ use super::lend::OwnedBuf;
 use super::ready::Readiness;
 use super::send::UdpSender;
 use super::{FrameKind, Received, Result, Stats, TransportError};
-use crate::frame::peer::{Peer, random_u64};
-use crate::frame::reliable::{
-    NACK_ALL, NackAnswer, NackDecision, NackTimer, ProbeTimer, RETX_BURST, RetransmitBuffer, decode_nack, encode_nack,
-    ranges,
-};
-use crate::frame::relock::SourceLock;
-use crate::frame::{Push, Reassembler};
+use crate::frame::LostFrame;
+use crate::frame::reliable::RETX_BURST;
+use crate::link::{Event, FIRST_PROOF_WAIT, FrameHead, Link, LinkConfig, MtuText, Transmit, TransmitKind};
 
 /// Longest a receive sleeps before it looks at its timers again.
 const WAKE_TICK: Duration = Duration::from_millis(20);
-
-/// Rate at which queued retransmissions leave, in bytes per second (a burst
-/// of [`RETX_BURST`] chunks, then a pause): a NACK for a whole large frame
-/// does not become one burst that overflows the receiver again.
-const RETX_PACE_BYTES_PER_S: u64 = 500_000_000;
-
-/// How long the first frame waits for the next node to prove that it is a
-/// leap node (once per link; an original node costs this once).
-const FIRST_PROOF_WAIT: Duration = Duration::from_millis(100);
-/// How often the path MTU towards a next node that takes trains is read
-/// again (an operator may change an interface's MTU while leap runs).
-const MTU_RECHECK: Duration = Duration::from_secs(1);
 
 /// Log lines about the same kind of trouble: at most one a second, with the
 /// number of those left out.
@@ -89,78 +75,42 @@ impl LogLimit {
     }
 }
 
-/// Sending, reassembly and loss recovery of one datagram backend.
+/// The I/O of one datagram backend around its [`Link`]: the socket and the
+/// sender (GSO, `sendmmsg`), the clock, the path MTU, what the link says to
+/// send. Every decision (reassembly, proofs, the source lock, NACKs,
+/// retransmissions, probes) is the link's; the first copy of a frame is
+/// still sent from here (see the link's checklist).
 #[derive(Debug)]
 pub struct DatagramLink {
     socket: Arc<Socket>,
     sender: UdpSender,
-    reasm: Reassembler,
+    link: Link,
     cfg: UdpConfig,
-    stats: Stats,
-    retx: Option<RetransmitBuffer>,
-    nack: NackTimer,
-    probe: ProbeTimer,
+    /// A frame the link completed in the receive call's buffer, not yet
+    /// delivered.
     done: Option<Received>,
-    /// The previous node: configured, or the first source, locked.
-    prev: Option<SocketAddr>,
-    /// The lock on the first source, when no previous node is configured
-    /// (open until a source proves itself or sends a chunk).
-    lock: Option<SourceLock>,
-    next_peer: Peer,
-    /// `None` while the previous node is unknown, or when it is `next`.
-    prev_peer: Option<Peer>,
-    epoch: u64,
-    caps: u32,
-    pace_due: Instant,
-    burst: Box<[u16; RETX_BURST]>,
+    /// A frame the link gave up inside a receive call, not yet reported.
+    lost: Option<LostFrame>,
     send_log: LogLimit,
-    /// Datagrams taken so far, and whether the last look at the receive
-    /// path found it empty: a frame counts as stalled only then (a node
-    /// that was not scheduled for a while has its chunks queued, not lost).
+    /// Datagrams handed to the link so far (to tell whether a look at the
+    /// receive path found it empty).
     taken: u64,
-    drained: bool,
-    drain_first: bool,
-    nack_buf: Box<[u8; CHUNK_DATAGRAM_MAX]>,
     /// Frames written in place by [`Self::send_with`] that are not kept.
     tx: OwnedBuf,
-    /// When the last frame was sent (the driver looks more often then).
-    last_send: Option<Instant>,
-    /// The first frame waited for the next node's proof (once per link).
-    proof_waited: bool,
+    /// Where the link writes what it sends: room for a burst of
+    /// retransmissions, then a train.
+    out: Box<[u8]>,
+    /// The datagrams of a burst in [`Self::out`], sent in one `sendmmsg`.
+    burst: Vec<std::ops::Range<usize>>,
     /// A socket connected to the next node, to read the path MTU from.
     route: Option<crate::sys::udp::RouteProbe>,
-    /// When the trains are sized to the path MTU again.
-    mtu_due: Instant,
-}
-
-/// A path MTU as the log says it: the number, or "unknown".
-struct MtuText(Option<usize>);
-
-impl std::fmt::Display for MtuText {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.0 {
-            Some(m) => write!(f, "{m}"),
-            None => f.write_str("unknown"),
-        }
-    }
 }
 
 impl DatagramLink {
     /// A link sending from `socket` to `cfg.next`; `gso` allows UDP GSO
     /// (still only if the kernel has it).
     pub fn new(socket: Socket, cfg: UdpConfig, gso: bool) -> Self {
-        let reliable = cfg.reliability == Reliability::Reliable && !cfg.original_compat;
         let sender = UdpSender::new(&socket, cfg.next, gso && cfg.gso);
-        let mut caps = 0;
-        if reliable {
-            caps |= caps::RELIABLE;
-        }
-        if cfg.crc {
-            caps |= caps::CRC;
-        }
-        if cfg.trains && !cfg.original_compat {
-            caps = caps::with_train_bytes(caps, cfg.rx_train_bytes);
-        }
         let route = match crate::sys::udp::RouteProbe::connect(cfg.listen, cfg.next) {
             Ok(r) => Some(r),
             Err(e) => {
@@ -168,38 +118,22 @@ impl DatagramLink {
                 None
             }
         };
-        let prev_peer = cfg.prev.filter(|&p| p != cfg.next).map(Peer::new);
+        let now = Instant::now();
+        let mut link = Link::new(link_config(&cfg), now);
+        link.set_path_mtu(now, route.as_ref().and_then(|r| r.mtu().ok()));
         Self {
-            reasm: Reassembler::with_window(cfg.max_frame_len, cfg.window),
-            retx: reliable.then(|| RetransmitBuffer::new(cfg.keep_frames)),
             socket: Arc::new(socket),
             sender,
-            stats: Stats::default(),
-            nack: NackTimer::default(),
-            probe: ProbeTimer::default(),
+            link,
+            cfg,
             done: None,
-            prev: cfg.prev,
-            // Without a previous node, the hellos of the node that will send
-            // to us are answered before its first frame (so that it sends
-            // that frame as to a leap node, kept for NACKs).
-            lock: cfg.prev.is_none().then(|| SourceLock::unlocked(Instant::now())),
-            next_peer: Peer::new(cfg.next),
-            prev_peer,
-            epoch: random_u64(),
-            caps,
-            pace_due: Instant::now(),
-            burst: Box::new([0; RETX_BURST]),
+            lost: None,
             send_log: LogLimit::default(),
             taken: 0,
-            drained: true,
-            drain_first: false,
-            nack_buf: Box::new([0; CHUNK_DATAGRAM_MAX]),
             tx: OwnedBuf::default(),
-            last_send: None,
-            proof_waited: false,
+            out: vec![0; RETX_BURST * CHUNK_DATAGRAM_MAX + TRAIN_DATAGRAM_MAX].into_boxed_slice(),
+            burst: Vec::with_capacity(RETX_BURST),
             route,
-            mtu_due: Instant::now(),
-            cfg,
         }
     }
 
@@ -209,39 +143,8 @@ impl DatagramLink {
         self.sender.train()
     }
 
-    /// Sizes the trains to the next node after it proved to be a leap node
-    /// (again): the largest it takes, within the path MTU, none with trains
-    /// off or when it takes none.
-    fn size_trains(&mut self) {
-        let next = self.cfg.next;
-        self.mtu_due = Instant::now() + MTU_RECHECK;
-        let Some((k, mtu)) = self.train_fit() else {
-            self.sender.set_train(1);
-            let why = if self.cfg.trains { "it takes no trains" } else { "trains are off here" };
-            log::info!("one chunk per datagram to {next} ({why})");
-            return;
-        };
-        self.sender.set_train(k);
-        let mtu = mtu.map_or_else(|| "unknown".into(), |m| m.to_string());
-        if k == 1 {
-            log::info!("one chunk per datagram to {next} (path MTU {mtu}: no room for a train)");
-        } else {
-            log::info!("trains of {k} chunks to {next} (path MTU {mtu})");
-        }
-    }
-
-    /// Chunks per train to the next node and the path MTU they fit (None:
-    /// no trains to it, by either side's choice).
-    fn train_fit(&self) -> Option<(usize, Option<usize>)> {
-        let peer_bytes = self.next_peer.proven().map_or(0, |p| caps::train_bytes(p.caps));
-        if !self.cfg.trains || self.cfg.original_compat || peer_bytes == 0 {
-            return None;
-        }
-        let next = self.cfg.next;
-        let mtu = self.route.as_ref().and_then(|r| r.mtu().ok());
-        let path =
-            mtu.map_or(CHUNK_DATAGRAM_MAX, |m| m.saturating_sub(crate::sys::udp::ip_udp_headers(next.is_ipv6())));
-        Some((leap_common::chunk::train_chunks_for(peer_bytes.min(path)), mtu))
+    fn path_mtu(&self) -> Option<usize> {
+        self.route.as_ref().and_then(|r| r.mtu().ok())
     }
 
     /// Sizes the trains to the path MTU again once a second, and at once when
@@ -250,22 +153,18 @@ impl DatagramLink {
     /// Where the trains still fit and the kernel refused them anyway, GSO is
     /// what fails: it is turned off.
     fn recheck_trains(&mut self, now: Instant) {
-        let refused = self.sender.take_train_refused();
-        if !refused && now < self.mtu_due {
-            return;
+        if self.sender.take_train_refused() {
+            let mtu = self.path_mtu();
+            if self.link.train_refused(now, mtu) {
+                let k = self.link.train_chunks();
+                self.sender
+                    .disable_gso(&format_args!("it refused trains of {k} chunks within the path MTU {}", MtuText(mtu)));
+            }
+        } else if self.link.mtu_due().is_some_and(|due| now >= due) {
+            let mtu = self.path_mtu();
+            self.link.set_path_mtu(now, mtu);
         }
-        self.mtu_due = now + MTU_RECHECK;
-        let Some((k, mtu)) = self.train_fit() else { return };
-        let (next, was) = (self.cfg.next, self.sender.train());
-        // Written only into the log lines: this runs every second on the
-        // send path, which allocates nothing.
-        let mtu = MtuText(mtu);
-        if k != was {
-            self.sender.set_train(k);
-            log::info!("path MTU to {next} is now {mtu}: {k} chunk(s) per datagram, {was} before");
-        } else if refused {
-            self.sender.disable_gso(&format_args!("it refused trains of {k} chunks within the path MTU {mtu}"));
-        }
+        self.sender.set_train(self.link.train_chunks());
     }
 
     /// The UDP socket frames leave from.
@@ -291,7 +190,7 @@ impl DatagramLink {
     /// The previous node frames are taken from (configured, or learned from
     /// the first valid chunk and locked).
     pub fn prev(&self) -> Option<SocketAddr> {
-        self.prev
+        self.link.prev()
     }
 
     /// How long the first frame waits for the next node's proof.
@@ -300,51 +199,40 @@ impl DatagramLink {
     /// Whether the first frame still has to wait for the next node's proof
     /// (see [`Self::FIRST_PROOF_WAIT`]).
     pub fn awaits_proof(&self) -> bool {
-        !self.proof_waited && !self.cfg.original_compat && !self.next_is_leap()
+        self.link.awaits_proof()
     }
 
     /// Before an event loop waits for the next node's proof its own way:
     /// the next challenge goes out at once (see [`Self::await_next_proof`]).
     #[cfg(feature = "tokio")]
     pub(crate) fn proof_wait_begins(&mut self) {
-        self.next_peer.challenge_now();
+        self.link.proof_wait_begins();
     }
 
     /// Marks the wait for the next node's proof as done (an event loop
     /// waited its own way while the driver exchanged hellos).
     pub fn proof_wait_done(&mut self) {
-        self.proof_waited = true;
+        self.link.proof_wait_done();
     }
 
     /// Whether the next node proved to be a leap node.
     pub fn next_is_leap(&self) -> bool {
-        self.next_peer.proven().is_some()
+        self.link.next_is_leap()
     }
 
     /// Whether the previous node proved to be a leap node.
     pub fn prev_is_leap(&self) -> bool {
-        self.prev_proven().is_some()
-    }
-
-    fn prev_proven(&self) -> Option<crate::frame::peer::Proven> {
-        match (&self.prev_peer, self.prev) {
-            (Some(p), _) => p.proven(),
-            (None, Some(prev)) if prev == self.cfg.next => self.next_peer.proven(),
-            _ => None,
-        }
+        self.link.prev_is_leap()
     }
 
     /// Counters, drops of the reassembly included.
     pub fn stats(&self) -> Stats {
-        let mut s = self.stats;
-        s.drops = *self.reasm.drops();
-        s.copied_bytes += self.reasm.copied();
-        s
+        self.link.stats()
     }
 
     /// Counts a datagram larger than any chunk (truncated by the receive path).
     pub fn count_oversize(&mut self) {
-        self.reasm.drops_mut().oversize += 1;
+        self.link.count_oversize();
     }
 
     /// Feeds every datagram of a kernel receive batch to [`Self::train`]:
@@ -356,8 +244,9 @@ impl DatagramLink {
     /// Without a buffer every chunk goes to a side slot of the reassembly.
     pub fn take_batch(&mut self, rx: &crate::sys::udp::RxBatch, gro: bool, mut out: Option<&mut [u8]>) -> u64 {
         if let Some(d) = rx.kernel_drops() {
-            self.stats.kernel_drops = u64::from(d);
+            self.link.stats_mut().kernel_drops = u64::from(d);
         }
+        let now = Instant::now();
         let mut taken = 0;
         for i in 0..rx.len() {
             let (bytes, meta, src) = rx.get(i);
@@ -367,43 +256,27 @@ impl DatagramLink {
             }
             let seg = if gro { meta.segment.map_or(bytes.len(), usize::from).max(1) } else { bytes.len().max(1) };
             for d in bytes.chunks(seg) {
-                taken += self.train(src, d, out.as_deref_mut());
+                taken += self.handle(now, src, d, out.as_deref_mut());
             }
         }
+        self.flush();
         taken
     }
 
     /// The drop counters of the receive path, for refusals before a
     /// datagram reaches [`Self::datagram`].
     pub fn drops_mut(&mut self) -> &mut super::Drops {
-        self.reasm.drops_mut()
+        self.link.drops_mut()
     }
 
     /// Counts datagrams the receive path could not even parse as UDP.
     pub fn count_foreign(&mut self, n: u64) {
-        self.reasm.drops_mut().short += n;
+        self.link.drops_mut().short += n;
     }
 
     /// Sets the receive deadline.
     pub fn set_recv_timeout(&mut self, t: Option<Duration>) {
         self.cfg.recv_timeout = t;
-    }
-
-    /// The `reserved` field for a frame of `kind` to the next node: exactly
-    /// the original's 0 until the next node proved to be a leap node.
-    fn reserved_for(&self, kind: FrameKind) -> u16 {
-        let Some(next) = self.next_peer.proven().filter(|_| !self.cfg.original_compat) else { return 0 };
-        let mut r = flags::LEAP;
-        if self.retx.is_some() {
-            r |= flags::RELIABLE;
-        }
-        if self.cfg.crc && next.caps & caps::CRC != 0 {
-            r |= flags::CRC;
-        }
-        if kind == FrameKind::Control {
-            r |= ChunkKind::Control as u16;
-        }
-        r
     }
 
     /// Sends a frame to the next node (and keeps it for NACKs).
@@ -418,7 +291,7 @@ impl DatagramLink {
     ///
     /// As [`UdpSender::send`], unless the frame can be recovered by NACKs.
     pub fn send(&mut self, kind: FrameKind, head: &[u8], tail: &[u8]) -> Result<()> {
-        let reserved = self.prepare_send(kind);
+        let FrameHead { seq, reserved, keep } = self.prepare_send(kind);
         let crc;
         let trailer: &[u8] = if reserved & flags::CRC != 0 {
             crc = crc32c::crc32c_append(crc32c::crc32c(head), tail).to_le_bytes();
@@ -426,15 +299,14 @@ impl DatagramLink {
         } else {
             &[]
         };
-        let seq = self.sender.next_seq();
-        let res = self.sender.send(&self.socket, reserved, head, tail, trailer);
+        let res = self.sender.send(&self.socket, seq, reserved, head, tail, trailer);
         if matches!(res, Err(TransportError::BadFrameLen(_))) {
             return res.map(drop);
         }
-        let kept = match &mut self.retx {
-            Some(retx) if reserved & flags::LEAP != 0 => {
+        let kept = match self.link.retx_mut() {
+            Some(retx) if keep => {
                 retx.store(seq, reserved, head, tail, trailer);
-                self.stats.copied_bytes += (head.len() + tail.len()) as u64;
+                self.link.stats_mut().copied_bytes += (head.len() + tail.len()) as u64;
                 true
             }
             _ => false,
@@ -467,10 +339,8 @@ impl DatagramLink {
         if len == 0 || len > leap_common::chunk::FRAME_LEN_MAX {
             return Err(TransportError::BadFrameLen(len));
         }
-        let reserved = self.prepare_send(kind);
-        let seq = self.sender.next_seq();
-        let keep = reserved & flags::LEAP != 0 && self.retx.is_some();
-        let mut buf = match (&mut self.retx, keep) {
+        let FrameHead { seq, reserved, keep } = self.prepare_send(kind);
+        let mut buf = match (self.link.retx_mut(), keep) {
             (Some(retx), true) => retx.take_slot(seq, len),
             _ => std::mem::take(&mut self.tx).into_vec(),
         };
@@ -487,7 +357,6 @@ impl DatagramLink {
     /// As [`Self::send`].
     pub fn finish_send(&mut self, slot: SendSlot) -> Result<()> {
         let SendSlot { seq, reserved, keep, len, buf } = slot;
-        debug_assert_eq!(seq, self.sender.next_seq(), "another frame was sent between begin_send and finish_send");
         let frame = &buf[..len];
         let crc;
         let trailer: &[u8] = if reserved & flags::CRC != 0 {
@@ -496,8 +365,8 @@ impl DatagramLink {
         } else {
             &[]
         };
-        let res = self.sender.send(&self.socket, reserved, frame, &[], trailer);
-        match (&mut self.retx, keep) {
+        let res = self.sender.send(&self.socket, seq, reserved, frame, &[], trailer);
+        match (self.link.retx_mut(), keep) {
             (Some(retx), true) => {
                 retx.put_slot(seq, buf);
                 retx.commit(seq, reserved, len, trailer);
@@ -510,41 +379,41 @@ impl DatagramLink {
     /// Gives back the memory of a frame begun with [`Self::begin_send`] and
     /// not sent (its seq stays unused).
     pub fn discard_send(&mut self, slot: SendSlot) {
-        match (&mut self.retx, slot.keep) {
+        match (self.link.retx_mut(), slot.keep) {
             (Some(retx), true) => retx.put_slot(slot.seq, slot.buf),
             _ => self.tx = OwnedBuf::from_vec(slot.buf),
         }
     }
 
     /// Before a frame leaves: the first waits for the next node's proof,
-    /// challenges go out when due. Returns the frame's `reserved` field.
-    fn prepare_send(&mut self, kind: FrameKind) -> u16 {
-        if !self.proof_waited && !self.cfg.original_compat {
+    /// challenges go out when due. Returns what the link decided for it.
+    fn prepare_send(&mut self, kind: FrameKind) -> FrameHead {
+        if self.link.awaits_proof() {
             self.await_next_proof(FIRST_PROOF_WAIT);
         }
-        self.send_hellos(Instant::now());
-        self.reserved_for(kind)
+        // Waited (or not needed): the link's own wait never holds a frame
+        // sent from here.
+        self.link.proof_wait_done();
+        let head = self.link.next_frame(Instant::now(), kind);
+        self.flush();
+        head
     }
 
     /// Counts a frame sent (or attempted) as `seq`; a failed send of a kept
     /// frame is recovered by NACKs.
     fn sent(&mut self, seq: u16, kept: bool, len: usize, res: Result<super::send::Sent>) -> Result<()> {
         let now = Instant::now();
-        if kept {
-            self.probe.sent(now, &self.cfg.timers, seq);
-        }
-        self.last_send = Some(now);
+        self.link.frame_sent(now, seq, kept, len);
         self.recheck_trains(now);
-        self.stats.frames_sent += 1;
-        self.stats.bytes_sent += len as u64;
+        let stats = self.link.stats_mut();
         match res {
             Ok(sent) => {
-                self.stats.chunks_sent += u64::from(sent.chunks);
-                self.stats.datagrams_sent += u64::from(sent.datagrams);
+                stats.chunks_sent += u64::from(sent.chunks);
+                stats.datagrams_sent += u64::from(sent.datagrams);
                 Ok(())
             }
             Err(e) => {
-                self.stats.send_errors += 1;
+                stats.send_errors += 1;
                 if kept {
                     self.send_log.warn(format_args!("sending frame seq {seq} failed ({e}); recovering it by NACKs"));
                     Ok(())
@@ -559,258 +428,116 @@ impl DatagramLink {
     /// expected frame goes into `out`, others (and all without `out`) to
     /// side slots of the reassembly.
     pub fn datagram(&mut self, src: Option<SocketAddr>, datagram: &[u8], out: Option<&mut [u8]>) {
-        self.take(src, datagram, out);
+        self.handle(Instant::now(), src, datagram, out);
+        self.flush();
     }
 
     /// Takes one datagram that may be a chunk train
-    /// ([`leap_common::chunk::train`]; [`Self::take`] splits it) and returns
-    /// the chunks it was meant to carry: 0 for a hello or a datagram longer
-    /// than any train (counted as oversize).
+    /// ([`leap_common::chunk::train`]; each chunk is taken on its own) and
+    /// returns the chunks it was meant to carry: 0 for a hello or a datagram
+    /// longer than any train (counted as oversize).
     pub fn train(&mut self, src: Option<SocketAddr>, datagram: &[u8], out: Option<&mut [u8]>) -> u64 {
-        if !self.take(src, datagram, out) {
-            return 0;
-        }
-        if datagram.len() <= CHUNK_DATAGRAM_MAX || self.cfg.original_compat {
-            return 1;
-        }
-        leap_common::chunk::train(datagram).map_or(0, |t| t.count() as u64)
+        let n = self.handle(Instant::now(), src, datagram, out);
+        self.flush();
+        n
     }
 
-    /// Takes one datagram, a single chunk or a train of them (each taken
-    /// on its own); returns whether it was meant as chunks (not a hello),
-    /// whatever became of it. A datagram longer than any train is dropped
-    /// and counted as oversize.
-    fn take(&mut self, src: Option<SocketAddr>, datagram: &[u8], mut out: Option<&mut [u8]>) -> bool {
+    /// Hands one datagram to the link (what it sends in answer goes out at
+    /// the next [`Self::flush`]).
+    fn handle(&mut self, now: Instant, src: Option<SocketAddr>, datagram: &[u8], out: Option<&mut [u8]>) -> u64 {
         self.taken += 1;
-        if Hello::is_hello(datagram) {
-            self.hello(src, datagram);
-            return false;
+        if src == Some(self.cfg.next) && Hello::is_hello(datagram) {
+            // It may prove the next node (again): its trains are sized to
+            // the path MTU as it is now.
+            let mtu = self.path_mtu();
+            self.link.set_path_mtu(now, mtu);
         }
-        if datagram.len() <= CHUNK_DATAGRAM_MAX || self.cfg.original_compat {
-            // What the original sends (and all an original-compatible node
-            // reads: a longer datagram fails the chunk's length check).
-            self.take_chunk(src, datagram, out);
-            return true;
-        }
-        match leap_common::chunk::train(datagram) {
-            Ok(train) => {
-                for chunk in train {
-                    self.take_chunk(src, chunk, out.as_deref_mut());
-                }
-            }
-            Err(e) => self.reasm.drops_mut().count_parse(e),
-        }
-        true
+        self.link.handle(now, src, datagram, out)
     }
 
-    fn take_chunk(&mut self, src: Option<SocketAddr>, datagram: &[u8], out: Option<&mut [u8]>) {
-        let (mut hdr, payload) = match ChunkHeader::parse(datagram) {
-            Ok(x) => x,
-            Err(e) => return self.reasm.drops_mut().count_parse(e),
-        };
-        let from_next = src == Some(self.cfg.nack_from.unwrap_or(self.cfg.next));
-        if hdr.kind() == ChunkKind::Nack && from_next && self.next_is_leap() && !self.cfg.original_compat {
-            self.stats.nacks_received += 1;
-            self.answer_nack(&hdr, payload);
-            return;
-        }
-        match (self.prev, src) {
-            (Some(prev), Some(src)) if prev == src => {}
-            (None, Some(_)) if self.lock.as_ref().is_some_and(|l| !l.chunk_may_take(Instant::now())) => {
-                // Released by the operator: a proven leap node first.
-                self.reasm.drops_mut().wrong_source += 1;
-                return;
-            }
-            (None, Some(src)) if hdr.kind() != ChunkKind::Nack => {
-                log::info!("taking frames from {src} only (the first source; set the previous node to choose it)");
-                self.prev = Some(src);
-                // The source that hellos before its frame: its proof goes on.
-                let candidate = self.lock.take().and_then(|mut l| l.take_candidate(src));
-                if src != self.cfg.next {
-                    self.prev_peer = Some(candidate.unwrap_or_else(|| Peer::new(src)));
-                    self.lock = Some(SourceLock::new(src, Instant::now(), self.stats.chunks_received));
-                }
-            }
-            _ => {
-                self.reasm.drops_mut().wrong_source += 1;
-                return;
-            }
-        }
-        if self.prev_proven().is_none() || self.cfg.original_compat {
-            // Not proven a leap node: read the chunk as the original would,
-            // whatever its `reserved` says (the original echoes ours).
-            hdr.reserved = 0;
-        } else if hdr.kind() == ChunkKind::Nack {
-            // A NACK from the previous node is meaningless: it sends to us.
-            self.reasm.drops_mut().wrong_source += 1;
-            return;
-        }
-        // Data rule: every chunk but the last of a frame is full.
-        let last = hdr.chunk_id + 1 == hdr.total_chunks;
-        if (last && payload.is_empty()) || (!last && payload.len() != CHUNK_PAYLOAD_MAX) {
-            self.reasm.drops_mut().bad_length += 1;
-            return;
-        }
-        let r = match out {
-            Some(out) if self.done.is_none() => self.reasm.push(&hdr, payload, out),
-            _ => self.reasm.stash(&hdr, payload),
-        };
-        if r != Push::Dropped {
-            self.stats.chunks_received += 1;
-            if hdr.reserved & flags::RETRANSMIT != 0 {
-                self.stats.chunks_recovered += 1;
-            }
-            // Out of the receive path's buffer into the frame's.
-            self.stats.copied_bytes += payload.len() as u64;
-        }
-        if let Push::Complete(got) = r {
-            self.done = Some(got);
-        }
-    }
-
-    /// A hello from `src`: answered, and it may prove a neighbour (or its
-    /// restart).
-    fn hello(&mut self, src: Option<SocketAddr>, datagram: &[u8]) {
-        if self.cfg.original_compat {
-            // Exactly the original: it ignores what is not a chunk.
-            self.reasm.drops_mut().bad_magic += 1;
-            return;
-        }
-        let Ok(h) = Hello::parse(datagram) else {
-            self.reasm.drops_mut().bad_magic += 1;
-            return;
-        };
+    /// Sends what the link has to send (hellos and NACKs one by one,
+    /// retransmissions and probes in bursts of one `sendmmsg`) and takes
+    /// what it has to say.
+    fn flush(&mut self) {
         let now = Instant::now();
-        let (epoch, caps) = (self.epoch, self.caps);
-        let (outcome, is_next, is_prev) = match src {
-            Some(a) if a == self.cfg.next => {
-                (self.next_peer.on_hello(&h, now, epoch, caps), true, self.prev == Some(a))
-            }
-            Some(a) if self.prev_peer.as_ref().is_some_and(|p| p.addr() == a) => {
-                if let Some(lock) = &mut self.lock
-                    && lock.locked_hello(&h)
-                {
-                    log::info!("previous node {a} answered: it keeps the lock");
+        let (mut at, mut kind) = (0, None);
+        loop {
+            let t =
+                if self.burst.len() < RETX_BURST { self.link.poll_transmit(now, &mut self.out[at..]) } else { None };
+            let Some(t) = t else {
+                let Some(k) = kind.take() else { break };
+                let full = self.burst.len() >= RETX_BURST;
+                self.send_burst(k);
+                at = 0;
+                if full {
+                    continue;
                 }
-                (self.prev_peer.as_mut().expect("checked").on_hello(&h, now, epoch, caps), false, true)
-            }
-            Some(a) => return self.stranger_hello(a, &h, now),
-            None => {
-                self.reasm.drops_mut().wrong_source += 1;
-                return;
-            }
-        };
-        self.stats.hellos_received += 1;
-        if let (Some(reply), Some(to)) = (outcome.reply, src) {
-            self.send_hello(&reply, to);
-        }
-        if outcome.proven {
-            log::info!(
-                "{} node {} is a leap node{}",
-                if is_next { "next" } else { "previous" },
-                src.map_or_else(String::new, |a| a.to_string()),
-                if outcome.restarted { " (restarted)" } else { "" }
-            );
-            if is_next {
-                self.size_trains();
+                break;
+            };
+            if matches!(t.kind, TransmitKind::Retransmit | TransmitKind::Probe) && t.to == self.cfg.next {
+                if kind.is_some_and(|k| k != t.kind) {
+                    self.send_burst(kind.take().expect("checked"));
+                    self.out.copy_within(at..at + t.len, 0);
+                    at = 0;
+                }
+                kind = Some(t.kind);
+                self.burst.push(at..at + t.len);
+                at += t.len;
+            } else {
+                if let Some(k) = kind.take() {
+                    self.send_burst(k);
+                }
+                self.send_one(t, at);
+                at = 0;
             }
         }
-        if outcome.proven && !outcome.restarted && is_prev && self.stats.frames_received == 0 {
-            // Whatever came from that address before it was proven (a
-            // spoofer's chunks, say) may have locked the reassembly onto a
-            // seq the real sender never uses: start from its chunks.
-            self.reasm.resync();
-        }
-        if outcome.restarted {
-            if is_next && let Some(retx) = &mut self.retx {
-                // Its frames went to the old process.
-                retx.clear();
-                self.probe = ProbeTimer::default();
-            }
-            if is_prev {
-                self.restart_prev();
+        self.sender.set_train(self.link.train_chunks());
+        while let Some(e) = self.link.poll_event() {
+            match e {
+                Event::Frame(got) => self.done = Some(got),
+                Event::Lost(l) => self.lost = Some(l),
+                Event::Proven { .. } | Event::Restarted { .. } | Event::Relocked { .. } => {}
             }
         }
     }
 
-    /// A hello from a source that is neither neighbour: while the source
-    /// lock may be moving ([`SourceLock::stranger_hello`]), answered and
-    /// challenged; dropped otherwise.
-    fn stranger_hello(&mut self, src: SocketAddr, h: &Hello, now: Instant) {
-        let leap = self.prev_is_leap();
-        let (chunks, epoch, caps) = (self.stats.chunks_received, self.epoch, self.caps);
-        let Some(lock) = &mut self.lock else {
-            self.reasm.drops_mut().wrong_source += 1;
-            return;
-        };
-        lock.observe(now, chunks);
-        let Some(out) = lock.stranger_hello(src, h, now, leap, (epoch, caps)) else {
-            self.reasm.drops_mut().wrong_source += 1;
-            return;
-        };
-        self.stats.hellos_received += 1;
-        if let Some(reply) = out.reply {
-            self.send_hello(&reply, src);
+    /// Sends the datagrams of [`Self::burst`] (all of `kind`) in one
+    /// `sendmmsg`.
+    fn send_burst(&mut self, kind: TransmitKind) {
+        let (out, spans) = (&self.out, &self.burst);
+        let res = self.sender.send_datagrams(&self.socket, || spans.iter().map(|r| [&out[r.clone()]]));
+        if let Err(e) = res {
+            self.link.transmit_failed(kind, spans.len() as u64);
+            let seq = spans.first().and_then(|r| ChunkHeader::parse(&out[r.clone()]).ok()).map_or(0, |(h, _)| h.seq);
+            match kind {
+                TransmitKind::Probe => self.send_log.warn(format_args!("probe of seq {seq} failed: {e}")),
+                _ => self.send_log.warn(format_args!("retransmission of seq {seq} failed: {e}")),
+            }
         }
-        if let Some((probe, locked)) = out.probe {
-            log::info!(
-                "{src} proved to be a leap node while {locked} was quiet; asking {locked} whether it is still there"
-            );
-            self.send_hello(&probe, locked);
-        }
-        // Nothing locked (at start, or released): a source that just proved
-        // itself takes the lock now, before the chunks of its first frame
-        // (the receive path hands them over next, maybe in the same batch).
-        self.relock(now);
+        self.burst.clear();
     }
 
-    /// Moves the source lock to a proven candidate once the locked source
-    /// left its probe unanswered; returns when to look again.
-    fn relock(&mut self, now: Instant) -> Option<Instant> {
-        let lock = self.lock.as_mut()?;
-        let first = lock.never_held();
-        let Some((peer, old)) = lock.poll(now) else { return lock.due() };
-        match old {
-            None if first => log::info!(
-                "taking frames from {} only (the first source, a leap node; set the previous node to choose it)",
-                peer.addr()
-            ),
-            Some(old) => log::warn!(
-                "previous node {old} did not answer for {:?}; taking frames from {} instead, which proved to be a leap node",
-                crate::frame::relock::PROBE_WAIT,
-                peer.addr()
-            ),
-            None => log::warn!("taking frames from {}, which proved to be a leap node", peer.addr()),
+    /// Sends the datagram `t` written at `at` in [`Self::out`] on its own.
+    fn send_one(&mut self, t: Transmit, at: usize) {
+        let bytes = &self.out[at..at + t.len];
+        let Err(e) = self.socket.send_to(bytes, &t.to.into()) else { return };
+        self.link.transmit_failed(t.kind, 1);
+        let to = t.to;
+        match t.kind {
+            TransmitKind::Hello => self.send_log.warn(format_args!("hello to {to} failed: {e}")),
+            TransmitKind::Nack => self.send_log.warn(format_args!("NACK to {to} failed: {e}")),
+            _ => {
+                let seq = ChunkHeader::parse(bytes).map_or(0, |(h, _)| h.seq);
+                self.send_log.warn(format_args!("sending to {to} (seq {seq}) failed: {e}"));
+            }
         }
-        self.prev = Some(peer.addr());
-        self.prev_peer = Some(peer);
-        self.restart_prev();
-        None
-    }
-
-    /// Frames from the previous node start afresh (it restarted, or another
-    /// node took its place): reassembly takes its next chunks, NACK timers
-    /// start over.
-    fn restart_prev(&mut self) {
-        self.reasm.resync();
-        self.nack = NackTimer::default();
     }
 
     /// Releases a lock taken on the first source (no previous node
     /// configured): the next valid chunk's source is taken again. Returns
     /// the source that held it.
     pub fn release_source(&mut self) -> Option<SocketAddr> {
-        let old = self.lock.as_ref()?.source()?;
-        self.lock = Some(SourceLock::released(Instant::now()));
-        self.prev = None;
-        self.prev_peer = None;
-        self.restart_prev();
-        log::warn!(
-            "released the lock on {old}: frames are taken from the first source that proves to be a leap node \
-             within {:?}, then from the first that sends a valid chunk",
-            crate::frame::relock::RELEASE_PROOF_WINDOW
-        );
-        Some(old)
+        self.link.release_source(Instant::now())
     }
 
     /// Before the first frame: gives the next node up to `limit` to prove
@@ -818,13 +545,13 @@ impl DatagramLink {
     /// arrive) meanwhile. An original next node never answers: it then gets
     /// the original format, from the first frame on, until it does.
     fn await_next_proof(&mut self, limit: Duration) {
-        self.proof_waited = true;
+        self.link.proof_wait_done();
         // Challenges sent before the next node listened were lost, and left
         // the next one up to a second away: ask now.
-        self.next_peer.challenge_now();
+        self.link.proof_wait_begins();
         let start = Instant::now();
         let mut rx = crate::sys::udp::RxBatch::new(4, 65536);
-        while !self.next_is_leap() {
+        while !self.link.next_is_leap() {
             let now = Instant::now();
             if now >= start + limit {
                 log::info!(
@@ -834,7 +561,8 @@ impl DatagramLink {
                 );
                 return;
             }
-            let due = earliest(self.send_hellos(now), Some(start + limit)).unwrap_or(now);
+            let due = earliest(self.link.poll_hellos(now), Some(start + limit)).unwrap_or(now);
+            self.flush();
             let fd = self.socket.as_fd();
             let wait = due.saturating_duration_since(now).max(Duration::from_micros(50));
             if crate::sys::udp::wait_readable(fd, wait).is_err() {
@@ -851,275 +579,57 @@ impl DatagramLink {
         }
     }
 
-    fn send_hello(&mut self, h: &Hello, to: SocketAddr) {
-        match self.socket.send_to(&h.to_bytes(), &to.into()) {
-            Ok(_) => self.stats.hellos_sent += 1,
-            Err(e) => {
-                self.stats.send_errors += 1;
-                self.send_log.warn(format_args!("hello to {to} failed: {e}"));
-            }
-        }
-    }
-
-    /// Sends the challenges that are due; returns when the next one is.
-    fn send_hellos(&mut self, now: Instant) -> Option<Instant> {
-        if self.cfg.original_compat {
-            return None;
-        }
-        let (epoch, caps) = (self.epoch, self.caps);
-        let (h, mut due) = self.next_peer.challenge(now, epoch, caps);
-        due = earliest(due, self.relock(now));
-        if let Some(h) = h {
-            self.send_hello(&h, self.cfg.next);
-        }
-        if let Some(p) = &mut self.prev_peer {
-            let (h, d) = p.challenge(now, epoch, caps);
-            let to = p.addr();
-            due = earliest(due, d);
-            if let Some(h) = h {
-                self.send_hello(&h, to);
-            }
-        }
-        due
-    }
-
-    fn answer_nack(&mut self, hdr: &ChunkHeader, payload: &[u8]) {
-        let Some(retx) = &mut self.retx else { return };
-        let Some(ranges) = decode_nack(hdr, payload) else {
-            self.reasm.drops_mut().bad_length += 1;
-            return;
-        };
-        let now = Instant::now();
-        match retx.request(hdr.seq, ranges, now) {
-            NackAnswer::Queued(_) => {
-                self.pace_retransmits(now);
-            }
-            NackAnswer::Unknown => self.stats.nacks_unknown += 1,
-            NackAnswer::Refused => self.stats.nacks_refused += 1,
-        }
-    }
-
-    /// Sends one burst of queued retransmissions if the pace allows; returns
-    /// when the next burst is due.
-    fn pace_retransmits(&mut self, now: Instant) -> Option<Instant> {
-        let retx = self.retx.as_mut()?;
-        if !retx.has_pending() {
-            return None;
-        }
-        if now < self.pace_due {
-            return Some(self.pace_due);
-        }
-        let (seq, n) = retx.next_burst(&mut self.burst[..], now)?;
-        let (frame, reserved, trailer) = retx.get(seq)?;
-        let bytes = (n * CHUNK_DATAGRAM_MAX) as u64;
-        self.pace_due = now + Duration::from_nanos(bytes * 1_000_000_000 / RETX_PACE_BYTES_PER_S);
-        match self.sender.resend(&self.socket, seq, reserved, frame, trailer, self.burst[..n].iter().copied()) {
-            Ok(sent) => self.stats.retransmits += sent,
-            Err(e) => {
-                self.stats.send_errors += 1;
-                self.send_log.warn(format_args!("retransmission of seq {seq} failed: {e}"));
-            }
-        }
-        retx.has_pending().then_some(self.pace_due)
-    }
-
-    fn send_nack(&mut self, seq: u16, all: bool) {
-        let Some(to) = self.prev else { return };
-        let len = if all || self.reasm.progress().1 == 0 {
-            encode_nack(seq, [NACK_ALL], &mut self.nack_buf)
-        } else if self.nack.attempts() <= 1 && !self.reasm.saw_ahead() {
-            // First ask only for the holes: the tail may still be coming
-            // (the next NACK, or the sender's probe, covers it).
-            encode_nack(seq, ranges(self.reasm.holes()), &mut self.nack_buf)
-        } else {
-            encode_nack(seq, ranges(self.reasm.missing()), &mut self.nack_buf)
-        };
-        if len == 0 {
-            return;
-        }
-        match self.socket.send_to(&self.nack_buf[..len], &to.into()) {
-            Ok(_) => self.stats.nacks_sent += 1,
-            Err(e) => {
-                self.stats.send_errors += 1;
-                self.send_log.warn(format_args!("NACK to {to} failed: {e}"));
-            }
-        }
-    }
-
-    /// NACKs what later frames lack (once each while they wait): with many
-    /// frames in flight their losses are then recovered together with the
-    /// expected frame's.
-    fn nack_gaps_ahead(&mut self) {
-        let Some(to) = self.prev else { return };
-        let (buf, socket, stats, log) = (&mut self.nack_buf, &self.socket, &mut self.stats, &mut self.send_log);
-        self.reasm.gaps_ahead(|seq, ids| {
-            let len = encode_nack(seq, ranges(ids), buf);
-            match socket.send_to(&buf[..len], &to.into()) {
-                Ok(_) => stats.nacks_sent += 1,
-                Err(e) => {
-                    stats.send_errors += 1;
-                    log.warn(format_args!("NACK to {to} failed: {e}"));
-                }
-            }
-        });
-    }
-
-    /// Whether lost chunks of the previous node's frames can be fetched again.
-    fn recovering(&self) -> bool {
-        self.cfg.reliability == Reliability::Reliable
-            && !self.cfg.original_compat
-            && self.prev_is_leap()
-            && self.reasm.peer_reliable()
-    }
-
-    /// Runs the timers: challenges, NACKs of the expected frame, probes of
-    /// the last frame sent, paced retransmissions. Returns when to look again.
-    fn service(&mut self, now: Instant) -> Result<Option<Instant>> {
-        let mut next = self.send_hellos(now);
-        if let Some(seq) = self.reasm.take_corrupt() {
-            if self.recovering() {
-                // The CRC failed: every chunk is suspect, fetch them all.
-                self.send_nack(seq, true);
-            } else {
-                return Err(self.lost());
-            }
-        }
-        let stalled = self.reasm.has_partial() || self.reasm.saw_ahead() || self.reasm.is_overtaken();
-        if stalled && !self.drained {
-            // A frame may look stalled only because its chunks wait in the
-            // receive path (a node that was not scheduled for a while):
-            // look there first, without sleeping.
-            self.drain_first = true;
-        } else if let Some(exp) = self.reasm.expected()
-            && self.recovering()
-        {
-            // Chunks far beyond the window show the sender moved on as well
-            // (a window smaller than the frames in flight): without a NACK
-            // the expected frame would never come.
-            let ahead = self.reasm.saw_ahead() || self.reasm.is_overtaken();
-            match self.nack.poll(now, &self.cfg.timers, exp, self.reasm.progress(), ahead) {
-                NackDecision::Wait(t) => next = earliest(next, t),
-                NackDecision::Send => {
-                    self.send_nack(exp, false);
-                    self.nack_gaps_ahead();
-                    next = earliest(next, Some(now + self.cfg.timers.nack_delay));
-                }
-                NackDecision::GiveUp => return Err(self.lost()),
-            }
-        } else if let Some(exp) = self.reasm.expected()
-            && self.reasm.has_partial()
-        {
-            // Best effort: nobody will send the missing chunks. Give the
-            // frame up once the sender has moved on or it has been idle.
-            let idle = self.nack.track(now, exp, self.reasm.progress());
-            let limit = self.cfg.timers.best_effort_idle;
-            if self.reasm.saw_ahead() || self.reasm.is_overtaken() || idle >= limit {
-                return Err(self.lost());
-            }
-            next = earliest(next, Some(now + (limit - idle)));
-        } else if self.reasm.is_overtaken() {
-            return Err(self.lost());
-        }
-        if self.retx.is_some() && self.next_is_leap() {
-            next = earliest(next, self.service_sender(now));
-        }
-        Ok(next)
-    }
-
-    /// Probes of the last frame sent and paced retransmissions; returns when
-    /// to look again.
-    fn service_sender(&mut self, now: Instant) -> Option<Instant> {
-        let mut next = None;
-        {
-            let (probe, due) = self.probe.poll(now, &self.cfg.timers);
-            if let Some(seq) = probe
-                && let Some((frame, reserved, trailer)) = self.retx.as_ref().and_then(|r| r.get(seq))
-            {
-                let stream = frame.len() + trailer.len();
-                let last = leap_common::chunk::chunks_for(stream).unwrap_or(1) - 1;
-                match self.sender.resend(&self.socket, seq, reserved, frame, trailer, std::iter::once(last)) {
-                    Ok(n) => self.stats.probes += n,
-                    Err(e) => {
-                        self.stats.send_errors += 1;
-                        self.send_log.warn(format_args!("probe of seq {seq} failed: {e}"));
-                    }
-                }
-            }
-            next = earliest(next, due);
-            next = earliest(next, self.pace_retransmits(now));
-        }
-        next
-    }
-
     /// What the driver does while the caller is away (computing): hellos,
     /// NACKs of the expected frame, probes, paced retransmissions (NACKs from
     /// the next node were answered as they were drained). Frames are given
     /// up only inside a receive call, which reports it: returns whether a
     /// receive would now give one up (for [`Self::deliverable`]).
     fn service_background(&mut self, now: Instant) -> bool {
-        self.send_hellos(now);
-        let mut loss_due = false;
-        if self.recovering() {
-            if let Some(seq) = self.reasm.take_corrupt() {
-                self.send_nack(seq, true);
-            } else if let Some(exp) = self.reasm.expected() {
-                match self.nack.poll(now, &self.cfg.timers, exp, self.reasm.progress(), self.reasm.saw_ahead()) {
-                    NackDecision::Send => self.send_nack(exp, false),
-                    NackDecision::GiveUp => loss_due = true,
-                    NackDecision::Wait(_) => {}
-                }
-            }
-        } else if let Some(exp) = self.reasm.expected()
-            && self.reasm.has_partial()
-        {
-            // Best effort, as `service` decides inside a receive call.
-            let idle = self.nack.track(now, exp, self.reasm.progress());
-            loss_due = self.reasm.saw_ahead() || self.reasm.is_overtaken() || idle >= self.cfg.timers.best_effort_idle;
-        }
-        if self.retx.is_some() && self.next_is_leap() {
-            self.service_sender(now);
-        }
-        loss_due || self.reasm.is_overtaken() || (self.reasm.is_corrupt() && !self.recovering())
+        let loss_due = self.link.drive(now);
+        self.flush();
+        loss_due
     }
 
     /// Whether a receive would deliver a frame at once (the driver completed
     /// it, or a receive took it off the wire with the one it delivered).
     fn deliverable(&self) -> bool {
-        self.done.is_some() || self.reasm.ready()
+        self.done.is_some() || self.link.slot_ready()
     }
 
     /// Whether the driver should look often: a frame is being assembled,
     /// retransmissions wait, or a frame left recently (NACKs may come).
     fn busy(&self, now: Instant) -> bool {
-        self.reasm.has_partial()
-            || self.retx.as_ref().is_some_and(RetransmitBuffer::has_pending)
-            || self.last_send.is_some_and(|t| now.duration_since(t) < BUSY_AFTER_SEND)
-    }
-
-    fn lost(&mut self) -> TransportError {
-        let lost = self.reasm.abandon();
-        self.stats.frames_lost += 1;
-        TransportError::FrameLost { seq: lost.seq, missing: lost.missing, total: lost.total }
-    }
-
-    fn delivered(&mut self, got: Received) -> Result<Received> {
-        self.stats.frames_received += 1;
-        self.stats.bytes_received += got.len as u64;
-        Ok(got)
+        self.link.busy(now)
     }
 
     fn deadline_passed(&mut self, out: &[u8]) -> TransportError {
-        self.stats.timeouts += 1;
-        if self.reasm.has_partial() && !self.recovering() {
-            return self.lost();
+        match self.link.deadline_passed(out) {
+            Some(lost) => lost_error(lost),
+            None => TransportError::Timeout(self.cfg.recv_timeout.unwrap_or_default()),
         }
-        // A proven leap node's restart is proven by its hellos; only an
-        // original sender's is inferred, from a long run of old seqs.
-        if self.prev_proven().is_none() && self.reasm.resync_if_restarted() {
-            log::info!("previous node restarted (its seqs started over); following it");
-        }
-        self.reasm.suspend(out);
-        TransportError::Timeout(self.cfg.recv_timeout.unwrap_or_default())
+    }
+}
+
+/// The error a receive call returns for a frame given up.
+fn lost_error(lost: LostFrame) -> TransportError {
+    TransportError::FrameLost { seq: lost.seq, missing: lost.missing, total: lost.total }
+}
+
+/// What a link is configured with, out of the transport's settings.
+fn link_config(cfg: &UdpConfig) -> LinkConfig {
+    LinkConfig {
+        next: cfg.next,
+        prev: cfg.prev,
+        nack_from: cfg.nack_from,
+        max_frame_len: cfg.max_frame_len,
+        window: cfg.window,
+        keep_frames: cfg.keep_frames,
+        reliable: cfg.reliability == Reliability::Reliable,
+        timers: cfg.timers,
+        original_compat: cfg.original_compat,
+        crc: cfg.crc,
+        trains: cfg.trains,
+        rx_train_bytes: cfg.rx_train_bytes,
     }
 }
 
@@ -1141,10 +651,6 @@ impl SendSlot {
         &mut self.buf[..self.len]
     }
 }
-
-/// How long after sending a frame the driver keeps looking every
-/// [`DRIVE_TICK`] (the next node's NACKs for it come within that).
-const BUSY_AFTER_SEND: Duration = Duration::from_secs(1);
 
 /// What a datagram backend receives from (a UDP socket, AF_XDP sockets, a
 /// BPF ring buffer): it waits without holding the link, then hands what
@@ -1220,9 +726,10 @@ impl DatagramLink {
     /// Starts a receive call into `out`: the frame if it is already there.
     fn recv_begin(&mut self, out: &mut [u8]) -> std::result::Result<Result<Received>, RecvCall> {
         self.done = None;
+        self.lost = None;
         let start = Instant::now();
-        match self.reasm.begin(out) {
-            Some(got) => Ok(self.delivered(got)),
+        match self.link.begin_recv(out) {
+            Some(got) => Ok(Ok(got)),
             None => {
                 let once = self.cfg.recv_timeout.is_some_and(|t| t.is_zero());
                 let deadline = self.cfg.recv_timeout.filter(|_| !once).map(|t| start + t);
@@ -1242,15 +749,19 @@ impl DatagramLink {
     /// [`Self::spin`] of the call.
     fn recv_poll(&mut self, call: &RecvCall, out: &mut [u8], spin: bool) -> Result<RecvPoll> {
         if let Some(got) = self.done.take() {
-            return self.delivered(got).map(RecvPoll::Ready);
+            return Ok(RecvPoll::Ready(got));
         }
         let now = Instant::now();
-        let timer = self.service(now)?;
+        let timer = self.link.handle_timeout(now);
+        self.flush();
+        if let Some(lost) = self.lost.take() {
+            return Err(lost_error(lost));
+        }
         if call.deadline.is_some_and(|d| now >= d) {
             return Err(self.deadline_passed(out));
         }
         let spinning = spin && now.duration_since(call.start) < self.spin();
-        Ok(RecvPoll::Wait(if spinning || std::mem::take(&mut self.drain_first) {
+        Ok(RecvPoll::Wait(if spinning || self.link.take_drain_first() {
             None
         } else {
             let until = earliest(earliest(timer, call.deadline), Some(now + WAKE_TICK)).unwrap_or(now);
@@ -1261,7 +772,7 @@ impl DatagramLink {
     /// Ends a receive call that polled once and found no complete frame:
     /// what arrived of the expected frame is kept for the next call.
     fn nothing_yet(&mut self, out: &[u8]) -> TransportError {
-        self.reasm.suspend(out);
+        self.link.suspend(out);
         TransportError::Timeout(Duration::ZERO)
     }
 
@@ -1269,8 +780,9 @@ impl DatagramLink {
     fn recv_drain<R: RxPath + ?Sized>(&mut self, rx: &mut R, out: &mut [u8], call: &'static str) -> Result<bool> {
         let before = self.taken;
         rx.drain(self, Some(out)).map_err(|e| TransportError::io(call, e))?;
-        self.drained = self.taken == before;
-        Ok(!self.drained)
+        let drained = self.taken == before;
+        self.link.set_rx_empty(drained);
+        Ok(!drained)
     }
 }
 

@@ -11,7 +11,6 @@ use socket2::{SockAddr, Socket};
 
 use super::{Result, TransportError};
 use crate::frame::Chunker;
-use crate::frame::chunker::ChunkRef;
 use crate::sys::udp::{TxBatch, gso_supported};
 
 /// The sending half: chunks frames and hands them to the kernel in one
@@ -19,7 +18,6 @@ use crate::sys::udp::{TxBatch, gso_supported};
 #[derive(Debug)]
 pub struct UdpSender {
     next: SockAddr,
-    seq: u16,
     gso: bool,
     /// Chunks per datagram of a frame's first copy to a proven leap node.
     train: usize,
@@ -43,15 +41,7 @@ impl UdpSender {
     /// A sender to `next`; `gso` if the socket supports it (checked).
     pub fn new(socket: &Socket, next: SocketAddr, gso: bool) -> Self {
         let gso = gso && gso_supported(socket.as_fd());
-        Self {
-            next: next.into(),
-            seq: 0,
-            gso,
-            train: 1,
-            train_refused: false,
-            batch: TxBatch::new(),
-            headers: Vec::new(),
-        }
+        Self { next: next.into(), gso, train: 1, train_refused: false, batch: TxBatch::new(), headers: Vec::new() }
     }
 
     /// Sends frames to a proven leap node as trains of `chunks` chunks per
@@ -88,27 +78,29 @@ impl UdpSender {
         }
     }
 
-    /// The seq the next frame gets.
-    pub fn next_seq(&self) -> u16 {
-        self.seq
-    }
-
-    /// Sends one frame (`head ++ tail`, then `trailer` on the wire) as chunks
-    /// whose headers carry `reserved` (leap flags, or 0 to send exactly like
-    /// the original), in trains where `reserved` has [`flags::LEAP`] and
-    /// [`Self::set_train`] allows them; returns the chunk and datagram
-    /// counts. The frame's seq is used up even when sending fails part-way.
+    /// Sends frame `seq` (`head ++ tail`, then `trailer` on the wire) as
+    /// chunks whose headers carry `reserved` (leap flags, or 0 to send
+    /// exactly like the original), in trains where `reserved` has
+    /// [`flags::LEAP`] and [`Self::set_train`] allows them; returns the chunk
+    /// and datagram counts.
     ///
     /// # Errors
     ///
-    /// [`TransportError::BadFrameLen`] (nothing sent, no seq used) or the
-    /// `sendmmsg` error.
-    pub fn send(&mut self, socket: &Socket, reserved: u16, head: &[u8], tail: &[u8], trailer: &[u8]) -> Result<Sent> {
+    /// [`TransportError::BadFrameLen`] (nothing sent) or the `sendmmsg`
+    /// error.
+    pub fn send(
+        &mut self,
+        socket: &Socket,
+        seq: u16,
+        reserved: u16,
+        head: &[u8],
+        tail: &[u8],
+        trailer: &[u8],
+    ) -> Result<Sent> {
         let len = head.len() + tail.len();
         let chunker =
-            Chunker::with_trailer(self.seq, reserved, head, tail, trailer).ok_or(TransportError::BadFrameLen(len))?;
+            Chunker::with_trailer(seq, reserved, head, tail, trailer).ok_or(TransportError::BadFrameLen(len))?;
         let chunks = chunker.total();
-        self.seq = self.seq.wrapping_add(1);
         // Never a train to a node not proven to take them (the original
         // would read only the first chunk of each).
         let k = if reserved & flags::LEAP != 0 { self.train } else { 1 };
@@ -147,50 +139,19 @@ impl UdpSender {
         Ok(Sent { chunks, datagrams })
     }
 
-    /// Sends chunks `ids` of an earlier frame `seq` again, flagged as
-    /// retransmissions; returns how many were sent. Ids beyond the frame are
-    /// skipped.
+    /// Sends datagrams of one chunk each, already written (retransmitted
+    /// chunks, probes), in one `sendmmsg` (GSO super-datagrams where the
+    /// kernel can).
     ///
     /// # Errors
     ///
     /// The `sendmmsg` error.
-    pub fn resend(
-        &mut self,
-        socket: &Socket,
-        seq: u16,
-        reserved: u16,
-        frame: &[u8],
-        trailer: &[u8],
-        ids: impl Iterator<Item = u16>,
-    ) -> Result<u64> {
-        let Some(chunker) = Chunker::with_trailer(seq, reserved | flags::RETRANSMIT, frame, &[], trailer) else {
-            return Ok(0);
-        };
-        let mut chunks = [None; 64];
-        let mut sent = 0u64;
-        let mut ids = ids.filter(|&id| id < chunker.total()).peekable();
-        while ids.peek().is_some() {
-            let mut n = 0;
-            for id in ids.by_ref().take(chunks.len()) {
-                chunks[n] = chunker.chunk(id);
-                n += 1;
-            }
-            self.transmit(socket, chunks[..n].iter().flatten().copied())?;
-            sent += n as u64;
-        }
-        Ok(sent)
-    }
-
-    /// Sends single chunks, one per datagram.
-    fn transmit<'a, I>(&mut self, socket: &Socket, chunks: I) -> Result<()>
+    pub fn send_datagrams<'a, F, I, D>(&mut self, socket: &Socket, datagrams: F) -> Result<()>
     where
-        I: Iterator<Item = ChunkRef<'a>> + Clone,
+        F: Fn() -> I,
+        I: Iterator<Item = D>,
+        D: IntoIterator<Item = &'a [u8]>,
     {
-        self.headers.clear();
-        self.headers.extend(chunks.clone().map(|c| c.header.to_bytes()));
-        let headers = &self.headers;
-        let datagrams =
-            || chunks.clone().zip(headers.iter()).map(|(c, h)| [&h[..], c.pieces[0], c.pieces[1], c.pieces[2]]);
         Self::send_batch(&mut self.batch, &mut self.gso, socket, &self.next, datagrams, CHUNK_DATAGRAM_MAX as u16)
     }
 
@@ -239,7 +200,7 @@ mod tests {
         let mut s = UdpSender::new(&tx, rx.local_addr().unwrap(), gso);
         s.set_train(train);
         let frame = vec![7u8; 16_392];
-        let sent = s.send(&tx, reserved, &frame[..8], &frame[8..], &[]).unwrap();
+        let sent = s.send(&tx, 0, reserved, &frame[..8], &frame[8..], &[]).unwrap();
         let mut buf = vec![0u8; 65536];
         let mut sizes = Vec::new();
         // The receiving socket has no GRO: a GSO super-datagram arrives as
@@ -287,7 +248,7 @@ mod tests {
         assert!(s.gso(), "loopback takes UDP GSO");
         s.set_train(6);
         let frame: Vec<u8> = (0..16_392u32).map(|i| i as u8).collect();
-        s.send(&tx, flags::LEAP, &frame, &[], &[]).unwrap();
+        s.send(&tx, 0, flags::LEAP, &frame, &[], &[]).unwrap();
         assert!(wait_readable(rx.as_fd(), Duration::from_secs(1)).unwrap());
         let mut batch = RxBatch::new(4, 65536);
         assert_eq!(batch.recv(rx.as_fd(), false).unwrap(), 1, "one super-datagram");

@@ -4,8 +4,8 @@
 //! (`xdp-ringbuf`). Whatever the program passes to the kernel instead (a
 //! queue without a socket, NACKs arriving on another interface) is read from
 //! the node's UDP socket. Every chunk feeds the shared [`DatagramLink`]
-//! (reassembly, loss recovery), and frames leave through its UDP sending
-//! path (GSO / `sendmmsg`).
+//! (the I/O around the link that decides reassembly and loss recovery),
+//! and frames leave through its UDP sending path (GSO / `sendmmsg`).
 //!
 //! Only what the kernel would accept reaches reassembly: the program drops
 //! chunks to another host's MAC or address, on a VLAN the node was not
