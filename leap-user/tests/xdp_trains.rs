@@ -330,14 +330,20 @@ fn hand_made_trains_arrive_whole_through_the_ring_buffer() {
 #[test]
 #[ignore = "needs root + BPF: run by cargo xtask ci"]
 fn trains_a_full_ring_buffer_cannot_hold_arrive_whole_through_the_udp_socket() {
-    // Two pages hold five records: the sixth chunk of every train finds no
+    // Two pages hold five records: the sixth chunk of a train finds no
     // room, after five were submitted. The program passes the datagram;
     // user space never takes the five (their train is incomplete), so
-    // nothing arrives twice.
+    // nothing arrives twice (crafted_trains checks every frame and that
+    // nothing was dropped). The program submits a train's records one by
+    // one, so a receiver draining the ring meanwhile can make room for a
+    // whole train now and then (about one run in ten saw one): such a
+    // train arrives through the ring buffer, every other one through the
+    // UDP socket, each counted once.
     let (c, via_kernel) = crafted_trains(Delivery::RingBuf, Some(8192));
-    assert_eq!(c.get(Counter::RingBufFull), 80, "{c}");
-    assert_eq!(c.get(Counter::ToRingBuf), 0, "{c}");
-    assert_eq!(via_kernel, 40 * 12, "every chunk through the UDP socket");
+    let (full, whole) = (c.get(Counter::RingBufFull), c.get(Counter::ToRingBuf));
+    assert_eq!(full + whole, 80, "every train counted once: {c}");
+    assert!(full > 0, "the ring buffer never filled: {c}");
+    assert_eq!(via_kernel, full * 6, "the chunks of every train the ring could not hold, through the UDP socket: {c}");
 }
 
 /// A 3-node ring at MTU 9000, the frags program attached natively on every
