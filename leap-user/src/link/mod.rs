@@ -498,7 +498,13 @@ impl Link {
     pub fn set_path_mtu(&mut self, now: Instant, mtu: Option<usize>) {
         self.path_mtu = mtu;
         self.mtu_due = Some(now + MTU_RECHECK);
-        let Some(k) = self.train_fit() else { return };
+        if let Some(k) = self.train_fit() {
+            self.resize_trains(k, mtu);
+        }
+    }
+
+    /// Trains of `k` chunks from now on, logged when that changes.
+    fn resize_trains(&mut self, k: usize, mtu: Option<usize>) {
         if k != self.train {
             log::info!(
                 "path MTU to {} is now {}: {k} chunk(s) per datagram, {} before",
@@ -522,13 +528,7 @@ impl Link {
         if k == self.train {
             return true;
         }
-        log::info!(
-            "path MTU to {} is now {}: {k} chunk(s) per datagram, {} before",
-            self.cfg.next,
-            MtuText(mtu),
-            self.train
-        );
-        self.train = k;
+        self.resize_trains(k, mtu);
         false
     }
 
@@ -1212,13 +1212,8 @@ impl Link {
     fn queue_frame(&mut self, now: Instant, seq: u16, kind: FrameKind, frame: &[u8]) {
         self.send_hellos(now);
         let reserved = self.reserved_for(kind);
-        let crc;
-        let trailer: &[u8] = if reserved & flags::CRC != 0 {
-            crc = crc32c::crc32c(frame).to_le_bytes();
-            &crc
-        } else {
-            &[]
-        };
+        let crc = crc_trailer(reserved, frame);
+        let trailer: &[u8] = crc.as_ref().map_or(&[], |c| c);
         let total = leap_common::chunk::chunks_for(frame.len() + trailer.len()).expect("checked by send");
         let kept = match &mut self.retx {
             Some(retx) if reserved & flags::LEAP != 0 => {
@@ -1323,6 +1318,12 @@ pub struct FrameHead {
     pub reserved: u16,
     /// Kept for NACKs in [`Link::retx_mut`].
     pub keep: bool,
+}
+
+/// The CRC32C trailer a frame with `reserved` flags carries (`None`: the
+/// format has none).
+pub(crate) fn crc_trailer(reserved: u16, frame: &[u8]) -> Option<[u8; leap_common::chunk::CRC_TRAILER_LEN]> {
+    (reserved & flags::CRC != 0).then(|| crc32c::crc32c(frame).to_le_bytes())
 }
 
 /// A path MTU as the log says it: the number, or "unknown".

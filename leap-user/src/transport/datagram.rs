@@ -358,13 +358,8 @@ impl DatagramLink {
     pub fn finish_send(&mut self, slot: SendSlot) -> Result<()> {
         let SendSlot { seq, reserved, keep, len, buf } = slot;
         let frame = &buf[..len];
-        let crc;
-        let trailer: &[u8] = if reserved & flags::CRC != 0 {
-            crc = crc32c::crc32c(frame).to_le_bytes();
-            &crc
-        } else {
-            &[]
-        };
+        let crc = crate::link::crc_trailer(reserved, frame);
+        let trailer: &[u8] = crc.as_ref().map_or(&[], |c| c);
         let res = self.sender.send(&self.socket, seq, reserved, frame, &[], trailer);
         match (self.link.retx_mut(), keep) {
             (Some(retx), true) => {
