@@ -44,9 +44,9 @@
 use std::net::SocketAddr;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use ring_crypto::{aead, hkdf};
+use ring_crypto::aead;
 
-use super::ring_key::{KeySet, RingKey, TAG_LEN};
+use super::ring_key::{KeySet, RingKey, TAG_LEN, derive_key, frame_nonce, seal_into, tags_equal};
 
 /// Bytes a keyed datagram carries after its payload.
 pub const TRAILER_LEN: usize = 8 + 8 + TAG_LEN;
@@ -97,17 +97,8 @@ fn addr_bytes(a: SocketAddr) -> [u8; 18] {
 
 /// The key of the datagrams of `epoch` from `from` to `to`.
 fn direction_key(key: &RingKey, epoch: u64, from: SocketAddr, to: SocketAddr) -> aead::LessSafeKey {
-    let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, b"leap datagrams v1").extract(key.bytes());
     let (e, f, t) = (epoch.to_be_bytes(), addr_bytes(from), addr_bytes(to));
-    let info: [&[u8]; 3] = [&e, &f, &t];
-    let okm = prk.expand(&info, &aead::AES_256_GCM).expect("32 bytes are within HKDF-SHA256's limit");
-    aead::LessSafeKey::new(aead::UnboundKey::from(okm))
-}
-
-fn nonce(pn: u64) -> aead::Nonce {
-    let mut n = [0u8; aead::NONCE_LEN];
-    n[4..].copy_from_slice(&pn.to_be_bytes());
-    aead::Nonce::assume_unique_for_key(n)
+    derive_key(key, b"leap datagrams v1", &[&e, &f, &t])
 }
 
 /// The tag of `datagram` with the trailer's first 16 bytes `head`: AES-GCM
@@ -117,10 +108,7 @@ fn tag(key: &aead::LessSafeKey, pn: u64, datagram: &[u8], head: &[u8; 16], scrat
     scratch.clear();
     scratch.extend_from_slice(datagram);
     scratch.extend_from_slice(head);
-    let t = key
-        .seal_in_place_separate_tag(nonce(pn), aead::Aad::empty(), scratch)
-        .expect("a datagram is far below AES-GCM's length limit");
-    t.as_ref().try_into().expect("AES-256-GCM tags are 16 bytes")
+    seal_into(key, frame_nonce(0, pn), scratch).expect("a datagram is far below AES-GCM's length limit")
 }
 
 /// Seals the datagrams of one run of this node to one destination.
@@ -251,10 +239,8 @@ impl Opener {
         let epoch = u64::from_be_bytes(head[..8].try_into().expect("8 bytes"));
         let pn = u64::from_be_bytes(head[8..].try_into().expect("8 bytes"));
         let known = self.peers.iter().position(|p| p.from == from);
-        let check = |key: &aead::LessSafeKey, scratch: &mut Vec<u8>| {
-            let ours = tag(key, pn, body, head, scratch);
-            bool::from(subtle::ConstantTimeEq::ct_eq(&ours[..], &got[..]))
-        };
+        let check =
+            |key: &aead::LessSafeKey, scratch: &mut Vec<u8>| tags_equal(&tag(key, pn, body, head, scratch), got);
         if let Some(i) = known {
             let p = &self.peers[i];
             if epoch < p.epoch {

@@ -260,40 +260,46 @@ pub enum ProofError {
 #[error("a frame failed its ring-key tag (forged, altered, replayed or reordered)")]
 pub struct Forged;
 
-/// Tags (and encrypts) the frames of one direction of a keyed connection.
-pub struct Sealer {
+/// One direction of a keyed connection: its key, the number of its next
+/// frame, and a buffer to run frames through AES-GCM.
+struct Direction {
     key: aead::LessSafeKey,
     seq: u64,
     encrypt: bool,
-    /// The frame made contiguous and run through AES-GCM.
     scratch: Vec<u8>,
 }
+
+impl fmt::Debug for Direction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Direction").field("seq", &self.seq).field("encrypt", &self.encrypt).finish_non_exhaustive()
+    }
+}
+
+impl Direction {
+    fn new(key: aead::LessSafeKey, encrypt: bool) -> Self {
+        Self { key, seq: 0, encrypt, scratch: Vec::new() }
+    }
+
+    /// The nonce of the next frame, of kind `kind`; `None` after 2^64 - 1.
+    fn next_nonce(&mut self, kind: u8) -> Option<aead::Nonce> {
+        let seq = self.seq;
+        self.seq = seq.checked_add(1)?;
+        Some(frame_nonce(kind, seq))
+    }
+}
+
+/// Tags (and encrypts) the frames of one direction of a keyed connection.
+#[derive(Debug)]
+pub struct Sealer(Direction);
 
 /// Checks (and decrypts) the frames of one direction of a keyed
 /// connection, in the order they were sealed.
-pub struct Opener {
-    key: aead::LessSafeKey,
-    seq: u64,
-    encrypt: bool,
-    /// Tag-only frames run through AES-GCM again to check their tag.
-    scratch: Vec<u8>,
-}
-
-impl fmt::Debug for Sealer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Sealer").field("seq", &self.seq).field("encrypt", &self.encrypt).finish_non_exhaustive()
-    }
-}
-
-impl fmt::Debug for Opener {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Opener").field("seq", &self.seq).field("encrypt", &self.encrypt).finish_non_exhaustive()
-    }
-}
+#[derive(Debug)]
+pub struct Opener(Direction);
 
 /// The nonce of frame `seq` of kind `kind`: unique per key as long as
 /// `seq` never repeats (see the module's docs).
-fn frame_nonce(kind: u8, seq: u64) -> aead::Nonce {
+pub(crate) fn frame_nonce(kind: u8, seq: u64) -> aead::Nonce {
     let mut n = [0; aead::NONCE_LEN];
     n[0] = kind;
     n[4..].copy_from_slice(&seq.to_be_bytes());
@@ -310,7 +316,7 @@ fn frame_nonce(kind: u8, seq: u64) -> aead::Nonce {
 /// matter of speed: `ring` hashes associated data a block at a time,
 /// about four times slower here than its encryption, which interleaves
 /// AES and GHASH over many blocks.
-fn seal_into(key: &aead::LessSafeKey, nonce: aead::Nonce, frame: &mut [u8]) -> io::Result<[u8; TAG_LEN]> {
+pub(crate) fn seal_into(key: &aead::LessSafeKey, nonce: aead::Nonce, frame: &mut [u8]) -> io::Result<[u8; TAG_LEN]> {
     let tag = key
         .seal_in_place_separate_tag(nonce, aead::Aad::empty(), frame)
         .map_err(|_| io::Error::other("AES-GCM refused a frame of this length"))?;
@@ -327,14 +333,14 @@ impl Sealer {
     /// Only when the connection has sealed 2^64 - 1 frames and must be
     /// opened again, or AES-GCM refuses a frame over 64 GiB.
     pub fn seal(&mut self, kind: u8, parts: &[&[u8]]) -> io::Result<([u8; TAG_LEN], Option<&[u8]>)> {
-        let seq = self.seq;
-        self.seq = seq.checked_add(1).ok_or_else(|| io::Error::other("2^64 frames on one keyed connection"))?;
-        self.scratch.clear();
+        let d = &mut self.0;
+        let nonce = d.next_nonce(kind).ok_or_else(|| io::Error::other("2^64 frames on one keyed connection"))?;
+        d.scratch.clear();
         for p in parts {
-            self.scratch.extend_from_slice(p);
+            d.scratch.extend_from_slice(p);
         }
-        let tag = seal_into(&self.key, frame_nonce(kind, seq), &mut self.scratch)?;
-        Ok((tag, self.encrypt.then_some(&self.scratch[..])))
+        let tag = seal_into(&d.key, nonce, &mut d.scratch)?;
+        Ok((tag, d.encrypt.then_some(&d.scratch[..])))
     }
 }
 
@@ -347,22 +353,35 @@ impl Opener {
     ///
     /// [`Forged`]: the frame's bytes are not the sender's.
     pub fn open(&mut self, kind: u8, frame: &mut [u8], tag: &[u8; TAG_LEN]) -> Result<(), Forged> {
-        let seq = self.seq;
-        self.seq = seq.checked_add(1).ok_or(Forged)?;
-        let nonce = frame_nonce(kind, seq);
-        if self.encrypt {
+        let d = &mut self.0;
+        let nonce = d.next_nonce(kind).ok_or(Forged)?;
+        if d.encrypt {
             let tag = aead::Tag::from(*tag);
-            return self
+            return d
                 .key
                 .open_in_place_separate_tag(nonce, aead::Aad::empty(), tag, frame, 0..)
                 .map(|_| ())
                 .map_err(|_| Forged);
         }
-        self.scratch.clear();
-        self.scratch.extend_from_slice(frame);
-        let ours = seal_into(&self.key, nonce, &mut self.scratch).map_err(|_| Forged)?;
-        if bool::from(subtle::ConstantTimeEq::ct_eq(&ours[..], &tag[..])) { Ok(()) } else { Err(Forged) }
+        d.scratch.clear();
+        d.scratch.extend_from_slice(frame);
+        let ours = seal_into(&d.key, nonce, &mut d.scratch).map_err(|_| Forged)?;
+        if tags_equal(&ours, tag) { Ok(()) } else { Err(Forged) }
     }
+}
+
+/// Whether two tags are equal, in time that does not depend on where they
+/// differ.
+pub(crate) fn tags_equal(a: &[u8; TAG_LEN], b: &[u8; TAG_LEN]) -> bool {
+    bool::from(subtle::ConstantTimeEq::ct_eq(&a[..], &b[..]))
+}
+
+/// The AES-256-GCM key HKDF-SHA256 derives from `secret` with `salt` and
+/// the parts of `info`.
+pub(crate) fn derive_key(secret: &RingKey, salt: &[u8], info: &[&[u8]]) -> aead::LessSafeKey {
+    let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, salt).extract(secret.bytes());
+    let okm = prk.expand(info, &aead::AES_256_GCM).expect("32 bytes are within HKDF-SHA256's limit");
+    aead::LessSafeKey::new(aead::UnboundKey::from(okm))
 }
 
 /// What a proven connection holds: its two directions' keys.
@@ -381,10 +400,7 @@ fn direction_key(key: &RingKey, nc: &[u8], ns: &[u8], info: &'static [u8]) -> ae
     let mut salt = [0; 2 * NONCE_LEN];
     salt[..NONCE_LEN].copy_from_slice(nc);
     salt[NONCE_LEN..].copy_from_slice(ns);
-    let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, &salt).extract(key.bytes());
-    let info = [info];
-    let okm = prk.expand(&info, &aead::AES_256_GCM).expect("32 bytes are within HKDF-SHA256's limit");
-    aead::LessSafeKey::new(aead::UnboundKey::from(okm))
+    derive_key(key, &salt, &[info])
 }
 
 fn session(key: &RingKey, keys: &KeySet, nc: &[u8], ns: &[u8], connecting: bool) -> Session {
@@ -392,8 +408,8 @@ fn session(key: &RingKey, keys: &KeySet, nc: &[u8], ns: &[u8], connecting: bool)
     let s2c = direction_key(key, nc, ns, b"leap tcp frames, accepting to connecting");
     let (tx, rx) = if connecting { (c2s, s2c) } else { (s2c, c2s) };
     Session {
-        sealer: Sealer { key: tx, seq: 0, encrypt: keys.encrypt, scratch: Vec::new() },
-        opener: Opener { key: rx, seq: 0, encrypt: keys.encrypt, scratch: Vec::new() },
+        sealer: Sealer(Direction::new(tx, keys.encrypt)),
+        opener: Opener(Direction::new(rx, keys.encrypt)),
         used_previous: keys.is_previous(key),
     }
 }

@@ -137,7 +137,7 @@ pub struct TcpTransport {
 /// Whether an error means the connection is gone (as opposed to a deadline).
 fn is_broken(e: &TransportError) -> bool {
     match e {
-        TransportError::PeerClosed(_) | TransportError::Forged { .. } => true,
+        TransportError::PeerClosed(_) => true,
         TransportError::Syscall(e) => matches!(
             e.source.kind(),
             io::ErrorKind::BrokenPipe
@@ -233,10 +233,16 @@ pub fn connect_keyed(
     let Some(keys) = keys else { return Ok((s, None)) };
     let session = ring_key::prove_connecting(&mut s, keys, PROOF_DEADLINE)
         .map_err(|source| TransportError::RingKey { peer: addr, source })?;
+    Ok((s, frame_keys(session, keys, "next", addr)))
+}
+
+/// What a proven connection keeps: its frame keys, unless `keys` prove the
+/// ends only. Logs when the `side` node at `addr` proved the previous key.
+fn frame_keys(session: Session, keys: &KeySet, side: &str, addr: SocketAddr) -> Option<Session> {
     if session.used_previous {
-        log::info!("ring key: the next node {addr} proved the previous key (a ring changing keys)");
+        log::info!("ring key: the {side} node {addr} proved the previous key (a ring changing keys)");
     }
-    Ok((s, keys.tags().then_some(session)))
+    keys.tags().then_some(session)
 }
 
 /// Binds exactly `addr` and listens.
@@ -288,17 +294,10 @@ pub fn accept_from(
                 }
                 let mut s = s;
                 s.set_nonblocking(false).map_err(|e| TransportError::io("fcntl", e))?;
-                let session = match keys.map(|k| ring_key::prove_accepting(&mut s, k, PROOF_DEADLINE)) {
+                let session = match keys.map(|k| (k, ring_key::prove_accepting(&mut s, k, PROOF_DEADLINE))) {
                     None => None,
-                    Some(Ok(session)) => {
-                        if session.used_previous {
-                            log::info!(
-                                "ring key: the previous node {from} proved the previous key (a ring changing keys)"
-                            );
-                        }
-                        keys.and_then(|k| k.tags().then_some(session))
-                    }
-                    Some(Err(e)) => {
+                    Some((k, Ok(session))) => frame_keys(session, k, "previous", from),
+                    Some((_, Err(e))) => {
                         log::warn!("refused a connection from {from}: {e}");
                         continue;
                     }
