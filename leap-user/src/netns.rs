@@ -35,9 +35,9 @@ pub fn enter(path: &Path) -> io::Result<()> {
 /// outgoing connection, before the node that was given it binds it. `None`
 /// when 1000 tries found none.
 pub fn loopback_port() -> Option<u16> {
-    use std::collections::HashSet;
+    use std::collections::BTreeSet;
     use std::sync::Mutex;
-    static HANDED_OUT: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
     let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
@@ -45,7 +45,6 @@ pub fn loopback_port() -> Option<u16> {
         .max(2048);
     let base = 1024 + (low - 1024) / 2;
     let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
-    let handed_out = handed_out.get_or_insert_with(HashSet::new);
     for _ in 0..1000 {
         let mut r = [0u8; 2];
         getrandom::fill(&mut r).ok()?;

@@ -98,11 +98,11 @@ pub enum UdpChecksum {
 /// NACKs, best-effort frames and every datagram of an original peer keep
 /// the check. A header damaged into these flags costs at most a refetch.
 pub fn frame_checks_itself(payload: &[u8]) -> bool {
-    use leap_common::chunk::{LEAP_MAGIC, flags};
-    let (Some(magic), Some(reserved)) = (payload.get(..4), payload.get(10..12)) else { return false };
-    let reserved = u16::from_be_bytes([reserved[0], reserved[1]]);
-    let needed = flags::LEAP | flags::CRC | flags::RELIABLE;
-    magic == LEAP_MAGIC.to_be_bytes() && reserved & needed == needed && reserved & flags::KIND_MASK <= 1
+    use leap_common::chunk::{CHUNK_DATAGRAM_MAX, ChunkHeader, flags};
+    // A train's first chunk speaks for it.
+    let first = payload.get(..CHUNK_DATAGRAM_MAX).unwrap_or(payload);
+    ChunkHeader::parse(first)
+        .is_ok_and(|(h, _)| h.has(flags::CRC | flags::RELIABLE) && h.reserved & flags::KIND_MASK <= 1)
 }
 
 /// A UDP datagram found in a frame.
