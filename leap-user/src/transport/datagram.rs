@@ -849,6 +849,9 @@ fn poll_once<R: RxPath + ?Sized>(
 /// there is none.
 pub const DRIVE_TICK: Duration = Duration::from_millis(1);
 const IDLE_TICK: Duration = Duration::from_millis(20);
+/// Longest the driver sleeps while a receive call runs (the call ending
+/// wakes it sooner; this only bounds a wake-up that went astray).
+const CALL_TICK: Duration = Duration::from_millis(250);
 
 /// The caller must have been out of its receive call this long before the
 /// driver steps in (a pipeline that receives again within it never meets
@@ -874,6 +877,10 @@ pub struct Shared<R> {
     receiving: std::sync::atomic::AtomicBool,
     /// The readiness descriptor, once asked for ([`Self::ready_fd`]).
     ready: std::sync::OnceLock<Readiness>,
+    /// The driver's thread, once it runs, and whether it sleeps until a
+    /// receive call ends (the call wakes it then; see [`Self::drive_once`]).
+    driver: std::sync::OnceLock<std::thread::Thread>,
+    driver_waits: std::sync::atomic::AtomicBool,
 }
 
 impl<R: RxPath> Shared<R> {
@@ -884,6 +891,8 @@ impl<R: RxPath> Shared<R> {
             rx: Mutex::new(RxSide { path: rx, left_at: Instant::now() }),
             receiving: std::sync::atomic::AtomicBool::new(false),
             ready: std::sync::OnceLock::new(),
+            driver: std::sync::OnceLock::new(),
+            driver_waits: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -926,6 +935,7 @@ impl<R: RxPath> Shared<R> {
         self.receiving.store(false, std::sync::atomic::Ordering::Release);
         self.after_call();
         drop(rx);
+        self.wake_driver();
     }
 
     #[cfg(feature = "tokio")]
@@ -1009,21 +1019,58 @@ impl<R: RxPath> Shared<R> {
         let res = recv(&self.link, &mut rx.path, out, call);
         rx.left_at = Instant::now();
         self.after_call();
+        drop(rx);
+        self.wake_driver();
         res
+    }
+
+    /// A receive call ended: wakes the driver if it sleeps until then (at
+    /// most once per look of the driver, so a pipeline receiving frame after
+    /// frame wakes it no more often than [`DRIVE_GRACE`] allows).
+    fn wake_driver(&self) {
+        if self.driver_waits.swap(false, std::sync::atomic::Ordering::AcqRel)
+            && let Some(t) = self.driver.get()
+        {
+            t.unpark();
+        }
+    }
+
+    /// A receive call runs: the driver sleeps until it ends ([`CALL_TICK`]
+    /// at most). Returns `None` when the call ended meanwhile (look again
+    /// now), so that a call ending between the driver's look and its flag
+    /// cannot leave it asleep.
+    fn wait_for_call(&self) -> Option<Duration> {
+        use std::sync::atomic::Ordering;
+        self.driver_waits.store(true, Ordering::Release);
+        let ended = match self.rx.try_lock() {
+            Ok(_) | Err(std::sync::TryLockError::Poisoned(_)) => !self.receiving.load(Ordering::Acquire),
+            Err(std::sync::TryLockError::WouldBlock) => false,
+        };
+        if ended {
+            self.driver_waits.store(false, Ordering::Release);
+            return None;
+        }
+        Some(CALL_TICK)
     }
 
     /// One look by the driver: if no receive call runs and the caller has
     /// been away for a while, takes what arrived (answering NACKs) and runs
-    /// the recovery timers. Returns when to look again.
+    /// the recovery timers. Returns when to look again: while a receive call
+    /// runs (it runs the timers itself), not before it ends.
     pub fn drive_once(&self) -> Duration {
         let mut rx = match self.rx.try_lock() {
             Ok(rx) => rx,
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return DRIVE_TICK,
+            Err(std::sync::TryLockError::WouldBlock) => return self.wait_for_call().unwrap_or(Duration::ZERO),
         };
+        if self.receiving.load(std::sync::atomic::Ordering::Acquire) {
+            drop(rx);
+            return self.wait_for_call().unwrap_or(Duration::ZERO);
+        }
         let now = Instant::now();
-        if now.duration_since(rx.left_at) < DRIVE_GRACE || self.receiving.load(std::sync::atomic::Ordering::Acquire) {
-            return DRIVE_TICK;
+        let away = now.duration_since(rx.left_at);
+        if away < DRIVE_GRACE {
+            return DRIVE_GRACE - away;
         }
         let mut link = lock(&self.link);
         let drained = rx.path.wait(Duration::ZERO).and_then(|()| rx.path.drain(&mut link, None));
@@ -1063,11 +1110,16 @@ impl Driver {
         let weak = Arc::downgrade(shared);
         let flag = Arc::clone(&stop);
         let thread = std::thread::Builder::new().name(format!("leap-drive-{name}")).spawn(move || {
+            if let Some(shared) = weak.upgrade() {
+                let _ = shared.driver.set(std::thread::current());
+            }
             while !flag.load(Ordering::Acquire) {
                 let Some(shared) = weak.upgrade() else { return };
                 let tick = shared.drive_once();
                 drop(shared);
-                std::thread::park_timeout(tick);
+                if !tick.is_zero() {
+                    std::thread::park_timeout(tick);
+                }
             }
         })?;
         Ok(Self { stop, thread: Some(thread) })
