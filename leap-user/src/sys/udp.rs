@@ -174,6 +174,7 @@ impl TxBatch {
             self.msgs.push(m);
         }
         let mut sent = 0;
+        let mut full = NoBufs::default();
         while sent < self.msgs.len() {
             let rest = &mut self.msgs[sent..];
             // SAFETY: every msghdr points to `dst`, to iovecs in `self.iov`
@@ -185,15 +186,54 @@ impl TxBatch {
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
                 }
-                if e.raw_os_error() == Some(libc::ENOBUFS) {
-                    std::thread::yield_now();
+                if e.raw_os_error() == Some(libc::ENOBUFS) && full.wait(fd)? {
                     continue;
                 }
                 return Err(e);
             }
+            full = NoBufs::default();
             sent += n as usize;
         }
         Ok(())
+    }
+}
+
+/// Waiting out `ENOBUFS` (the device's or the qdisc's queue is full, or the
+/// socket's send buffer): with `poll` for room in the socket, then a sleep
+/// that doubles from [`NoBufs::FIRST`] to [`NoBufs::MOST`] while the queue
+/// stays full (the socket may look writable while a queue below it is
+/// not), never a spin; given up after [`NoBufs::LIMIT`] of waiting.
+#[derive(Debug, Default)]
+struct NoBufs {
+    waited: std::time::Duration,
+    next: std::time::Duration,
+}
+
+impl NoBufs {
+    const FIRST: std::time::Duration = std::time::Duration::from_micros(20);
+    const MOST: std::time::Duration = std::time::Duration::from_millis(2);
+    const LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+    /// Waits before the next try; `false` once [`Self::LIMIT`] is spent
+    /// (the caller reports `ENOBUFS`).
+    fn wait(&mut self, fd: BorrowedFd<'_>) -> io::Result<bool> {
+        if self.waited >= Self::LIMIT {
+            return Ok(false);
+        }
+        self.next = self.next.clamp(Self::FIRST, Self::MOST);
+        let mut pfd = [PollFd::new(fd, PollFlags::POLLOUT)];
+        let writable = match ppoll(&mut pfd, Some(TimeSpec::from_duration(self.next)), None) {
+            Ok(n) => n > 0,
+            Err(Errno::EINTR) => false,
+            Err(e) => return Err(e.into()),
+        };
+        if writable {
+            // Room in the socket, maybe not below it: sleep all the same.
+            std::thread::sleep(self.next);
+        }
+        self.waited += self.next;
+        self.next *= 2;
+        Ok(true)
     }
 }
 
@@ -521,6 +561,22 @@ fn ipv6_mtu(fd: BorrowedFd<'_>) -> io::Result<libc::c_int> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_queue_is_waited_out_with_growing_sleeps_and_then_given_up() {
+        let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let mut full = NoBufs::default();
+        let started = std::time::Instant::now();
+        let mut waits = 0;
+        while full.wait(sock.as_fd()).unwrap() {
+            waits += 1;
+            assert!(waits <= 600, "still waiting after {waits} waits");
+        }
+        // 20 us doubling to 2 ms, then 2 ms a wait, until 1 s was waited.
+        assert!((490..=510).contains(&waits), "{waits} waits");
+        assert!(started.elapsed() >= NoBufs::LIMIT, "gave up after {:?}", started.elapsed());
+        assert!(!full.wait(sock.as_fd()).unwrap(), "waits again after giving up");
+    }
 
     #[test]
     fn cmsg_buffer_holds_every_control_message_leap_sends_or_takes() {
