@@ -35,6 +35,9 @@ fn check_names_the_bad_field() {
         (format!("{good}[node]\ncpus = [100000]\n"), "node.cpus"),
         (good.replace("order = [\"udp\"]", "order = [\"udp\"]\nbusy_poll_us = 99999"), "transport.busy_poll_us"),
         (good.replace("order = [\"udp\"]", "order = [\"udp\"]\nqueues = [64]"), "transport.queues"),
+        (good.replace("order = [\"udp\"]", "order = [\"udp\"]\nqueues = \"most\""), "transport.queues"),
+        (good.replace("order = [\"udp\"]", "order = [\"udp\"]\nqueues = [-1]"), "transport.queues"),
+        (good.replace("order = [\"udp\"]", "order = [\"udp\"]\nxdp_mode = \"fast\""), "transport.xdp_mode"),
     ];
     for (i, (text, field)) in cases.iter().enumerate() {
         let f = dir.join(format!("bad{i}.toml"));
@@ -47,7 +50,10 @@ fn check_names_the_bad_field() {
     }
     let no_trains = good.replace("order = [\"udp\"]", "order = [\"udp\"]\ntrains = false");
     let busy = good.replace("order = [\"udp\"]", "order = [\"udp\"]\nbusy_poll_us = 50");
-    for (name, text) in [("good", &good), ("no-trains", &no_trains), ("busy", &busy)] {
+    let typed = good.replace("order = [\"udp\"]", "order = [\"udp\"]\nqueues = [0, 1]\nxdp_mode = \"skb\"");
+    let all = good.replace("order = [\"udp\"]", "order = [\"udp\"]\nqueues = \"all\"");
+    for (name, text) in [("good", &good), ("no-trains", &no_trains), ("busy", &busy), ("typed", &typed), ("all", &all)]
+    {
         let f = dir.join(format!("{name}.toml"));
         std::fs::write(&f, text).unwrap();
         let out = leap().args(["node", "--check", "--config"]).arg(&f).output().unwrap();

@@ -45,6 +45,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use super::Queues;
 use crate::transport::config::Reliability;
 use crate::transport::config::{AttachMode, UnknownName};
 use crate::transport::open::TransportKind;
@@ -110,13 +111,15 @@ pub struct TransportSection {
     pub order: Vec<String>,
     /// Interface where frames arrive (XDP attaches there).
     pub interface: Option<String>,
-    /// XDP attach mode.
-    #[serde(default = "default_mode")]
-    pub xdp_mode: String,
+    /// XDP attach mode (checked as it is read).
+    #[serde(default, deserialize_with = "attach_mode")]
+    pub xdp_mode: AttachMode,
     /// XDP object instead of the embedded one.
     pub xdp_object: Option<PathBuf>,
-    /// AF_XDP receive queues: "all" or a list.
-    pub queues: Option<toml::Value>,
+    /// AF_XDP receive queues: "all" (the default) or a list (checked as it
+    /// is read).
+    #[serde(default = "all_queues", deserialize_with = "queues")]
+    pub queues: Queues,
     /// VLAN IDs a tagged chunk may carry on the XDP path (empty: untagged
     /// chunks only).
     #[serde(default)]
@@ -172,9 +175,9 @@ impl Default for TransportSection {
         Self {
             order: default_order(),
             interface: None,
-            xdp_mode: default_mode(),
+            xdp_mode: AttachMode::Auto,
             xdp_object: None,
-            queues: None,
+            queues: all_queues(),
             vlans: Vec::new(),
             reliability: Reliability::Reliable,
             peer_filter: true,
@@ -227,8 +230,42 @@ fn yes() -> bool {
 fn default_order() -> Vec<String> {
     vec!["xdp".into(), "kmod".into(), "udp".into()]
 }
-fn default_mode() -> String {
-    "auto".into()
+fn all_queues() -> Queues {
+    Queues(None)
+}
+
+/// `xdp_mode`: one of the modes, typed as it is read.
+fn attach_mode<'de, D: serde::Deserializer<'de>>(d: D) -> Result<AttachMode, D::Error> {
+    let name = String::deserialize(d)?;
+    name.parse().map_err(|e: UnknownName| serde::de::Error::custom(format!("transport.xdp_mode: {e}")))
+}
+
+/// `queues`: `"all"` or a list of queue numbers, typed and checked as it is
+/// read.
+fn queues<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Queues, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Given {
+        Name(String),
+        List(Vec<i64>),
+    }
+    let max = leap_common::xdp::MAX_QUEUES;
+    let bad = || {
+        serde::de::Error::custom(format!(
+            "transport.queues: `all` or a list of up to {max} queue numbers below {max}, e.g. [0, 1]"
+        ))
+    };
+    match Given::deserialize(d).map_err(|_: D::Error| bad())? {
+        Given::Name(n) if n == "all" => Ok(all_queues()),
+        Given::List(l) => l
+            .iter()
+            .map(|&n| u32::try_from(n).ok())
+            .collect::<Option<Vec<u32>>>()
+            .filter(|l| crate::transport::xdp::check_queues(l).is_ok())
+            .map(|l| Queues(Some(l)))
+            .ok_or_else(bad),
+        Given::Name(_) => Err(bad()),
+    }
 }
 fn default_timeout() -> u64 {
     1000
@@ -352,9 +389,6 @@ pub fn validate(file: NodeFile) -> Result<NodePlan, ConfigError> {
             name.parse().map_err(|e: UnknownName| err(format!("transport.order[{i}]"), e.to_string()))?;
         order.push(k);
     }
-    if let Err(e) = t.xdp_mode.parse::<AttachMode>() {
-        return Err(err("transport.xdp_mode", e.to_string()));
-    }
     let needs_iface = order.iter().any(|k| matches!(k, TransportKind::Xdp | TransportKind::XdpRingbuf));
     match &t.interface {
         Some(i) if !Path::new("/sys/class/net").join(i).exists() => {
@@ -364,21 +398,6 @@ pub fn validate(file: NodeFile) -> Result<NodePlan, ConfigError> {
             return Err(err("transport.interface", "the XDP transports need the interface where frames arrive"));
         }
         _ => {}
-    }
-    if let Some(q) = &t.queues {
-        let max = leap_common::xdp::MAX_QUEUES;
-        let ok = q.as_str() == Some("all")
-            || q.as_array().is_some_and(|a| {
-                let list: Option<Vec<u32>> =
-                    a.iter().map(|v| v.as_integer().and_then(|n| u32::try_from(n).ok())).collect();
-                list.is_some_and(|l| crate::transport::xdp::check_queues(&l).is_ok())
-            });
-        if !ok {
-            return Err(err(
-                "transport.queues",
-                format!("`all` or a list of up to {max} queue numbers below {max}, e.g. [0, 1]"),
-            ));
-        }
     }
     if let Some(us) = t.busy_poll_us
         && us > BUSY_POLL_MAX_US

@@ -12,7 +12,7 @@ use clap::{Args, ValueEnum};
 
 use super::config::{self, NodePlan};
 use super::source::{Given, Setting, Source, Spelled};
-use super::{Queues, TransportArg, TransportArgs};
+use super::{TransportArg, TransportArgs};
 use crate::ring::{HeadConfig, NeighbourPolicy, WorkerConfig, run_head, run_worker};
 use crate::telemetry::{self, Telemetry};
 use crate::transport::Transport;
@@ -229,16 +229,8 @@ fn resolve(args: &NodeArgs, log_flag: &str) -> Result<Resolved> {
         encrypt: l.pick("encrypt", ta.encrypt, "transport.encrypt", |p| t(p).encrypt),
         spin_us: l.flag("spin-us", ta.spin_us),
         xdp_object: l.pick("xdp-object", ta.xdp_object.clone(), "transport.xdp_object", |p| t(p).xdp_object.clone()),
-        // Checked when the file was read.
-        xdp_mode: l.pick("xdp-mode", ta.xdp_mode, "transport.xdp_mode", |p| t(p).xdp_mode.parse().unwrap_or_default()),
-        xdp_queues: l.pick("xdp-queues", ta.xdp_queues.clone(), "transport.queues", |p| {
-            Queues(
-                t(p).queues
-                    .as_ref()
-                    .and_then(|q| q.as_array())
-                    .map(|list| list.iter().filter_map(toml::Value::as_integer).map(|n| n as u32).collect()),
-            )
-        }),
+        xdp_mode: l.pick("xdp-mode", ta.xdp_mode, "transport.xdp_mode", |p| t(p).xdp_mode),
+        xdp_queues: l.pick("xdp-queues", ta.xdp_queues.clone(), "transport.queues", |p| t(p).queues.clone()),
         xdp_vlans: l.pick("xdp-vlan", ta.xdp_vlans.clone(), "transport.vlans", |p| t(p).vlans.clone()),
         reliability: l.pick("reliability", ta.reliability, "transport.reliability", |p| t(p).reliability.into()),
         no_gso: l.flag("no-gso", ta.no_gso),
