@@ -849,8 +849,12 @@ fn poll_once<R: RxPath + ?Sized>(
 /// there is none.
 pub const DRIVE_TICK: Duration = Duration::from_millis(1);
 const IDLE_TICK: Duration = Duration::from_millis(20);
-/// Longest the driver sleeps while a receive call runs (the call ending
-/// wakes it sooner; this only bounds a wake-up that went astray).
+/// A receive call running this long waits for an idle previous node: the
+/// driver stops looking every [`DRIVE_TICK`] and sleeps until the call ends
+/// (shorter calls, a pipeline's, never make the caller wake the driver).
+const LONG_CALL: Duration = Duration::from_millis(10);
+/// Longest the driver sleeps while a long receive call runs (the call
+/// ending wakes it sooner; this only bounds a wake-up that went astray).
 const CALL_TICK: Duration = Duration::from_millis(250);
 
 /// The caller must have been out of its receive call this long before the
@@ -881,6 +885,9 @@ pub struct Shared<R> {
     /// receive call ends (the call wakes it then; see [`Self::drive_once`]).
     driver: std::sync::OnceLock<std::thread::Thread>,
     driver_waits: std::sync::atomic::AtomicBool,
+    /// When the running receive call began, microseconds after `born`.
+    call_began_us: std::sync::atomic::AtomicU64,
+    born: Instant,
 }
 
 impl<R: RxPath> Shared<R> {
@@ -893,6 +900,8 @@ impl<R: RxPath> Shared<R> {
             ready: std::sync::OnceLock::new(),
             driver: std::sync::OnceLock::new(),
             driver_waits: std::sync::atomic::AtomicBool::new(false),
+            call_began_us: std::sync::atomic::AtomicU64::new(0),
+            born: Instant::now(),
         })
     }
 
@@ -900,6 +909,7 @@ impl<R: RxPath> Shared<R> {
     /// Starts a receive call that waits its own way (async): the frame if
     /// it is already there. The driver stands back until [`Self::end_call`].
     pub fn begin_call(&self, out: &mut [u8]) -> std::result::Result<Result<Received>, RecvCall> {
+        self.call_begins();
         self.receiving.store(true, std::sync::atomic::Ordering::Release);
         let res = self.link().recv_begin(out);
         if res.is_ok() {
@@ -1015,6 +1025,7 @@ impl<R: RxPath> Shared<R> {
     /// As [`recv`].
     pub fn recv(&self, out: &mut [u8], call: &'static str) -> Result<Received> {
         let mut rx = self.rx();
+        self.call_begins();
         self.before_call();
         let res = recv(&self.link, &mut rx.path, out, call);
         rx.left_at = Instant::now();
@@ -1024,9 +1035,15 @@ impl<R: RxPath> Shared<R> {
         res
     }
 
-    /// A receive call ended: wakes the driver if it sleeps until then (at
-    /// most once per look of the driver, so a pipeline receiving frame after
-    /// frame wakes it no more often than [`DRIVE_GRACE`] allows).
+    /// A receive call begins: when, for the driver ([`LONG_CALL`]).
+    fn call_begins(&self) {
+        let us = u64::try_from(self.born.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.call_began_us.store(us, std::sync::atomic::Ordering::Release);
+    }
+
+    /// A receive call ended: wakes the driver if it sleeps until then (only
+    /// after a [`LONG_CALL`]: a pipeline receiving frame after frame never
+    /// pays for the wake-up).
     fn wake_driver(&self) {
         if self.driver_waits.swap(false, std::sync::atomic::Ordering::AcqRel)
             && let Some(t) = self.driver.get()
@@ -1035,12 +1052,17 @@ impl<R: RxPath> Shared<R> {
         }
     }
 
-    /// A receive call runs: the driver sleeps until it ends ([`CALL_TICK`]
-    /// at most). Returns `None` when the call ended meanwhile (look again
-    /// now), so that a call ending between the driver's look and its flag
-    /// cannot leave it asleep.
+    /// A receive call runs: the driver looks again in [`DRIVE_TICK`] while
+    /// the call is short, and once it is a [`LONG_CALL`] sleeps until it
+    /// ends ([`CALL_TICK`] at most). `None`: the call ended meanwhile (look
+    /// again now), so that a call ending between the driver's look and its
+    /// flag cannot leave it asleep.
     fn wait_for_call(&self) -> Option<Duration> {
         use std::sync::atomic::Ordering;
+        let began = Duration::from_micros(self.call_began_us.load(Ordering::Acquire));
+        if self.born.elapsed().saturating_sub(began) < LONG_CALL {
+            return Some(DRIVE_TICK);
+        }
         self.driver_waits.store(true, Ordering::Release);
         let ended = match self.rx.try_lock() {
             Ok(_) | Err(std::sync::TryLockError::Poisoned(_)) => !self.receiving.load(Ordering::Acquire),
