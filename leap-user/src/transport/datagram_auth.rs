@@ -2,9 +2,15 @@
 //! datagram a keyed node sends carries a trailer, and a keyed node checks
 //! it before the datagram may change any state.
 //!
-//! Not wired into the datagram transports yet: a key on them is refused
-//! (`transport::open`). This module is the part that can be tested alone:
-//! the trailer, the keys, the replay window and the epoch rule.
+//! The link (`crate::link`) seals every datagram it sends with [`Seals`]
+//! and opens every datagram it takes with [`Opener`] before anything else
+//! looks at it; this module holds the trailer, the keys, the replay window
+//! and the epoch rule, tested alone.
+//!
+//! In a chunk the trailer is the last 32 bytes of the payload
+//! (`leap_common::chunk::flags::AUTH`): a keyed chunk is still a valid
+//! LEAP chunk of at most 1 412 bytes, trains keep their stride, and each
+//! chunk of a train is checked alone.
 //!
 //! # The trailer
 //!
@@ -37,9 +43,6 @@
 //! 4. The packet number is inside the replay window and not seen before
 //!    (else `replayed`); only now does the window move and, for a newer
 //!    epoch, the sender's state reset.
-
-// Nothing outside the tests calls this yet (see above).
-#![cfg_attr(not(test), allow(dead_code))]
 
 use std::net::SocketAddr;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -111,7 +114,78 @@ fn tag(key: &aead::LessSafeKey, pn: u64, datagram: &[u8], head: &[u8; 16], scrat
     seal_into(key, frame_nonce(0, pn), scratch).expect("a datagram is far below AES-GCM's length limit")
 }
 
-/// Seals the datagrams of one run of this node to one destination.
+/// Seals every datagram one run of a node sends, to any destination.
+///
+/// # Why a (key, nonce) pair is never used twice
+///
+/// The nonce is the packet number, and one counter numbers every datagram
+/// this run seals, whatever its destination: within one key (one epoch,
+/// one source, one destination) a number is used at most once, also when
+/// the key of a destination is dropped from the cache below and derived
+/// again, and a retransmission is sealed again with a new number (never the
+/// first copy's trailer). Another run of the process has another epoch
+/// ([`new_epoch`] grows from run to run), so other keys; two links of one
+/// process have other source addresses (one socket each), so other keys.
+/// 2^64 datagrams are centuries at any line rate.
+pub struct Seals {
+    key: RingKey,
+    epoch: u64,
+    from: SocketAddr,
+    pn: u64,
+    /// Keys of recent destinations (at most [`PEERS`]).
+    dirs: Vec<(SocketAddr, aead::LessSafeKey)>,
+    scratch: Vec<u8>,
+}
+
+impl std::fmt::Debug for Seals {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Seals")
+            .field("epoch", &self.epoch)
+            .field("from", &self.from)
+            .field("pn", &self.pn)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Seals {
+    /// The seals of `epoch` ([`new_epoch`]) from `from`, with the ring's
+    /// current key.
+    pub fn new(keys: &KeySet, epoch: u64, from: SocketAddr) -> Self {
+        Self { key: keys.current.clone(), epoch, from, pn: 0, dirs: Vec::new(), scratch: Vec::new() }
+    }
+
+    /// Writes the trailer of `buf[..len]`, a datagram to `to`, into
+    /// `buf[len..]`; returns the sealed length (`len` + [`TRAILER_LEN`]).
+    ///
+    /// # Panics
+    ///
+    /// If `buf` has no room for the trailer.
+    pub fn seal(&mut self, to: SocketAddr, buf: &mut [u8], len: usize) -> usize {
+        let i = match self.dirs.iter().position(|(a, _)| *a == to) {
+            Some(i) => i,
+            None => {
+                if self.dirs.len() >= PEERS {
+                    self.dirs.remove(0);
+                }
+                self.dirs.push((to, direction_key(&self.key, self.epoch, self.from, to)));
+                self.dirs.len() - 1
+            }
+        };
+        let pn = self.pn;
+        self.pn += 1;
+        let mut head = [0u8; 16];
+        head[..8].copy_from_slice(&self.epoch.to_be_bytes());
+        head[8..].copy_from_slice(&pn.to_be_bytes());
+        let t = tag(&self.dirs[i].1, pn, &buf[..len], &head, &mut self.scratch);
+        buf[len..len + 16].copy_from_slice(&head);
+        buf[len + 16..len + TRAILER_LEN].copy_from_slice(&t);
+        len + TRAILER_LEN
+    }
+}
+
+/// Seals the datagrams of one run of this node to one destination (the
+/// tests' single-destination form of [`Seals`]).
+#[cfg(test)]
 pub struct Sealer {
     key: aead::LessSafeKey,
     epoch: u64,
@@ -119,12 +193,14 @@ pub struct Sealer {
     scratch: Vec<u8>,
 }
 
+#[cfg(test)]
 impl std::fmt::Debug for Sealer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Sealer").field("epoch", &self.epoch).field("pn", &self.pn).finish_non_exhaustive()
     }
 }
 
+#[cfg(test)]
 impl Sealer {
     /// The sealer of `epoch` ([`new_epoch`]) from `from` to `to`, with the
     /// ring's current key.
@@ -376,6 +452,31 @@ mod tests {
         let c: SocketAddr = "10.0.0.3:7000".parse().unwrap();
         let from_new = sealed(&mut Sealer::new(&KeySet::new(new), 1, c, b()), b"new");
         assert!(!o.open(c, &from_new).unwrap().previous_key);
+    }
+
+    #[test]
+    fn seals_number_every_datagram_once_across_destinations() {
+        let c: SocketAddr = "10.0.0.3:7000".parse().unwrap();
+        let mut s = Seals::new(&keys(1), 7, a());
+        let (mut ob, mut oc) = (Opener::new(keys(1), b()), Opener::new(keys(1), c));
+        let mut pns = Vec::new();
+        for i in 0..3 * PEERS as u16 {
+            // Many destinations: keys are dropped and derived again.
+            let to = if i % 2 == 0 { b() } else { SocketAddr::from(([10, 0, 2, 1], 1000 + i)) };
+            let mut buf = [i as u8; 64 + TRAILER_LEN];
+            let n = s.seal(to, &mut buf, 64);
+            assert_eq!(n, 64 + TRAILER_LEN);
+            pns.push(u64::from_be_bytes(buf[72..80].try_into().unwrap()));
+            if to == b() {
+                assert_eq!(ob.open(a(), &buf).unwrap().len, 64);
+                assert_eq!(ob.open(a(), &buf), Err(Refused::Replayed));
+                assert_eq!(oc.open(a(), &buf), Err(Refused::BadTag), "sealed for another node");
+            }
+        }
+        let mut sorted = pns.clone();
+        sorted.dedup();
+        assert_eq!(sorted, pns, "one counter for every destination: strictly growing");
+        assert!(pns.windows(2).all(|w| w[0] < w[1]));
     }
 
     #[test]
