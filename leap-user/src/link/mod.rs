@@ -344,7 +344,10 @@ impl Auth {
     /// Seals `buf[..len]` to `to` when keyed; returns the length to send.
     fn seal(auth: &mut Option<Self>, to: SocketAddr, buf: &mut [u8], len: usize) -> usize {
         match auth {
-            Some(a) if len > 0 => a.seals.seal(to, buf, len),
+            Some(a) if len > 0 => {
+                let previous = a.seals.use_previous(a.opener.used_previous(to));
+                a.seals.seal(to, previous, buf, len)
+            }
             _ => len,
         }
     }
@@ -1508,8 +1511,11 @@ impl Link {
         }
         while let Some(mut o) = self.outgoing.pop_front() {
             let data = o.data.take();
-            let (next, seals) = (self.cfg.next, self.auth.as_mut().map(|a| &mut a.seals));
-            let seal = seals.map(|s| (s, next));
+            let next = self.cfg.next;
+            let seal = self.auth.as_mut().map(|a| {
+                let previous = a.seals.use_previous(a.opener.used_previous(next));
+                (&mut a.seals, next, previous)
+            });
             let (len, n) = match &data {
                 Some(d) => o.write(d, &[], buf, seal),
                 None => match self.retx.as_ref().and_then(|r| r.get(o.seq)) {

@@ -1340,7 +1340,7 @@ fn a_forger_without_the_key_changes_nothing_and_is_counted() {
     let mut sealed = |to: SocketAddr, mut d: Vec<u8>| {
         let n = d.len();
         d.resize(n + TRAILER_LEN, 0);
-        other.seal(to, &mut d, n);
+        other.seal(to, false, &mut d, n);
         d
     };
     let keyed_flags = flags::LEAP | flags::RELIABLE | flags::AUTH;
@@ -1424,21 +1424,45 @@ fn nodes_with_other_keys_or_none_never_take_each_others_frames() {
 }
 
 #[test]
-fn a_node_holding_the_new_and_the_previous_key_takes_both() {
+fn a_pair_changes_keys_node_by_node_and_loses_no_frame() {
     let (old, new) = (RingKey::from_bytes([1; 32]), RingKey::from_bytes([2; 32]));
-    let moved = KeySet { previous: Some(old.clone()), ..KeySet::new(new) };
-    // Node 0 still has only the old key; node 1 moved.
-    let mut s = Sim::new(45);
-    s.add(addr(1), keyed(LinkConfig::new(addr(2)), &KeySet::new(old), addr(1), 1), 11);
-    s.add(addr(2), keyed(LinkConfig::new(addr(1)), &moved, addr(2), 2), 22);
+    let only = |k: &RingKey| KeySet::new(k.clone());
+    let moving = KeySet { previous: Some(old.clone()), ..KeySet::new(new.clone()) };
+    let mut s = keyed_pair(45, &only(&old), &only(&old));
     s.run_for(Duration::from_millis(5));
-    let frames: Vec<_> = (0..3).map(|i| frame(i, 16_392)).collect();
-    for f in &frames {
-        s.send(0, f);
+    // Each step restarts one node with its new keys (a newer epoch); frames
+    // then go both ways, every one delivered.
+    let steps = [(0, &moving), (1, &moving), (0, &only(&new)), (1, &only(&new))];
+    let mut epoch = 1000;
+    let mut got = [0usize; 2];
+    for (step, &(i, keys)) in steps.iter().enumerate() {
+        epoch += 1;
+        let (at, next) = (s.nodes[i].addr, s.nodes[1 - i].addr);
+        let now = s.now;
+        s.nodes[i].link = Link::with_epoch(keyed(LinkConfig::new(next), keys, at, epoch), now, epoch);
+        s.run_for(Duration::from_millis(20));
+        for _ in 0..3 {
+            for from in [0, 1] {
+                s.send(from, &frame(step as u8, 16_392));
+                got[1 - from] += 1;
+            }
+        }
+        s.run_until_frames(0, got[0], Duration::from_millis(500));
+        s.run_until_frames(1, got[1], Duration::from_millis(500));
+        for (n, (node, &want)) in s.nodes.iter().zip(&got).enumerate() {
+            assert_eq!(node.frames.len(), want, "step {step}, node {n}");
+            assert!(node.frames.iter().rev().take(3).all(|f| *f == frame(step as u8, 16_392)));
+            assert_eq!(node.link.stats().drops.bad_tag, 0, "step {step}, node {n}");
+        }
     }
-    s.run_until_frames(1, 3, Duration::from_millis(500));
-    assert_eq!(s.nodes[1].frames, frames);
-    assert_eq!(s.nodes[1].link.stats().drops.bad_tag, 0);
+    // A node left with only the old key is refused now.
+    let now = s.now;
+    s.nodes[0].link = Link::with_epoch(keyed(LinkConfig::new(addr(2)), &only(&old), addr(1), 9999), now, 9999);
+    s.run_for(Duration::from_millis(20));
+    s.send(0, &frame(77, 1000));
+    s.run_for(Duration::from_millis(200));
+    assert_eq!(s.nodes[1].frames.len(), got[1]);
+    assert!(s.nodes[1].link.stats().drops.bad_tag > 0);
 }
 
 #[test]

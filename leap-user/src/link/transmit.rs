@@ -105,7 +105,7 @@ impl Outgoing {
         frame: &[u8],
         trailer: &[u8],
         buf: &mut [u8],
-        mut seal: Option<(&mut Seals, SocketAddr)>,
+        mut seal: Option<(&mut Seals, SocketAddr, bool)>,
     ) -> (usize, usize) {
         let Some(chunker) = Chunker::with_trailer(self.seq, self.reserved, frame, &[], trailer) else {
             self.next_id = self.total;
@@ -117,7 +117,7 @@ impl Outgoing {
             len += match &mut seal {
                 // Each chunk alone: it verifies alone, trains keep the
                 // 1 412-byte stride.
-                Some((s, to)) => s.seal(*to, &mut buf[len..], w),
+                Some((s, to, previous)) => s.seal(*to, *previous, &mut buf[len..], w),
                 None => w,
             };
             self.next_id += 1;

@@ -128,12 +128,14 @@ fn tag(key: &aead::LessSafeKey, pn: u64, datagram: &[u8], head: &[u8; 16], scrat
 /// process have other source addresses (one socket each), so other keys.
 /// 2^64 datagrams are centuries at any line rate.
 pub struct Seals {
-    key: RingKey,
+    current: RingKey,
+    previous: Option<RingKey>,
     epoch: u64,
     from: SocketAddr,
     pn: u64,
-    /// Keys of recent destinations (at most [`PEERS`]).
-    dirs: Vec<(SocketAddr, aead::LessSafeKey)>,
+    /// Keys of recent destinations, and whether each is the previous key
+    /// (at most [`PEERS`]).
+    dirs: Vec<(SocketAddr, bool, aead::LessSafeKey)>,
     scratch: Vec<u8>,
 }
 
@@ -148,10 +150,31 @@ impl std::fmt::Debug for Seals {
 }
 
 impl Seals {
-    /// The seals of `epoch` ([`new_epoch`]) from `from`, with the ring's
-    /// current key.
+    /// The seals of `epoch` ([`new_epoch`]) from `from` with `keys`.
     pub fn new(keys: &KeySet, epoch: u64, from: SocketAddr) -> Self {
-        Self { key: keys.current.clone(), epoch, from, pn: 0, dirs: Vec::new(), scratch: Vec::new() }
+        Self {
+            current: keys.current.clone(),
+            previous: keys.previous.clone(),
+            epoch,
+            from,
+            pn: 0,
+            dirs: Vec::new(),
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Whether a datagram to a destination whose own datagrams used the
+    /// previous key (`Some(true)`), the current one (`Some(false)`), or
+    /// that was not heard yet (`None`) is sealed with the previous key.
+    ///
+    /// A rotation without a lost frame: every node, one at a time, gets
+    /// the new key with the old one as `previous`; it seals with the old
+    /// key to a neighbour not heard yet or heard under the old key (one
+    /// that may hold only the old), with the new key to one heard under
+    /// the new key, and takes both. Once `previous` is dropped everywhere,
+    /// only the new key is left.
+    pub fn use_previous(&self, heard: Option<bool>) -> bool {
+        self.previous.is_some() && heard.unwrap_or(true)
     }
 
     /// Writes the trailer of `buf[..len]`, a datagram to `to`, into
@@ -160,14 +183,16 @@ impl Seals {
     /// # Panics
     ///
     /// If `buf` has no room for the trailer.
-    pub fn seal(&mut self, to: SocketAddr, buf: &mut [u8], len: usize) -> usize {
-        let i = match self.dirs.iter().position(|(a, _)| *a == to) {
+    pub fn seal(&mut self, to: SocketAddr, previous: bool, buf: &mut [u8], len: usize) -> usize {
+        let previous = previous && self.previous.is_some();
+        let i = match self.dirs.iter().position(|(a, p, _)| *a == to && *p == previous) {
             Some(i) => i,
             None => {
                 if self.dirs.len() >= PEERS {
                     self.dirs.remove(0);
                 }
-                self.dirs.push((to, direction_key(&self.key, self.epoch, self.from, to)));
+                let key = if previous { self.previous.as_ref().unwrap_or(&self.current) } else { &self.current };
+                self.dirs.push((to, previous, direction_key(key, self.epoch, self.from, to)));
                 self.dirs.len() - 1
             }
         };
@@ -176,7 +201,7 @@ impl Seals {
         let mut head = [0u8; 16];
         head[..8].copy_from_slice(&self.epoch.to_be_bytes());
         head[8..].copy_from_slice(&pn.to_be_bytes());
-        let t = tag(&self.dirs[i].1, pn, &buf[..len], &head, &mut self.scratch);
+        let t = tag(&self.dirs[i].2, pn, &buf[..len], &head, &mut self.scratch);
         buf[len..len + 16].copy_from_slice(&head);
         buf[len + 16..len + TRAILER_LEN].copy_from_slice(&t);
         len + TRAILER_LEN
@@ -260,8 +285,11 @@ impl ReplayWindow {
 struct Peer {
     from: SocketAddr,
     epoch: u64,
-    /// The key that verified this epoch (current or previous).
+    /// The key that verified this epoch's last datagram (current or
+    /// previous), and during a rotation the other one: a sender that
+    /// holds both moves from the old to the new when it hears the new.
     key: aead::LessSafeKey,
+    other: Option<aead::LessSafeKey>,
     previous: bool,
     window: ReplayWindow,
     /// For eviction: the opener's count of datagrams taken when this peer
@@ -301,6 +329,12 @@ impl Opener {
         Self { keys, to, peers: Vec::new(), taken: 0, scratch: Vec::new() }
     }
 
+    /// Whether the last datagram that verified from `from` used the
+    /// previous key (`None`: none kept).
+    pub fn used_previous(&self, from: SocketAddr) -> Option<bool> {
+        self.peers.iter().find(|p| p.from == from).map(|p| p.previous)
+    }
+
     /// Checks `datagram` from `from` (the checks of the module's docs) and
     /// returns the length of what it carries.
     ///
@@ -327,7 +361,12 @@ impl Opener {
                     return Err(Refused::Replayed);
                 }
                 if !check(&p.key, &mut self.scratch) {
-                    return Err(Refused::BadTag);
+                    if !p.other.as_ref().is_some_and(|k| check(k, &mut self.scratch)) {
+                        return Err(Refused::BadTag);
+                    }
+                    let p = &mut self.peers[i];
+                    std::mem::swap(&mut p.key, p.other.as_mut().expect("checked"));
+                    p.previous = !p.previous;
                 }
                 self.taken += 1;
                 let p = &mut self.peers[i];
@@ -348,10 +387,15 @@ impl Opener {
             }
         }
         let (key, previous) = found.ok_or(Refused::BadTag)?;
+        let other = match (&self.keys.previous, previous) {
+            (Some(_), true) => Some(direction_key(&self.keys.current, epoch, from, self.to)),
+            (Some(old), false) => Some(direction_key(old, epoch, from, self.to)),
+            (None, _) => None,
+        };
         self.taken += 1;
         let mut window = ReplayWindow::default();
         window.take(pn);
-        let peer = Peer { from, epoch, key, previous, window, last: self.taken };
+        let peer = Peer { from, epoch, key, other, previous, window, last: self.taken };
         match known {
             Some(i) => self.peers[i] = peer,
             None if self.peers.len() < PEERS => self.peers.push(peer),
@@ -464,7 +508,7 @@ mod tests {
             // Many destinations: keys are dropped and derived again.
             let to = if i % 2 == 0 { b() } else { SocketAddr::from(([10, 0, 2, 1], 1000 + i)) };
             let mut buf = [i as u8; 64 + TRAILER_LEN];
-            let n = s.seal(to, &mut buf, 64);
+            let n = s.seal(to, false, &mut buf, 64);
             assert_eq!(n, 64 + TRAILER_LEN);
             pns.push(u64::from_be_bytes(buf[72..80].try_into().unwrap()));
             if to == b() {
@@ -477,6 +521,25 @@ mod tests {
         sorted.dedup();
         assert_eq!(sorted, pns, "one counter for every destination: strictly growing");
         assert!(pns.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn a_sender_moving_to_the_new_key_within_its_run_is_followed() {
+        let (old, new) = (RingKey::from_bytes([1; 32]), RingKey::from_bytes([2; 32]));
+        let both = KeySet { previous: Some(old), ..KeySet::new(new) };
+        let mut o = Opener::new(both.clone(), b());
+        let mut s = Seals::new(&both, 3, a());
+        let mut seal = |previous: bool| {
+            let mut d = [9u8; 20 + TRAILER_LEN];
+            s.seal(b(), previous, &mut d, 20);
+            d
+        };
+        assert!(o.open(a(), &seal(true)).unwrap().previous_key);
+        assert_eq!(o.used_previous(a()), Some(true));
+        assert!(!o.open(a(), &seal(false)).unwrap().previous_key, "the same run, now the new key");
+        assert_eq!(o.used_previous(a()), Some(false));
+        assert!(o.open(a(), &seal(true)).unwrap().previous_key);
+        assert_eq!(o.used_previous(b()), None);
     }
 
     #[test]
