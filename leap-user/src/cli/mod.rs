@@ -129,15 +129,17 @@ pub struct TransportArgs {
     #[arg(long)]
     pub original_compat: bool,
     /// A ring key file (64 hex digits, mode 0600; `leap key new FILE`
-    /// makes one): every connection proves the key and every frame carries
-    /// its tag (tcp only in this version; other transports refuse it).
+    /// makes one): tcp connections prove the key and every frame carries
+    /// its tag; on udp, xdp and xdp-ringbuf every datagram does (kmod
+    /// refuses a key).
     #[arg(long, value_name = "FILE")]
     pub key_file: Option<std::path::PathBuf>,
     /// The ring's previous key, still accepted while the ring changes keys
     /// node by node (each use is logged).
     #[arg(long, value_name = "FILE", requires = "key_file")]
     pub previous_key_file: Option<std::path::PathBuf>,
-    /// Encrypt frames with the ring key (every node alike).
+    /// Encrypt frames with the ring key (every node alike; tcp only in this
+    /// version, the datagram transports refuse it).
     #[arg(long, requires = "key_file")]
     pub encrypt: bool,
     /// Busy-poll receives this many microseconds before sleeping.

@@ -22,7 +22,23 @@
 //! - the sender's seq and the frames queued to go out (a sketch, see below);
 //! - the chunks-per-train to the next node, sized to a path MTU that the
 //!   driver passes in ([`Link::set_path_mtu`]);
-//! - the counters ([`Stats`]).
+//! - the counters ([`Stats`]);
+//! - with a ring key ([`LinkConfig::auth`]), the seals and the opener of
+//!   its datagrams (see "Keyed links").
+//!
+//! # Keyed links
+//!
+//! A keyed link seals every datagram as it leaves [`Link::poll_transmit`]
+//! (a hello or NACK when it leaves, not when it was decided; each chunk of
+//! a train alone; a retransmission or probe again, with a new packet
+//! number) and opens every datagram [`Link::handle`] takes before anything
+//! else reads it: what does not verify is counted (`drops.bad_tag`,
+//! `drops.replayed`, `drops.unkeyed`) and changes nothing. Its frames go in
+//! the keyed format from the first ([`flags::AUTH`], no CRC), proven next
+//! node or not, and a verified chunk's flags are taken before the previous
+//! node proved itself (only a holder of the key can write them). An
+//! unkeyed link refuses keyed chunks. See `transport::datagram_auth` for
+//! the trailer, the keys and why no nonce is used twice.
 //!
 //! # API
 //!
