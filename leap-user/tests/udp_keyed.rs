@@ -36,9 +36,9 @@ fn config(listen: SocketAddr, next: SocketAddr, prev: SocketAddr, k: Option<KeyS
 
 /// A keyed ring of three on loopback: node 0 sends `frames` frames of
 /// `len` bytes, nodes 1 and 2 forward them, node 0 gets them back.
-fn keyed_ring(len: usize, frames: u32) {
+fn keyed_ring(len: usize, frames: u32, encrypt: bool) {
     let addrs = [free_addr(), free_addr(), free_addr()];
-    let k = keys(7);
+    let k = KeySet { encrypt, ..keys(7) };
     let node = |i: usize| {
         let c = config(addrs[i], addrs[(i + 1) % 3], addrs[(i + 2) % 3], Some(k.clone()), len);
         UdpTransport::bind(c).unwrap()
@@ -83,12 +83,18 @@ fn keyed_ring(len: usize, frames: u32) {
 
 #[test]
 fn a_keyed_ring_of_three_delivers_16392_byte_frames_intact_once() {
-    keyed_ring(16_392, 200);
+    keyed_ring(16_392, 200, false);
 }
 
 #[test]
 fn a_keyed_ring_of_three_delivers_megabyte_frames_intact_once() {
-    keyed_ring(1 << 20, 16);
+    keyed_ring(1 << 20, 16, false);
+}
+
+#[test]
+fn an_encrypted_ring_of_three_delivers_16392_byte_and_megabyte_frames_intact_once() {
+    keyed_ring(16_392, 100, true);
+    keyed_ring(1 << 20, 8, true);
 }
 
 /// A keyed node at `b` takes frames from `a` only; what comes from `a`'s

@@ -176,6 +176,13 @@ fn ring_buffer_delivers_every_keyed_frame_intact_in_native_mode() {
 
 #[test]
 #[ignore = "needs root + BPF: run by cargo xtask ci"]
+fn ring_buffer_delivers_every_encrypted_frame_intact_in_native_mode() {
+    let key = KeySet { encrypt: true, ..KeySet::new(RingKey::from_bytes([3; 32])) };
+    check_keyed(Delivery::RingBuf, AttachMode::Drv, AttachedMode::Drv, Some(key));
+}
+
+#[test]
+#[ignore = "needs root + BPF: run by cargo xtask ci"]
 fn chunks_the_program_passes_still_arrive_through_the_udp_socket() {
     let topo = Topology::ring(&xdp_common::unique("lxk"), 2).unwrap();
     let (n0, n1) = (topo.nodes()[0].clone(), topo.nodes()[1].clone());

@@ -80,7 +80,7 @@ fn ring_smoke(leap: &Path, transport: &str, placement: &str, frames: u64) -> Res
     ring_smoke_with(leap, transport, placement, frames, &[]).map(drop)
 }
 
-/// Keyed rings in namespaces, TCP tagged and encrypted, UDP tagged,
+/// Keyed rings in namespaces, TCP and UDP tagged and encrypted,
 /// 16 392 B and 1 MiB frames, with 0 % and 5 % loss on every link: every
 /// frame intact.
 fn keyed_rings(leap: &Path, root: &Path) -> Result<()> {
@@ -92,7 +92,7 @@ fn keyed_rings(leap: &Path, root: &Path) -> Result<()> {
     let key = key.to_str().context("a UTF-8 path")?;
     for (size, frames) in [("16392", 300), ("1048576", 40)] {
         for loss in ["0", "5"] {
-            for (transport, enc) in [("tcp", false), ("tcp", true), ("udp", false)] {
+            for (transport, enc) in [("tcp", false), ("tcp", true), ("udp", false), ("udp", true)] {
                 let mut extra = vec!["--frame-size", size, "--key-file", key, "--loss", loss];
                 if enc {
                     extra.push("--encrypt");

@@ -71,8 +71,8 @@ pub struct Entry {
     /// node, instead of `leap ring`'s threads.
     pub program: Option<usize>,
     /// With the ring key of `options.ring_key`: frames tagged (`tcp+key`,
-    /// `udp+key`, `xdp+key`) or encrypted (`tcp+enc`), in the same rounds
-    /// as the plain ring.
+    /// `udp+key`, ...) or encrypted (`tcp+enc`, `udp+enc`, ...), in the same
+    /// rounds as the plain ring.
     pub key: KeyMode,
 }
 
@@ -93,14 +93,13 @@ pub fn has_key(k: TransportKind) -> bool {
     !key_modes(k).is_empty()
 }
 
-/// The keyed modes a backend runs in this version: tcp tags or encrypts
-/// its frames, the datagram backends on the link tag every datagram (they
-/// do not encrypt yet), the kernel module cannot take a key.
+/// The keyed modes a backend runs: tcp tags or encrypts its frames, the
+/// datagram backends on the link every datagram; the kernel module cannot
+/// take a key.
 pub fn key_modes(k: TransportKind) -> &'static [KeyMode] {
     match k {
-        TransportKind::Tcp => &[KeyMode::Tagged, KeyMode::Encrypted],
-        TransportKind::Udp | TransportKind::Xdp | TransportKind::XdpRingbuf => &[KeyMode::Tagged],
         TransportKind::Kmod => &[],
+        _ => &[KeyMode::Tagged, KeyMode::Encrypted],
     }
 }
 
@@ -1110,22 +1109,24 @@ mod tests {
     }
 
     #[test]
-    fn a_key_adds_tcp_key_tcp_enc_and_udp_key_in_the_same_rounds_and_only_they_are_keyed() {
+    fn a_key_adds_key_and_enc_rows_in_the_same_rounds_and_only_they_are_keyed() {
         let mut rings = Scripted::new(|k, _| if k == TransportKind::Tcp { 10.0 } else { 20.0 });
         let mut cfg = config(2);
         cfg.options.ring_key =
             Some(crate::transport::ring_key::KeySet::new(crate::transport::ring_key::RingKey::from_bytes([1; 32])));
         let rep = run_on(&cfg, &mut rings, &|_, _, _| {}).unwrap();
         let names: Vec<&str> = rep.rows.iter().filter(|r| r.mode == "latency").map(|r| r.transport.as_str()).collect();
-        assert_eq!(names, ["tcp", "udp", "tcp+key", "tcp+enc", "udp+key"]);
-        // Per round: tcp and udp plain, tcp tagged and encrypted, udp
-        // tagged (datagrams are not encrypted in this version; rotated).
+        assert_eq!(names, ["tcp", "udp", "tcp+key", "tcp+enc", "udp+key", "udp+enc"]);
+        // Per round: tcp and udp plain, then each tagged and encrypted
+        // (rotated).
         let latency: Vec<(TransportKind, Option<bool>)> =
             rings.runs.iter().zip(&rings.keyed).filter(|(r, _)| r.2 == 1).map(|(r, &k)| (r.0, k)).collect();
         use TransportKind::{Tcp, Udp};
-        assert_eq!(latency.len(), 10);
-        assert_eq!(latency[..5], [(Tcp, None), (Udp, None), (Tcp, Some(false)), (Tcp, Some(true)), (Udp, Some(false))]);
-        assert!(!latency.iter().any(|&(k, key)| k == Udp && key == Some(true)), "udp never encrypted");
+        assert_eq!(latency.len(), 12);
+        assert_eq!(
+            latency[..6],
+            [(Tcp, None), (Udp, None), (Tcp, Some(false)), (Tcp, Some(true)), (Udp, Some(false)), (Udp, Some(true))]
+        );
         assert!(key_modes(TransportKind::Kmod).is_empty() && !has_key(TransportKind::Kmod));
         let key = rep.rows.iter().find(|r| r.transport == "tcp+key").unwrap();
         assert_eq!(key.p50_vs_tcp, Some(1.0), "the keyed cost is read against tcp of the same rounds");

@@ -29,7 +29,7 @@
 //! # tcp_prev_port = 7101          # tcp: the previous node only from this source port
 //! # key_file = "/etc/leap/ring.key"   # keyed ring (not kmod): every frame or datagram tagged (`leap key new`)
 //! # previous_key_file = "/etc/leap/old.key"  # still accepted while the ring changes keys
-//! # encrypt = false               # with key_file: encrypt frames too (tcp only; every node alike)
+//! # encrypt = false               # with key_file: encrypt frames too (every node alike)
 //!
 //! [node]
 //! log = "info"

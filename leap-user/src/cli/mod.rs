@@ -138,8 +138,7 @@ pub struct TransportArgs {
     /// node by node (each use is logged).
     #[arg(long, value_name = "FILE", requires = "key_file")]
     pub previous_key_file: Option<std::path::PathBuf>,
-    /// Encrypt frames with the ring key (every node alike; tcp only in this
-    /// version, the datagram transports refuse it).
+    /// Encrypt frames with the ring key (every node alike).
     #[arg(long, requires = "key_file")]
     pub encrypt: bool,
     /// Busy-poll receives this many microseconds before sleeping.

@@ -345,6 +345,8 @@ struct Auth {
     unkeyed_log: Option<Instant>,
     /// When a datagram under the previous key was last logged.
     previous_log: Option<Instant>,
+    /// An encrypted datagram in clear, once opened.
+    clear: Vec<u8>,
 }
 
 impl Auth {
@@ -457,6 +459,7 @@ impl Link {
             opener: Opener::new(a.keys.clone(), a.local),
             unkeyed_log: None,
             previous_log: None,
+            clear: Vec::new(),
         });
         Self {
             auth,
@@ -789,18 +792,34 @@ impl Link {
                 "ring key: {src} still uses the previous key (last seen now; drop previous_key_file once this stops)"
             );
         }
-        let inner = &piece[..opened.len];
-        if Hello::is_hello(inner) {
+        // Encrypted: the datagram in clear is the opener's (swapped out
+        // and back, so that nothing is allocated once warm).
+        let mut clear = std::mem::take(&mut auth.clear);
+        let inner = if auth.opener.encrypts() {
+            auth.opener.swap_clear(&mut clear);
+            &clear[..opened.len]
+        } else {
+            &piece[..opened.len]
+        };
+        let chunk = if Hello::is_hello(inner) {
             self.hello(now, Some(src), inner);
-            return false;
+            false
+        } else {
+            match ChunkHeader::parse(inner) {
+                Ok((h, _)) if h.has(flags::AUTH) => self.take_chunk(now, Some(src), inner, out),
+                // Sealed by a key holder, yet not marked keyed: not ours.
+                Ok(_) => self.reasm.drops_mut().unkeyed += 1,
+                Err(e) => self.reasm.drops_mut().count_parse(e),
+            }
+            true
+        };
+        if let Some(a) = self.auth.as_mut() {
+            if a.opener.encrypts() {
+                a.opener.swap_clear(&mut clear);
+            }
+            a.clear = clear;
         }
-        match ChunkHeader::parse(inner) {
-            Ok((h, _)) if h.has(flags::AUTH) => self.take_chunk(now, Some(src), inner, out),
-            // Sealed by a key holder, yet not marked keyed: not ours.
-            Ok(_) => self.reasm.drops_mut().unkeyed += 1,
-            Err(e) => self.reasm.drops_mut().count_parse(e),
-        }
-        true
+        chunk
     }
 
     fn take_chunk(&mut self, now: Instant, src: Option<SocketAddr>, datagram: &[u8], out: Option<&mut [u8]>) {

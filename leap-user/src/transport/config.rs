@@ -154,11 +154,11 @@ pub struct UdpConfig {
     /// before sleeping; `None`: sleep at once.
     pub busy_poll: Option<Duration>,
     /// A keyed ring: every datagram sent carries a tag of this key (each
-    /// chunk 32 bytes of it, no CRC), every datagram taken is checked
-    /// before it changes anything; unkeyed peers are refused. Needs a
-    /// `listen` address that is not a wildcard (the keys are bound to
-    /// both ends' addresses), not `original_compat`, and not `encrypt`
-    /// (datagrams are tagged, not encrypted, in this version).
+    /// chunk 32 bytes of it, no CRC; with `encrypt`, everything after a
+    /// chunk's header is encrypted), every datagram taken is checked before
+    /// it changes anything; unkeyed peers are refused. Needs a `listen`
+    /// address that is not a wildcard (the keys are bound to both ends'
+    /// addresses) and not `original_compat`.
     pub ring_key: Option<super::ring_key::KeySet>,
 }
 

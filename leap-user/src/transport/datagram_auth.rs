@@ -19,11 +19,15 @@
 //! ```
 //!
 //! `epoch` names one run of the sending process, `packet number` counts
-//! its datagrams to one destination from 0. The key is derived with
+//! its datagrams from 0 (one counter for every destination, see
+//! [`Seals`]). The key is derived with
 //! HKDF-SHA256 from the ring key, the epoch, the sender's and the
 //! receiver's addresses, so a datagram moved to another node, sent back to
 //! its sender, or taken from another run does not verify. The tag is
-//! AES-256-GCM's over the datagram and the trailer's first 16 bytes, the
+//! AES-256-GCM's over the datagram and the trailer's first 16 bytes (with
+//! `KeySet::encrypt`, under a key of its own: the datagram after its first
+//! [`CLEAR_LEN`] bytes is encrypted in place, those bytes and the trailer's
+//! first 16 are associated data), the
 //! nonce the packet number: within one key (one epoch, one direction) the
 //! number only grows, so a (key, nonce) pair is never used twice; two runs
 //! of a process get different keys because their epochs differ.
@@ -98,10 +102,50 @@ fn addr_bytes(a: SocketAddr) -> [u8; 18] {
     b
 }
 
-/// The key of the datagrams of `epoch` from `from` to `to`.
-fn direction_key(key: &RingKey, epoch: u64, from: SocketAddr, to: SocketAddr) -> aead::LessSafeKey {
+/// The key of the datagrams of `epoch` from `from` to `to`, tagged or
+/// (`encrypt`) encrypted: another key for each.
+fn direction_key(key: &RingKey, epoch: u64, from: SocketAddr, to: SocketAddr, encrypt: bool) -> aead::LessSafeKey {
     let (e, f, t) = (epoch.to_be_bytes(), addr_bytes(from), addr_bytes(to));
-    derive_key(key, b"leap datagrams v1", &[&e, &f, &t])
+    let label: &[u8] = if encrypt { b"leap encrypted datagrams v1" } else { b"leap datagrams v1" };
+    derive_key(key, label, &[&e, &f, &t])
+}
+
+/// Bytes at the start of an encrypted datagram that stay in clear (a
+/// chunk's header: the XDP program and the train rule read it; the start
+/// of a hello: its magic), authenticated as associated data.
+pub const CLEAR_LEN: usize = leap_common::chunk::CHUNK_HEADER_LEN;
+
+/// The associated data of an encrypted datagram: its clear start, then the
+/// trailer's first 16 bytes.
+fn clear_aad(clear: &[u8], head: &[u8; 16]) -> ([u8; CLEAR_LEN + 16], usize) {
+    let mut aad = [0u8; CLEAR_LEN + 16];
+    aad[..clear.len()].copy_from_slice(clear);
+    aad[clear.len()..clear.len() + 16].copy_from_slice(head);
+    (aad, clear.len() + 16)
+}
+
+/// Whether `body` (a datagram without its trailer) verifies under `key`
+/// with trailer `head` and `got`. Encrypted (`encrypt`): `scratch` then
+/// holds the datagram in clear.
+#[allow(clippy::too_many_arguments, reason = "the trailer's parts and the mode, each needed")]
+fn verify(
+    key: &aead::LessSafeKey,
+    pn: u64,
+    body: &[u8],
+    head: &[u8; 16],
+    got: &[u8; TAG_LEN],
+    encrypt: bool,
+    scratch: &mut Vec<u8>,
+) -> bool {
+    if !encrypt {
+        return tags_equal(&tag(key, pn, body, head, scratch), got);
+    }
+    let c = body.len().min(CLEAR_LEN);
+    let (aad, n) = clear_aad(&body[..c], head);
+    scratch.clear();
+    scratch.extend_from_slice(body);
+    let tag = aead::Tag::from(*got);
+    key.open_in_place_separate_tag(frame_nonce(0, pn), aead::Aad::from(&aad[..n]), tag, &mut scratch[c..], 0..).is_ok()
 }
 
 /// The tag of `datagram` with the trailer's first 16 bytes `head`: AES-GCM
@@ -128,6 +172,7 @@ fn tag(key: &aead::LessSafeKey, pn: u64, datagram: &[u8], head: &[u8; 16], scrat
 /// process have other source addresses (one socket each), so other keys.
 /// 2^64 datagrams are centuries at any line rate.
 pub struct Seals {
+    encrypt: bool,
     current: RingKey,
     previous: Option<RingKey>,
     epoch: u64,
@@ -153,6 +198,7 @@ impl Seals {
     /// The seals of `epoch` ([`new_epoch`]) from `from` with `keys`.
     pub fn new(keys: &KeySet, epoch: u64, from: SocketAddr) -> Self {
         Self {
+            encrypt: keys.encrypt,
             current: keys.current.clone(),
             previous: keys.previous.clone(),
             epoch,
@@ -178,7 +224,8 @@ impl Seals {
     }
 
     /// Writes the trailer of `buf[..len]`, a datagram to `to`, into
-    /// `buf[len..]`; returns the sealed length (`len` + [`TRAILER_LEN`]).
+    /// `buf[len..]` (and, with `encrypt`, encrypts `buf[CLEAR_LEN..len]` in
+    /// place); returns the sealed length (`len` + [`TRAILER_LEN`]).
     ///
     /// # Panics
     ///
@@ -192,7 +239,7 @@ impl Seals {
                     self.dirs.remove(0);
                 }
                 let key = if previous { self.previous.as_ref().unwrap_or(&self.current) } else { &self.current };
-                self.dirs.push((to, previous, direction_key(key, self.epoch, self.from, to)));
+                self.dirs.push((to, previous, direction_key(key, self.epoch, self.from, to, self.encrypt)));
                 self.dirs.len() - 1
             }
         };
@@ -201,7 +248,17 @@ impl Seals {
         let mut head = [0u8; 16];
         head[..8].copy_from_slice(&self.epoch.to_be_bytes());
         head[8..].copy_from_slice(&pn.to_be_bytes());
-        let t = tag(&self.dirs[i].2, pn, &buf[..len], &head, &mut self.scratch);
+        let key = &self.dirs[i].2;
+        let t = if self.encrypt {
+            let c = len.min(CLEAR_LEN);
+            let (aad, n) = clear_aad(&buf[..c], &head);
+            let t = key
+                .seal_in_place_separate_tag(frame_nonce(0, pn), aead::Aad::from(&aad[..n]), &mut buf[c..len])
+                .expect("a datagram is far below AES-GCM's length limit");
+            t.as_ref().try_into().expect("AES-256-GCM tags are 16 bytes")
+        } else {
+            tag(key, pn, &buf[..len], &head, &mut self.scratch)
+        };
         buf[len..len + 16].copy_from_slice(&head);
         buf[len + 16..len + TRAILER_LEN].copy_from_slice(&t);
         len + TRAILER_LEN
@@ -230,7 +287,7 @@ impl Sealer {
     /// The sealer of `epoch` ([`new_epoch`]) from `from` to `to`, with the
     /// ring's current key.
     pub fn new(keys: &KeySet, epoch: u64, from: SocketAddr, to: SocketAddr) -> Self {
-        Self { key: direction_key(&keys.current, epoch, from, to), epoch, pn: 0, scratch: Vec::new() }
+        Self { key: direction_key(&keys.current, epoch, from, to, false), epoch, pn: 0, scratch: Vec::new() }
     }
 
     /// Appends the trailer to `datagram`.
@@ -329,6 +386,17 @@ impl Opener {
         Self { keys, to, peers: Vec::new(), taken: 0, scratch: Vec::new() }
     }
 
+    /// Whether the datagrams are encrypted (else tagged in clear).
+    pub fn encrypts(&self) -> bool {
+        self.keys.encrypt
+    }
+
+    /// After [`Self::open`] of an encrypted datagram: swaps the datagram in
+    /// clear (its first [`Opened::len`] bytes) into `into`.
+    pub fn swap_clear(&mut self, into: &mut Vec<u8>) {
+        std::mem::swap(&mut self.scratch, into);
+    }
+
     /// Whether the last datagram that verified from `from` used the
     /// previous key (`None`: none kept).
     pub fn used_previous(&self, from: SocketAddr) -> Option<bool> {
@@ -349,8 +417,8 @@ impl Opener {
         let epoch = u64::from_be_bytes(head[..8].try_into().expect("8 bytes"));
         let pn = u64::from_be_bytes(head[8..].try_into().expect("8 bytes"));
         let known = self.peers.iter().position(|p| p.from == from);
-        let check =
-            |key: &aead::LessSafeKey, scratch: &mut Vec<u8>| tags_equal(&tag(key, pn, body, head, scratch), got);
+        let encrypt = self.keys.encrypt;
+        let check = |key: &aead::LessSafeKey, scratch: &mut Vec<u8>| verify(key, pn, body, head, got, encrypt, scratch);
         if let Some(i) = known {
             let p = &self.peers[i];
             if epoch < p.epoch {
@@ -380,7 +448,7 @@ impl Opener {
             std::iter::once((&self.keys.current, false)).chain(self.keys.previous.iter().map(|k| (k, true)));
         let mut found = None;
         for (k, previous) in candidates {
-            let key = direction_key(k, epoch, from, self.to);
+            let key = direction_key(k, epoch, from, self.to, encrypt);
             if check(&key, &mut self.scratch) {
                 found = Some((key, previous));
                 break;
@@ -388,8 +456,8 @@ impl Opener {
         }
         let (key, previous) = found.ok_or(Refused::BadTag)?;
         let other = match (&self.keys.previous, previous) {
-            (Some(_), true) => Some(direction_key(&self.keys.current, epoch, from, self.to)),
-            (Some(old), false) => Some(direction_key(old, epoch, from, self.to)),
+            (Some(_), true) => Some(direction_key(&self.keys.current, epoch, from, self.to, encrypt)),
+            (Some(old), false) => Some(direction_key(old, epoch, from, self.to, encrypt)),
             (None, _) => None,
         };
         self.taken += 1;
@@ -540,6 +608,35 @@ mod tests {
         assert_eq!(o.used_previous(a()), Some(false));
         assert!(o.open(a(), &seal(true)).unwrap().previous_key);
         assert_eq!(o.used_previous(b()), None);
+    }
+
+    #[test]
+    fn encrypted_datagrams_keep_their_header_in_clear_and_open_to_the_same_bytes() {
+        let k = KeySet { encrypt: true, ..keys(4) };
+        let mut s = Seals::new(&k, 9, a());
+        let mut o = Opener::new(k, b());
+        let body: Vec<u8> = (0..200u8).collect();
+        let mut d = body.clone();
+        d.resize(200 + TRAILER_LEN, 0);
+        assert_eq!(s.seal(b(), false, &mut d, 200), 200 + TRAILER_LEN);
+        assert_eq!(d[..CLEAR_LEN], body[..CLEAR_LEN], "the header stays in clear");
+        assert_ne!(d[CLEAR_LEN..200], body[CLEAR_LEN..], "the rest does not");
+        for i in 0..d.len() {
+            let mut bad = d.clone();
+            bad[i] ^= 0x80;
+            assert!(o.open(a(), &bad).is_err(), "byte {i} altered");
+        }
+        // A tagging (not encrypting) node with the same key refuses it.
+        assert_eq!(Opener::new(keys(4), b()).open(a(), &d), Err(Refused::BadTag));
+        let got = o.open(a(), &d).unwrap();
+        let mut clear = Vec::new();
+        o.swap_clear(&mut clear);
+        assert_eq!(&clear[..got.len], &body[..]);
+        assert_eq!(o.open(a(), &d), Err(Refused::Replayed));
+        // Shorter than the clear part: all of it clear, still tagged.
+        let mut short = [7u8; 5 + TRAILER_LEN];
+        s.seal(b(), false, &mut short, 5);
+        assert_eq!(o.open(a(), &short).unwrap().len, 5);
     }
 
     #[test]

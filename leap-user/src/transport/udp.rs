@@ -44,16 +44,10 @@ pub enum UdpError {
 ///
 /// # Errors
 ///
-/// [`UdpError::Keyed`]: a wildcard listen address, `original_compat`, or
-/// `encrypt` (datagrams are tagged, not encrypted, in this version).
+/// [`UdpError::Keyed`]: a wildcard listen address, or `original_compat`.
 pub fn check_key(cfg: &UdpConfig) -> Result<(), UdpError> {
-    let Some(keys) = &cfg.ring_key else { return Ok(()) };
-    if keys.encrypt {
-        // Never a ring in clear in place of an encrypted one.
-        return Err(UdpError::Keyed(
-            "tags its datagrams but does not encrypt them yet (encrypt): use transport = \"tcp\" \
-             for an encrypted ring, or drop encrypt",
-        ));
+    if cfg.ring_key.is_none() {
+        return Ok(());
     }
     if cfg.listen.ip().is_unspecified() {
         return Err(UdpError::Keyed(
