@@ -541,6 +541,9 @@ impl DatagramLink {
             let seq = spans.first().and_then(|r| ChunkHeader::parse(&out[r.clone()]).ok()).map_or(0, |(h, _)| h.seq);
             match kind {
                 TransmitKind::Probe => self.send_log.warn(format_args!("probe of seq {seq} failed: {e}")),
+                TransmitKind::Chunks(_) => {
+                    self.send_log.warn(format_args!("sending chunks of frame seq {seq} failed: {e}"));
+                }
                 _ => self.send_log.warn(format_args!("retransmission of seq {seq} failed: {e}")),
             }
         }
