@@ -23,6 +23,11 @@ pub mod flags {
     /// The frame is followed by its CRC32C ([`super::CRC_TRAILER_LEN`]
     /// bytes, little-endian) on the wire: the chunks carry `frame ++ crc`.
     pub const CRC: u16 = 0x1000;
+    /// The chunk ends with a ring-key trailer ([`super::AUTH_TRAILER_LEN`]
+    /// bytes inside its payload): a keyed ring's chunk carries at most
+    /// [`super::KEYED_PAYLOAD_MAX`] bytes of the frame, and the frame no
+    /// CRC (the tag replaces it).
+    pub const AUTH: u16 = 0x0800;
     /// Mask of the packet kind (see [`super::ChunkKind`]).
     pub const KIND_MASK: u16 = 0x000F;
 }
@@ -169,6 +174,31 @@ impl ChunkHeader {
         }
         Ok((hdr, payload))
     }
+}
+
+/// Bytes of a keyed ring's trailer at the end of every datagram (chunk,
+/// hello, NACK): epoch (8), packet number (8), AES-GCM tag (16).
+pub const AUTH_TRAILER_LEN: usize = 32;
+/// Bytes of a frame one keyed chunk ([`flags::AUTH`]) carries: a full keyed
+/// chunk is still [`CHUNK_DATAGRAM_MAX`] bytes on the wire, its trailer
+/// inside the 1400-byte payload, so trains keep their stride.
+pub const KEYED_PAYLOAD_MAX: usize = CHUNK_PAYLOAD_MAX - AUTH_TRAILER_LEN;
+
+/// Bytes of a frame every chunk but the last carries, for chunks sent with
+/// `reserved`: [`KEYED_PAYLOAD_MAX`] with [`flags::AUTH`] from a leap
+/// sender, else [`CHUNK_PAYLOAD_MAX`].
+pub const fn frame_bytes_per_chunk(reserved: u16) -> usize {
+    if reserved & flags::LEAP != 0 && reserved & flags::AUTH != 0 { KEYED_PAYLOAD_MAX } else { CHUNK_PAYLOAD_MAX }
+}
+
+/// As [`chunks_for`], with `per_chunk` bytes per chunk
+/// ([`frame_bytes_per_chunk`]).
+pub const fn chunks_for_stride(len: usize, per_chunk: usize) -> Option<u16> {
+    if len == 0 || per_chunk == 0 {
+        return None;
+    }
+    let n = len.div_ceil(per_chunk);
+    if n > u16::MAX as usize { None } else { Some(n as u16) }
 }
 
 /// Number of chunks a frame of `len` bytes needs (`ceil(len / 1400)`), or
@@ -374,6 +404,10 @@ mod tests {
         assert_eq!(chunks_for(1400), Some(1));
         assert_eq!(chunks_for(1401), Some(2));
         assert_eq!(chunks_for(0), None);
+        assert_eq!(chunks_for_stride(16392, KEYED_PAYLOAD_MAX), Some(12));
+        assert_eq!(chunks_for_stride(1368 * 12 + 1, KEYED_PAYLOAD_MAX), Some(13));
+        assert_eq!(frame_bytes_per_chunk(flags::LEAP | flags::AUTH), 1368);
+        assert_eq!(frame_bytes_per_chunk(flags::AUTH), 1400, "the original's chunks have no flags");
         assert_eq!(chunks_for(FRAME_LEN_MAX), Some(u16::MAX));
         assert_eq!(chunks_for(FRAME_LEN_MAX + 1), None);
     }

@@ -75,3 +75,28 @@ fn best_effort_ring_with_loss_never_delivers_a_corrupt_frame() {
     assert_eq!(r.frames_delivered + r.frames_lost, 300);
     assert_eq!(r.retransmits, 0);
 }
+
+/// A keyed udp ring (tagged or encrypted) with 5 % of the chunks dropped on
+/// every link: every frame intact, nothing refused.
+fn keyed_lossy(size: usize, frames: u64, encrypt: bool) {
+    let mut cfg = RingConfig::new(TransportKind::Udp, 3, size, frames);
+    cfg.placement = Placement::Netns;
+    cfg.loss_pct = 5.0;
+    cfg.options.ring_key = Some(leap::transport::ring_key::KeySet {
+        encrypt,
+        ..leap::transport::ring_key::KeySet::new(leap::transport::ring_key::RingKey::from_bytes([5; 32]))
+    });
+    let r = run(&cfg).unwrap();
+    assert_eq!((r.frames_delivered, r.frames_corrupt), (frames, 0), "{r:?}");
+    assert!(r.retransmits > 0, "{r:?}");
+    assert_eq!((r.stats.drops.bad_tag, r.stats.drops.unkeyed), (0, 0), "{r:?}");
+}
+
+#[test]
+#[ignore = "needs root for namespaces and nftables: run by cargo xtask ci (stage privileged)"]
+fn keyed_udp_rings_with_5_percent_loss_deliver_every_frame() {
+    for encrypt in [false, true] {
+        keyed_lossy(16392, 500, encrypt);
+        keyed_lossy(1 << 20, 20, encrypt);
+    }
+}

@@ -203,9 +203,9 @@ fn a_rotation_keeps_a_connection_between_a_moved_and_an_unmoved_node() {
 }
 
 #[test]
-fn a_key_on_a_datagram_transport_is_refused_not_dropped() {
+fn a_key_on_the_kernel_module_transport_is_refused_not_dropped() {
     use leap::transport::settings::Settings;
-    let mut s = Settings::new(leap::transport::open::TransportKind::Udp);
+    let mut s = Settings::new(leap::transport::open::TransportKind::Kmod);
     let dir = std::env::temp_dir().join(format!("leap-keyed-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let p = dir.join("k");

@@ -12,10 +12,11 @@ use std::time::Duration;
 
 use leap::netns::{NodeNet, Topology};
 use leap::transport::config::Reliability;
+use leap::transport::ring_key::{KeySet, RingKey};
 use leap::transport::udp::UdpConfig;
 use leap::transport::xdp::{AttachMode, AttachedMode, Delivery, XdpCounters, XdpTransport, XdpTransportConfig};
 use leap::{FrameKind, Transport};
-use leap_common::chunk::chunks_for;
+use leap_common::chunk::{CHUNK_PAYLOAD_MAX, KEYED_PAYLOAD_MAX, chunks_for_stride};
 use leap_common::xdp::Counter;
 use xdp_common::{in_netns, object, pattern};
 
@@ -25,6 +26,16 @@ const MAX_FRAME: usize = 70_000;
 const SIZES: [usize; 6] = [1, 1400, 1401, 16392, 32776, MAX_FRAME];
 
 fn transport(node: &NodeNet, peer: &NodeNet, delivery: Delivery, mode: AttachMode) -> XdpTransport {
+    keyed_transport(node, peer, delivery, mode, None)
+}
+
+fn keyed_transport(
+    node: &NodeNet,
+    peer: &NodeNet,
+    delivery: Delivery,
+    mode: AttachMode,
+    key: Option<KeySet>,
+) -> XdpTransport {
     let me = SocketAddr::from((node.addr, PORT));
     let other = SocketAddr::from((peer.addr, PORT));
     let mut udp = UdpConfig::new(me, other);
@@ -35,6 +46,7 @@ fn transport(node: &NodeNet, peer: &NodeNet, delivery: Delivery, mode: AttachMod
     // no CRC trailer: frames keep the chunk counts of the original format.
     udp.reliability = Reliability::BestEffort;
     udp.crc = false;
+    udp.ring_key = key;
     let mut cfg = XdpTransportConfig::new(&node.rx_iface, udp, delivery);
     cfg.mode = mode;
     cfg.object = object();
@@ -43,16 +55,22 @@ fn transport(node: &NodeNet, peer: &NodeNet, delivery: Delivery, mode: AttachMod
 
 /// Node 0 sends `frames` frames; node 1 sends each back; node 0 checks
 /// them. Returns both nodes' counters and the attach mode.
-fn ping_pong(delivery: Delivery, mode: AttachMode, frames: usize) -> (XdpCounters, XdpCounters, AttachedMode, u64) {
+fn ping_pong(
+    delivery: Delivery,
+    mode: AttachMode,
+    frames: usize,
+    key: Option<KeySet>,
+) -> (XdpCounters, XdpCounters, AttachedMode, u64) {
+    let keyed = key.is_some();
     let topo = Topology::ring(&xdp_common::unique("lxr"), 2).unwrap();
     let (n0, n1) = (topo.nodes()[0].clone(), topo.nodes()[1].clone());
     let ready = Arc::new(Barrier::new(2));
 
     let echo = {
-        let (n0, n1, ready) = (n0.clone(), n1.clone(), ready.clone());
+        let (n0, n1, ready, key) = (n0.clone(), n1.clone(), ready.clone(), key.clone());
         std::thread::spawn(move || {
             in_netns(n1.path(), move || {
-                let mut t = transport(&n1, &n0, delivery, mode);
+                let mut t = keyed_transport(&n1, &n0, delivery, mode, key);
                 ready.wait();
                 let mut buf = vec![0u8; MAX_FRAME];
                 for i in 0..frames {
@@ -68,7 +86,7 @@ fn ping_pong(delivery: Delivery, mode: AttachMode, frames: usize) -> (XdpCounter
     };
 
     let (head, attached) = in_netns(n0.path(), move || {
-        let mut t = transport(&n0, &n1, delivery, mode);
+        let mut t = keyed_transport(&n0, &n1, delivery, mode, key);
         let attached = t.attached_mode();
         ready.wait();
         let mut buf = vec![0u8; MAX_FRAME];
@@ -86,13 +104,20 @@ fn ping_pong(delivery: Delivery, mode: AttachMode, frames: usize) -> (XdpCounter
         (t.xdp_counters().unwrap(), attached)
     });
     let echo = echo.join().expect("echo thread");
-    let chunks: u64 = (0..frames).map(|i| u64::from(chunks_for(SIZES[i % SIZES.len()]).unwrap())).sum();
+    // A keyed chunk carries fewer bytes of the frame (its tag is inside).
+    let per_chunk = if keyed { KEYED_PAYLOAD_MAX } else { CHUNK_PAYLOAD_MAX };
+    let chunks: u64 =
+        (0..frames).map(|i| u64::from(chunks_for_stride(SIZES[i % SIZES.len()], per_chunk).unwrap())).sum();
     (head, echo, attached, chunks)
 }
 
 fn check(delivery: Delivery, mode: AttachMode, want_mode: AttachedMode) {
+    check_keyed(delivery, mode, want_mode, None);
+}
+
+fn check_keyed(delivery: Delivery, mode: AttachMode, want_mode: AttachedMode, key: Option<KeySet>) {
     let frames = 300;
-    let (head, echo, attached, chunks) = ping_pong(delivery, mode, frames);
+    let (head, echo, attached, chunks) = ping_pong(delivery, mode, frames, key);
     assert_eq!(attached, want_mode);
     let via = match delivery {
         Delivery::Xsk => Counter::ToXsk,
@@ -133,6 +158,27 @@ fn ring_buffer_delivers_every_frame_intact_in_native_mode() {
 #[ignore = "needs root + BPF: run by cargo xtask ci"]
 fn ring_buffer_delivers_every_frame_intact_in_generic_mode() {
     check(Delivery::RingBuf, AttachMode::Skb, AttachedMode::Skb);
+}
+
+#[test]
+#[ignore = "needs root + BPF: run by cargo xtask ci"]
+fn af_xdp_delivers_every_keyed_frame_intact_in_native_mode() {
+    let key = KeySet::new(RingKey::from_bytes([3; 32]));
+    check_keyed(Delivery::Xsk, AttachMode::Drv, AttachedMode::Drv, Some(key));
+}
+
+#[test]
+#[ignore = "needs root + BPF: run by cargo xtask ci"]
+fn ring_buffer_delivers_every_keyed_frame_intact_in_native_mode() {
+    let key = KeySet::new(RingKey::from_bytes([3; 32]));
+    check_keyed(Delivery::RingBuf, AttachMode::Drv, AttachedMode::Drv, Some(key));
+}
+
+#[test]
+#[ignore = "needs root + BPF: run by cargo xtask ci"]
+fn ring_buffer_delivers_every_encrypted_frame_intact_in_native_mode() {
+    let key = KeySet { encrypt: true, ..KeySet::new(RingKey::from_bytes([3; 32])) };
+    check_keyed(Delivery::RingBuf, AttachMode::Drv, AttachedMode::Drv, Some(key));
 }
 
 #[test]

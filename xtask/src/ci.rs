@@ -80,8 +80,9 @@ fn ring_smoke(leap: &Path, transport: &str, placement: &str, frames: u64) -> Res
     ring_smoke_with(leap, transport, placement, frames, &[]).map(drop)
 }
 
-/// Keyed TCP rings in namespaces, tagged and encrypted, 16 392 B and 1 MiB
-/// frames, with 0 % and 5 % loss on every link: every frame intact.
+/// Keyed rings in namespaces, TCP and UDP tagged and encrypted,
+/// 16 392 B and 1 MiB frames, with 0 % and 5 % loss on every link: every
+/// frame intact.
 fn keyed_rings(leap: &Path, root: &Path) -> Result<()> {
     let dir = root.join("target/ci-keys");
     let _ = std::fs::remove_dir_all(&dir);
@@ -91,12 +92,12 @@ fn keyed_rings(leap: &Path, root: &Path) -> Result<()> {
     let key = key.to_str().context("a UTF-8 path")?;
     for (size, frames) in [("16392", 300), ("1048576", 40)] {
         for loss in ["0", "5"] {
-            for enc in [false, true] {
+            for (transport, enc) in [("tcp", false), ("tcp", true), ("udp", false), ("udp", true)] {
                 let mut extra = vec!["--frame-size", size, "--key-file", key, "--loss", loss];
                 if enc {
                     extra.push("--encrypt");
                 }
-                ring_smoke_with(leap, "tcp", "--netns", frames, &extra)?;
+                ring_smoke_with(leap, transport, "--netns", frames, &extra)?;
             }
         }
     }

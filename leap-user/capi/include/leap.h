@@ -180,6 +180,10 @@ typedef struct leap_drops {
   uint64_t mapped_source;
   // A frame or datagram whose ring-key tag did not verify.
   uint64_t bad_tag;
+  // A keyed datagram taken before, too old, or from an older run.
+  uint64_t replayed;
+  // Without a ring-key tag at a keyed node, or keyed at an unkeyed one.
+  uint64_t unkeyed;
 } leap_drops;
 
 // Counters of one transport (both halves of a split one), the library's

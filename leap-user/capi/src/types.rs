@@ -201,6 +201,10 @@ pub struct leap_drops {
     pub mapped_source: u64,
     /// A frame or datagram whose ring-key tag did not verify.
     pub bad_tag: u64,
+    /// A keyed datagram taken before, too old, or from an older run.
+    pub replayed: u64,
+    /// Without a ring-key tag at a keyed node, or keyed at an unkeyed one.
+    pub unkeyed: u64,
 }
 
 /// Counters of one transport (both halves of a split one), the library's
@@ -307,6 +311,8 @@ impl leap_stats {
             foreign_dst,
             mapped_source,
             bad_tag,
+            replayed,
+            unkeyed,
         } = drops;
         Self {
             frames_sent,
@@ -350,6 +356,8 @@ impl leap_stats {
                 foreign_dst,
                 mapped_source,
                 bad_tag,
+                replayed,
+                unkeyed,
             },
         }
     }

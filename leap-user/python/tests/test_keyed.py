@@ -57,10 +57,10 @@ def test_nodes_with_different_keys_get_no_ring(tmp_path):
     assert "another ring key" in str(e.value) or "timed out" in str(e.value).lower(), str(e.value)
 
 
-def test_a_key_on_a_datagram_transport_is_refused(tmp_path):
+def test_a_key_on_the_kernel_module_transport_is_refused(tmp_path):
     key = new_key(tmp_path, "ring.key")
     with pytest.raises(leap.Error) as e:
-        leap.open("udp", listen=("127.0.0.1", 1), next=("127.0.0.1", 2), key_file=key)
+        leap.open("kmod", listen=("127.0.0.1", 1), next=("127.0.0.1", 2), key_file=key)
     assert "key_file" in str(e.value) and "tcp" in str(e.value)
 
 

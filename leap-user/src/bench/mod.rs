@@ -70,8 +70,9 @@ pub struct Entry {
     /// Run by this program of [`BenchConfig::programs`], one process per
     /// node, instead of `leap ring`'s threads.
     pub program: Option<usize>,
-    /// With the ring key of `options.ring_key`: frames tagged (`tcp+key`)
-    /// or encrypted (`tcp+enc`), in the same rounds as the plain ring.
+    /// With the ring key of `options.ring_key`: frames tagged (`tcp+key`,
+    /// `udp+key`, ...) or encrypted (`tcp+enc`, `udp+enc`, ...), in the same
+    /// rounds as the plain ring.
     pub key: KeyMode,
 }
 
@@ -89,7 +90,17 @@ pub enum KeyMode {
 
 /// Whether a backend can run keyed in this version.
 pub fn has_key(k: TransportKind) -> bool {
-    k == TransportKind::Tcp
+    !key_modes(k).is_empty()
+}
+
+/// The keyed modes a backend runs: tcp tags or encrypts its frames, the
+/// datagram backends on the link every datagram; the kernel module cannot
+/// take a key.
+pub fn key_modes(k: TransportKind) -> &'static [KeyMode] {
+    match k {
+        TransportKind::Kmod => &[],
+        _ => &[KeyMode::Tagged, KeyMode::Encrypted],
+    }
 }
 
 impl Entry {
@@ -109,8 +120,8 @@ impl Entry {
             }
         }
         if keyed {
-            for &kind in kinds.iter().filter(|k| has_key(**k)) {
-                for key in [KeyMode::Tagged, KeyMode::Encrypted] {
+            for &kind in kinds {
+                for &key in key_modes(kind) {
                     v.push(Self { key, ..Self::plain(kind) });
                 }
             }
@@ -1098,21 +1109,25 @@ mod tests {
     }
 
     #[test]
-    fn a_key_adds_tcp_key_and_tcp_enc_in_the_same_rounds_and_only_they_are_keyed() {
+    fn a_key_adds_key_and_enc_rows_in_the_same_rounds_and_only_they_are_keyed() {
         let mut rings = Scripted::new(|k, _| if k == TransportKind::Tcp { 10.0 } else { 20.0 });
         let mut cfg = config(2);
         cfg.options.ring_key =
             Some(crate::transport::ring_key::KeySet::new(crate::transport::ring_key::RingKey::from_bytes([1; 32])));
         let rep = run_on(&cfg, &mut rings, &|_, _, _| {}).unwrap();
         let names: Vec<&str> = rep.rows.iter().filter(|r| r.mode == "latency").map(|r| r.transport.as_str()).collect();
-        assert_eq!(names, ["tcp", "udp", "tcp+key", "tcp+enc"]);
-        // Per round: tcp plain, udp plain, tcp tagged, tcp encrypted (rotated).
+        assert_eq!(names, ["tcp", "udp", "tcp+key", "tcp+enc", "udp+key", "udp+enc"]);
+        // Per round: tcp and udp plain, then each tagged and encrypted
+        // (rotated).
         let latency: Vec<(TransportKind, Option<bool>)> =
             rings.runs.iter().zip(&rings.keyed).filter(|(r, _)| r.2 == 1).map(|(r, &k)| (r.0, k)).collect();
         use TransportKind::{Tcp, Udp};
-        assert_eq!(latency.len(), 8);
-        assert_eq!(latency[..4], [(Tcp, None), (Udp, None), (Tcp, Some(false)), (Tcp, Some(true))]);
-        assert!(latency.iter().all(|&(k, key)| k == Tcp || key.is_none()), "udp never keyed");
+        assert_eq!(latency.len(), 12);
+        assert_eq!(
+            latency[..6],
+            [(Tcp, None), (Udp, None), (Tcp, Some(false)), (Tcp, Some(true)), (Udp, Some(false)), (Udp, Some(true))]
+        );
+        assert!(key_modes(TransportKind::Kmod).is_empty() && !has_key(TransportKind::Kmod));
         let key = rep.rows.iter().find(|r| r.transport == "tcp+key").unwrap();
         assert_eq!(key.p50_vs_tcp, Some(1.0), "the keyed cost is read against tcp of the same rounds");
     }

@@ -27,7 +27,7 @@
 //! # busy_poll_us = 50             # busy-poll the receive sockets (needs CAP_NET_ADMIN; 0: off)
 //! # tcp_source_port = 7101        # tcp: connect to the next node from this port
 //! # tcp_prev_port = 7101          # tcp: the previous node only from this source port
-//! # key_file = "/etc/leap/ring.key"   # keyed ring (tcp): every frame tagged (`leap key new`)
+//! # key_file = "/etc/leap/ring.key"   # keyed ring (not kmod): every frame or datagram tagged (`leap key new`)
 //! # previous_key_file = "/etc/leap/old.key"  # still accepted while the ring changes keys
 //! # encrypt = false               # with key_file: encrypt frames too (every node alike)
 //!

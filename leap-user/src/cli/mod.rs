@@ -129,8 +129,9 @@ pub struct TransportArgs {
     #[arg(long)]
     pub original_compat: bool,
     /// A ring key file (64 hex digits, mode 0600; `leap key new FILE`
-    /// makes one): every connection proves the key and every frame carries
-    /// its tag (tcp only in this version; other transports refuse it).
+    /// makes one): tcp connections prove the key and every frame carries
+    /// its tag; on udp, xdp and xdp-ringbuf every datagram does (kmod
+    /// refuses a key).
     #[arg(long, value_name = "FILE")]
     pub key_file: Option<std::path::PathBuf>,
     /// The ring's previous key, still accepted while the ring changes keys

@@ -2,7 +2,7 @@
 //! trailer of a leap frame) into LEAP chunks without copying: each chunk is
 //! its 12-byte header followed by up to three borrowed slices of the parts.
 
-use leap_common::chunk::{CHUNK_HEADER_LEN, CHUNK_PAYLOAD_MAX, ChunkHeader, FRAME_LEN_MAX, chunks_for};
+use leap_common::chunk::{CHUNK_HEADER_LEN, ChunkHeader, FRAME_LEN_MAX, chunks_for_stride, frame_bytes_per_chunk};
 
 /// One chunk of a frame: its header and up to three payload slices (a chunk
 /// spans several parts when they are shorter than a chunk).
@@ -44,6 +44,9 @@ pub struct Chunker<'a> {
     reserved: u16,
     next: u16,
     total: u16,
+    /// Bytes of the stream per chunk (fewer in a keyed ring's chunks, whose
+    /// trailer is added when they are sealed).
+    stride: usize,
 }
 
 impl<'a> Chunker<'a> {
@@ -56,15 +59,19 @@ impl<'a> Chunker<'a> {
 
     /// As [`Self::new`], with `trailer` (the CRC of a frame sent with
     /// [`leap_common::chunk::flags::CRC`]) after the frame. `None` also if the
-    /// frame itself is empty.
+    /// frame itself is empty. With [`leap_common::chunk::flags::AUTH`] in
+    /// `reserved`, each chunk carries
+    /// [`leap_common::chunk::KEYED_PAYLOAD_MAX`] bytes (room for the
+    /// trailer its sealing appends).
     pub fn with_trailer(seq: u16, reserved: u16, head: &'a [u8], tail: &'a [u8], trailer: &'a [u8]) -> Option<Self> {
         let frame = head.len() + tail.len();
         let len = frame + trailer.len();
         if frame == 0 || len > FRAME_LEN_MAX {
             return None;
         }
-        let total = chunks_for(len)?;
-        Some(Self { head, tail, trailer, seq, reserved, next: 0, total })
+        let stride = frame_bytes_per_chunk(reserved);
+        let total = chunks_for_stride(len, stride)?;
+        Some(Self { head, tail, trailer, seq, reserved, next: 0, total, stride })
     }
 
     /// Number of chunks of the frame.
@@ -77,8 +84,8 @@ impl<'a> Chunker<'a> {
         if id >= self.total {
             return None;
         }
-        let start = usize::from(id) * CHUNK_PAYLOAD_MAX;
-        let end = (start + CHUNK_PAYLOAD_MAX).min(self.head.len() + self.tail.len() + self.trailer.len());
+        let start = usize::from(id) * self.stride;
+        let end = (start + self.stride).min(self.head.len() + self.tail.len() + self.trailer.len());
         // The part [from, from + len) of the stream, clipped to this chunk.
         let piece = |part: &'a [u8], from: usize| -> &'a [u8] {
             let lo = start.clamp(from, from + part.len()) - from;

@@ -23,7 +23,8 @@
 //! Nothing here allocates after the side slots have held the largest frame.
 
 use leap_common::chunk::{
-    CHUNK_PAYLOAD_MAX, CRC_TRAILER_LEN, ChunkHeader, ChunkKind, FRAME_LEN_MAX, chunks_for, flags,
+    CHUNK_PAYLOAD_MAX, CRC_TRAILER_LEN, ChunkHeader, ChunkKind, FRAME_LEN_MAX, KEYED_PAYLOAD_MAX, chunks_for_stride,
+    flags, frame_bytes_per_chunk,
 };
 use leap_common::control::ControlMessage;
 
@@ -88,12 +89,16 @@ struct Assembly {
     max_len: usize,
     /// Its gaps were reported by [`Reassembler::gaps_ahead`].
     nacked: bool,
+    /// Frame bytes per chunk (fewer in a keyed ring's chunks), from the
+    /// first chunk taken.
+    stride: usize,
     bitmap: Vec<u64>,
 }
 
 impl Assembly {
     fn new(max_len: usize) -> Self {
-        let max_chunks = chunks_for(max_len + CRC_TRAILER_LEN).unwrap_or(u16::MAX);
+        // Keyed chunks carry the fewest bytes: room for the most chunks.
+        let max_chunks = chunks_for_stride(max_len + CRC_TRAILER_LEN, KEYED_PAYLOAD_MAX).unwrap_or(u16::MAX);
         Self {
             seq: 0,
             total: 0,
@@ -108,6 +113,7 @@ impl Assembly {
             last_len: 0,
             max_len,
             nacked: false,
+            stride: CHUNK_PAYLOAD_MAX,
             bitmap: vec![0; usize::from(max_chunks).div_ceil(64)],
         }
     }
@@ -132,6 +138,7 @@ impl Assembly {
         self.from_leap = false;
         self.crc = false;
         self.nacked = false;
+        self.stride = CHUNK_PAYLOAD_MAX;
     }
 
     fn has(&self, id: u16) -> bool {
@@ -142,7 +149,7 @@ impl Assembly {
     /// it fits a buffer before the last chunk is known).
     fn min_len(&self) -> usize {
         self.len.unwrap_or_else(|| {
-            let full = (usize::from(self.total) - 1) * CHUNK_PAYLOAD_MAX + 1;
+            let full = (usize::from(self.total) - 1) * self.stride + 1;
             if self.crc { full.saturating_sub(CRC_TRAILER_LEN).max(1) } else { full }
         })
     }
@@ -155,15 +162,16 @@ impl Assembly {
             _ => FrameKind::Data,
         };
         let crc = hdr.has(flags::CRC);
+        let stride = frame_bytes_per_chunk(hdr.reserved);
         let limit = buf.len().min(self.max_len);
         if self.total == 0 {
             // Exactly as many chunks as a frame that fits can have.
-            let most = chunks_for(if crc { limit + CRC_TRAILER_LEN } else { limit }).unwrap_or(0);
+            let most = chunks_for_stride(if crc { limit + CRC_TRAILER_LEN } else { limit }, stride).unwrap_or(0);
             if hdr.total_chunks > most {
                 drops.too_large += 1;
                 return false;
             }
-        } else if hdr.total_chunks != self.total || kind != self.kind || crc != self.crc {
+        } else if hdr.total_chunks != self.total || kind != self.kind || crc != self.crc || stride != self.stride {
             drops.total_mismatch += 1;
             return false;
         }
@@ -172,7 +180,7 @@ impl Assembly {
             drops.duplicate += 1;
             return false;
         }
-        let at = usize::from(hdr.chunk_id) * CHUNK_PAYLOAD_MAX;
+        let at = usize::from(hdr.chunk_id) * stride;
         let last = hdr.chunk_id + 1 == hdr.total_chunks;
         // Bytes of the frame in this chunk; with a CRC, the stream is
         // `frame ++ crc` and the frame ends 4 bytes before it.
@@ -207,6 +215,7 @@ impl Assembly {
             self.total = hdr.total_chunks;
             self.kind = kind;
             self.crc = crc;
+            self.stride = stride;
             self.from_leap = hdr.from_leap();
         }
         if crc && hdr.chunk_id + 2 == hdr.total_chunks {
@@ -241,7 +250,7 @@ impl Assembly {
     /// Copies the chunks received so far from `src` to `dst`.
     /// Returns the bytes copied.
     fn copy_received(&self, src: &[u8], dst: &mut [u8]) -> u64 {
-        let full = usize::from(self.total) * CHUNK_PAYLOAD_MAX;
+        let full = usize::from(self.total) * self.stride;
         let end = self.len.unwrap_or(full).min(src.len()).min(dst.len());
         if self.received == self.total || u32::from(self.received) * 2 >= u32::from(self.total) {
             dst[..end].copy_from_slice(&src[..end]);
@@ -249,9 +258,9 @@ impl Assembly {
         }
         let mut copied = 0;
         for id in 0..self.total {
-            let at = usize::from(id) * CHUNK_PAYLOAD_MAX;
+            let at = usize::from(id) * self.stride;
             if self.has(id) && at < end {
-                let to = (at + CHUNK_PAYLOAD_MAX).min(end);
+                let to = (at + self.stride).min(end);
                 dst[at..to].copy_from_slice(&src[at..to]);
                 copied += (to - at) as u64;
             }

@@ -107,7 +107,8 @@ struct Stored {
 
 impl Stored {
     fn total(&self) -> u16 {
-        leap_common::chunk::chunks_for(self.len + usize::from(self.trailer_len)).unwrap_or(0)
+        let stride = leap_common::chunk::frame_bytes_per_chunk(self.reserved);
+        leap_common::chunk::chunks_for_stride(self.len + usize::from(self.trailer_len), stride).unwrap_or(0)
     }
 }
 

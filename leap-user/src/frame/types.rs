@@ -113,6 +113,14 @@ pub struct Drops {
     /// A frame or datagram whose ring-key tag did not verify: forged,
     /// altered, replayed or reordered (keyed rings only).
     pub bad_tag: u64,
+    /// A keyed datagram whose tag verified but that was taken before, is
+    /// too old for the replay window, or comes from an older run of its
+    /// sender (keyed rings only).
+    pub replayed: u64,
+    /// A datagram whose keying is not this node's: without a ring-key tag
+    /// (an unkeyed leap node or an original peer) at a keyed node, or a
+    /// keyed chunk at an unkeyed node. Refused.
+    pub unkeyed: u64,
 }
 }
 
@@ -138,6 +146,8 @@ impl Drops {
             + self.foreign_dst
             + self.mapped_source
             + self.bad_tag
+            + self.replayed
+            + self.unkeyed
     }
 
     /// Counts a chunk-header parse error.

@@ -22,7 +22,23 @@
 //! - the sender's seq and the frames queued to go out (a sketch, see below);
 //! - the chunks-per-train to the next node, sized to a path MTU that the
 //!   driver passes in ([`Link::set_path_mtu`]);
-//! - the counters ([`Stats`]).
+//! - the counters ([`Stats`]);
+//! - with a ring key ([`LinkConfig::auth`]), the seals and the opener of
+//!   its datagrams (see "Keyed links").
+//!
+//! # Keyed links
+//!
+//! A keyed link seals every datagram as it leaves [`Link::poll_transmit`]
+//! (a hello or NACK when it leaves, not when it was decided; each chunk of
+//! a train alone; a retransmission or probe again, with a new packet
+//! number) and opens every datagram [`Link::handle`] takes before anything
+//! else reads it: what does not verify is counted (`drops.bad_tag`,
+//! `drops.replayed`, `drops.unkeyed`) and changes nothing. Its frames go in
+//! the keyed format from the first ([`flags::AUTH`], no CRC), proven next
+//! node or not, and a verified chunk's flags are taken before the previous
+//! node proved itself (only a holder of the key can write them). An
+//! unkeyed link refuses keyed chunks. See `transport::datagram_auth` for
+//! the trailer, the keys and why no nonce is used twice.
 //!
 //! # API
 //!
@@ -197,8 +213,11 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use leap_common::chunk::{CHUNK_DATAGRAM_MAX, CHUNK_PAYLOAD_MAX, CRC_TRAILER_LEN, ChunkHeader, ChunkKind, flags};
-use leap_common::hello::{Hello, caps};
+use leap_common::chunk::{
+    CHUNK_DATAGRAM_MAX, CRC_TRAILER_LEN, ChunkHeader, ChunkKind, KEYED_PAYLOAD_MAX, chunks_for_stride, flags,
+    frame_bytes_per_chunk,
+};
+use leap_common::hello::{HELLO_LEN, Hello, caps};
 
 use crate::frame::peer::{Peer, Proven, random_u64};
 use crate::frame::reliable::{
@@ -209,6 +228,8 @@ use crate::frame::relock::SourceLock;
 use crate::frame::types::{Drops, FrameKind, Received};
 use crate::frame::{LostFrame, Push, Reassembler};
 use crate::transport::Stats;
+use crate::transport::datagram_auth::{Opener, Refused, Seals};
+use crate::transport::ring_key::KeySet;
 
 use transmit::{Outgoing, Queued, Resend};
 pub use transmit::{Transmit, TransmitKind};
@@ -228,6 +249,24 @@ pub const MTU_RECHECK: Duration = Duration::from_secs(1);
 /// How long after sending a frame the driver keeps looking often (the next
 /// node's NACKs for it come within that).
 pub const BUSY_AFTER_SEND: Duration = Duration::from_secs(1);
+
+/// How often a keyed link logs refused unkeyed datagrams, and datagrams
+/// under the previous key.
+pub const KEY_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// The ring key of a keyed link: every datagram it sends is sealed, every
+/// datagram it takes is opened before it changes anything (see
+/// `transport::datagram_auth`).
+#[derive(Clone, Debug)]
+pub struct LinkAuth {
+    /// The ring's keys (a previous one accepted during a rotation).
+    pub keys: KeySet,
+    /// This node's address as its neighbours send to it and see it send
+    /// (the keys are bound to both ends' addresses).
+    pub local: SocketAddr,
+    /// This run's epoch (`datagram_auth::new_epoch`: grows from run to run).
+    pub epoch: u64,
+}
 
 /// What a link is configured with: the part of `UdpConfig` it decides on.
 #[derive(Clone, Debug)]
@@ -256,6 +295,9 @@ pub struct LinkConfig {
     pub trains: bool,
     /// The largest train this node takes (announced in hellos).
     pub rx_train_bytes: usize,
+    /// A keyed ring: every datagram sealed and checked, no CRC, never the
+    /// original's format (`None`: unkeyed).
+    pub auth: Option<LinkAuth>,
 }
 
 impl LinkConfig {
@@ -274,6 +316,7 @@ impl LinkConfig {
             crc: true,
             trains: true,
             rx_train_bytes: leap_common::chunk::TRAIN_DATAGRAM_MAX,
+            auth: None,
         }
     }
 }
@@ -291,6 +334,48 @@ pub enum Event {
     Restarted { addr: SocketAddr, next: bool },
     /// Frames are now taken from `to` (the lock moved), `from` held it.
     Relocked { from: Option<SocketAddr>, to: SocketAddr },
+}
+
+/// A keyed link's seals, opener and rate-limited log lines.
+#[derive(Debug)]
+struct Auth {
+    seals: Seals,
+    opener: Opener,
+    /// When an unkeyed datagram was last logged.
+    unkeyed_log: Option<Instant>,
+    /// When a datagram under the previous key was last logged.
+    previous_log: Option<Instant>,
+    /// An encrypted datagram in clear, once opened.
+    clear: Vec<u8>,
+}
+
+impl Auth {
+    /// Whether a line rate-limited by `last` may be logged now.
+    fn due(last: &mut Option<Instant>, now: Instant) -> bool {
+        if last.is_some_and(|t| now.duration_since(t) < KEY_LOG_EVERY) {
+            return false;
+        }
+        *last = Some(now);
+        true
+    }
+
+    /// Seals `buf[..len]` to `to` when keyed; returns the length to send.
+    fn seal(auth: &mut Option<Self>, to: SocketAddr, buf: &mut [u8], len: usize) -> usize {
+        match auth {
+            Some(a) if len > 0 => {
+                let previous = a.seals.use_previous(a.opener.used_previous(to));
+                a.seals.seal(to, previous, buf, len)
+            }
+            _ => len,
+        }
+    }
+}
+
+/// Whether a datagram that did not verify looks like one from a node
+/// without the key (an unkeyed leap node's hello or chunk, an original
+/// peer's chunk) rather than a forgery of a keyed one.
+fn looks_unkeyed(d: &[u8]) -> bool {
+    (Hello::is_hello(d) && d.len() == HELLO_LEN) || ChunkHeader::parse(d).is_ok_and(|(h, _)| !h.has(flags::AUTH))
 }
 
 /// One datagram peer's decisions, without I/O (see the module docs).
@@ -342,6 +427,10 @@ pub struct Link {
     #[allow(clippy::vec_box, reason = "each box moves into a queued hello or NACK and back, never copied")]
     free_bytes: Vec<Box<[u8; CHUNK_DATAGRAM_MAX]>>,
     free_ids: Vec<Vec<u16>>,
+    /// The ring key's state (`None`: unkeyed).
+    auth: Option<Auth>,
+    /// When an unkeyed link last logged a keyed chunk it refused.
+    keyed_log: Option<Instant>,
 }
 
 impl Link {
@@ -364,7 +453,17 @@ impl Link {
             caps = caps::with_train_bytes(caps, cfg.rx_train_bytes);
         }
         let prev_peer = cfg.prev.filter(|&p| p != cfg.next).map(Peer::new);
+        debug_assert!(cfg.auth.is_none() || !cfg.original_compat, "a keyed link never speaks the original's format");
+        let auth = cfg.auth.as_ref().map(|a| Auth {
+            seals: Seals::new(&a.keys, a.epoch, a.local),
+            opener: Opener::new(a.keys.clone(), a.local),
+            unkeyed_log: None,
+            previous_log: None,
+            clear: Vec::new(),
+        });
         Self {
+            auth,
+            keyed_log: None,
             reasm: Reassembler::with_window(cfg.max_frame_len, cfg.window),
             retx: reliable.then(|| RetransmitBuffer::new(cfg.keep_frames)),
             stats: Stats::default(),
@@ -435,6 +534,11 @@ impl Link {
     /// The previous node frames are taken from.
     pub fn prev(&self) -> Option<SocketAddr> {
         self.prev
+    }
+
+    /// Whether the link is keyed (every datagram sealed and checked).
+    pub fn keyed(&self) -> bool {
+        self.auth.is_some()
     }
 
     /// This process's epoch.
@@ -592,6 +696,9 @@ impl Link {
     /// datagram longer than any train). A chunk of the expected frame goes
     /// into `out`; others, and all without `out`, to side slots.
     pub fn handle(&mut self, now: Instant, src: Option<SocketAddr>, datagram: &[u8], out: Option<&mut [u8]>) -> u64 {
+        if self.auth.is_some() {
+            return self.take_keyed(now, src, datagram, out);
+        }
         if !self.take(now, src, datagram, out) {
             return 0;
         }
@@ -621,11 +728,118 @@ impl Link {
         true
     }
 
+    /// A keyed link's [`Self::handle`]: each chunk of a train (or the one
+    /// datagram) is opened alone, and only what verified goes further.
+    fn take_keyed(
+        &mut self,
+        now: Instant,
+        src: Option<SocketAddr>,
+        datagram: &[u8],
+        mut out: Option<&mut [u8]>,
+    ) -> u64 {
+        let Some(src) = src else {
+            // No address: nothing to check the tag against.
+            self.reasm.drops_mut().wrong_source += 1;
+            return 0;
+        };
+        if datagram.len() <= CHUNK_DATAGRAM_MAX {
+            return u64::from(self.open_one(now, src, datagram, out));
+        }
+        match leap_common::chunk::train(datagram) {
+            Ok(train) => {
+                let mut n = 0;
+                for piece in train {
+                    n += 1;
+                    self.open_one(now, src, piece, out.as_deref_mut());
+                }
+                n
+            }
+            Err(e) => {
+                self.reasm.drops_mut().count_parse(e);
+                0
+            }
+        }
+    }
+
+    /// Opens one sealed datagram (a hello, a NACK, a chunk) and takes what
+    /// it carries; returns whether it was meant as a chunk.
+    fn open_one(&mut self, now: Instant, src: SocketAddr, piece: &[u8], out: Option<&mut [u8]>) -> bool {
+        let auth = self.auth.as_mut().expect("a keyed link");
+        let opened = match auth.opener.open(src, piece) {
+            Ok(o) => o,
+            Err(r) => {
+                let unkeyed = looks_unkeyed(piece);
+                let d = self.reasm.drops_mut();
+                if unkeyed {
+                    d.unkeyed += 1;
+                    if Auth::due(&mut auth.unkeyed_log, now) {
+                        log::warn!(
+                            "refusing {src}: it sends without the ring key (an unkeyed leap node or an original \
+                             peer); every node of a keyed ring needs the key (key_file)"
+                        );
+                    }
+                } else {
+                    match r {
+                        Refused::Short | Refused::BadTag => d.bad_tag += 1,
+                        Refused::StaleEpoch | Refused::Replayed => d.replayed += 1,
+                    }
+                }
+                return !Hello::is_hello(piece);
+            }
+        };
+        if opened.previous_key && Auth::due(&mut auth.previous_log, now) {
+            log::info!(
+                "ring key: {src} still uses the previous key (last seen now; drop previous_key_file once this stops)"
+            );
+        }
+        // Encrypted: the datagram in clear is the opener's (swapped out
+        // and back, so that nothing is allocated once warm).
+        let mut clear = std::mem::take(&mut auth.clear);
+        let inner = if auth.opener.encrypts() {
+            auth.opener.swap_clear(&mut clear);
+            &clear[..opened.len]
+        } else {
+            &piece[..opened.len]
+        };
+        let chunk = if Hello::is_hello(inner) {
+            self.hello(now, Some(src), inner);
+            false
+        } else {
+            match ChunkHeader::parse(inner) {
+                Ok((h, _)) if h.has(flags::AUTH) => self.take_chunk(now, Some(src), inner, out),
+                // Sealed by a key holder, yet not marked keyed: not ours.
+                Ok(_) => self.reasm.drops_mut().unkeyed += 1,
+                Err(e) => self.reasm.drops_mut().count_parse(e),
+            }
+            true
+        };
+        if let Some(a) = self.auth.as_mut() {
+            if a.opener.encrypts() {
+                a.opener.swap_clear(&mut clear);
+            }
+            a.clear = clear;
+        }
+        chunk
+    }
+
     fn take_chunk(&mut self, now: Instant, src: Option<SocketAddr>, datagram: &[u8], out: Option<&mut [u8]>) {
         let (mut hdr, payload) = match ChunkHeader::parse(datagram) {
             Ok(x) => x,
             Err(e) => return self.reasm.drops_mut().count_parse(e),
         };
+        if self.auth.is_none() && hdr.has(flags::AUTH) {
+            // A keyed node's chunk (data and a trailer this node cannot
+            // check): never taken as data.
+            self.reasm.drops_mut().unkeyed += 1;
+            if Auth::due(&mut self.keyed_log, now) {
+                log::warn!(
+                    "refusing keyed chunks from {}: this node has no ring key (key_file); \
+                     every node of a keyed ring needs the key",
+                    src.map_or_else(|| "?".into(), |a| a.to_string())
+                );
+            }
+            return;
+        }
         let from_next = src == Some(self.cfg.nack_from.unwrap_or(self.cfg.next));
         if hdr.kind() == ChunkKind::Nack && from_next && self.next_is_leap() && !self.cfg.original_compat {
             self.stats.nacks_received += 1;
@@ -653,14 +867,15 @@ impl Link {
                 return;
             }
         }
-        if self.prev_proven().is_none() || self.cfg.original_compat {
+        // A keyed chunk verified: its flags are a key holder's, proven or not.
+        if (self.prev_proven().is_none() && self.auth.is_none()) || self.cfg.original_compat {
             hdr.reserved = 0;
         } else if hdr.kind() == ChunkKind::Nack {
             self.reasm.drops_mut().wrong_source += 1;
             return;
         }
         let last = hdr.chunk_id + 1 == hdr.total_chunks;
-        if (last && payload.is_empty()) || (!last && payload.len() != CHUNK_PAYLOAD_MAX) {
+        if (last && payload.is_empty()) || (!last && payload.len() != frame_bytes_per_chunk(hdr.reserved)) {
             self.reasm.drops_mut().bad_length += 1;
             return;
         }
@@ -880,15 +1095,21 @@ impl Link {
         retx.has_pending().then_some(due)
     }
 
+    /// Most ranges a NACK carries (fewer when keyed: its trailer must fit).
+    fn nack_ranges(&self) -> usize {
+        if self.auth.is_some() { KEYED_PAYLOAD_MAX / 4 } else { crate::frame::reliable::NACK_MAX_RANGES }
+    }
+
     fn send_nack(&mut self, seq: u16, all: bool) {
         let Some(to) = self.prev else { return };
+        let most = self.nack_ranges();
         let mut q = Queued::empty(to, TransmitKind::Nack, self.free_bytes.pop());
         let len = if all || self.reasm.progress().1 == 0 {
             encode_nack(seq, [NACK_ALL], q.buf())
         } else if self.nack.attempts() <= 1 && !self.reasm.saw_ahead() {
-            encode_nack(seq, ranges(self.reasm.holes()), q.buf())
+            encode_nack(seq, ranges(self.reasm.holes()).take(most), q.buf())
         } else {
-            encode_nack(seq, ranges(self.reasm.missing()), q.buf())
+            encode_nack(seq, ranges(self.reasm.missing()).take(most), q.buf())
         };
         if len == 0 {
             self.free_bytes.push(q.bytes);
@@ -900,10 +1121,11 @@ impl Link {
 
     fn nack_gaps_ahead(&mut self) {
         let Some(to) = self.prev else { return };
+        let most = self.nack_ranges();
         let (control, free) = (&mut self.control, &mut self.free_bytes);
         self.reasm.gaps_ahead(|seq, ids| {
             let mut q = Queued::empty(to, TransmitKind::Nack, free.pop());
-            q.len = encode_nack(seq, ranges(ids), q.buf());
+            q.len = encode_nack(seq, ranges(ids).take(most), q.buf());
             control.push_back(q);
         });
     }
@@ -1014,9 +1236,10 @@ impl Link {
     fn service_sender(&mut self, now: Instant) -> Option<Instant> {
         let (probe, due) = self.probe.poll(now, &self.cfg.timers);
         if let Some(seq) = probe
-            && let Some((frame, _, trailer)) = self.retx.as_ref().and_then(|r| r.get(seq))
+            && let Some((frame, reserved, trailer)) = self.retx.as_ref().and_then(|r| r.get(seq))
         {
-            let last = leap_common::chunk::chunks_for(frame.len() + trailer.len()).unwrap_or(1) - 1;
+            let stride = frame_bytes_per_chunk(reserved);
+            let last = chunks_for_stride(frame.len() + trailer.len(), stride).unwrap_or(1) - 1;
             let v = self.free_ids.pop().unwrap_or_default();
             self.resend.push_back(Resend::new(seq, &[last], TransmitKind::Probe, v));
         }
@@ -1087,6 +1310,18 @@ impl Link {
     /// The `reserved` field for a frame of `kind` to the next node: exactly
     /// the original's 0 until the next node proved to be a leap node.
     pub fn reserved_for(&self, kind: FrameKind) -> u16 {
+        if self.auth.is_some() {
+            // Keyed: never the original's format, and no CRC (the tag of
+            // every chunk replaces it), proven next node or not.
+            let mut r = flags::LEAP | flags::AUTH;
+            if self.retx.is_some() {
+                r |= flags::RELIABLE;
+            }
+            if kind == FrameKind::Control {
+                r |= ChunkKind::Control as u16;
+            }
+            return r;
+        }
         let Some(next) = self.next_peer.proven().filter(|_| !self.cfg.original_compat) else { return 0 };
         let mut r = flags::LEAP;
         if self.retx.is_some() {
@@ -1114,7 +1349,7 @@ impl Link {
     ///
     /// The frame's length when it is empty or too long for the format.
     pub fn send(&mut self, now: Instant, kind: FrameKind, frame: &[u8]) -> Result<u16, usize> {
-        if frame.is_empty() || frame.len() + CRC_TRAILER_LEN > leap_common::chunk::FRAME_LEN_MAX {
+        if !self.frame_len_ok(frame.len()) {
             return Err(frame.len());
         }
         if self.awaits_proof() {
@@ -1135,7 +1370,37 @@ impl Link {
         }
         let seq = self.seq;
         self.seq = self.seq.wrapping_add(1);
-        self.queue_frame(now, seq, kind, frame);
+        self.queue_frame(now, seq, kind, frame, &[]);
+        Ok(seq)
+    }
+
+    /// Whether a frame of `len` bytes fits the format (a keyed chunk
+    /// carries fewer bytes of it, an unkeyed frame may need a CRC).
+    pub fn frame_len_ok(&self, len: usize) -> bool {
+        let most = if self.auth.is_some() {
+            usize::from(u16::MAX) * KEYED_PAYLOAD_MAX
+        } else {
+            leap_common::chunk::FRAME_LEN_MAX - CRC_TRAILER_LEN
+        };
+        len != 0 && len <= most
+    }
+
+    /// As [`Self::send`] for the frame `head ++ tail`, for a driver whose
+    /// first copies leave through [`Self::poll_transmit`] (a keyed link's,
+    /// every chunk sealed there), after its own wait for the next node's
+    /// proof ([`Self::proof_wait_done`]): the frame is queued at once.
+    ///
+    /// # Errors
+    ///
+    /// The frame's length when it is empty or too long for the format.
+    pub fn send_parts(&mut self, now: Instant, kind: FrameKind, head: &[u8], tail: &[u8]) -> Result<u16, usize> {
+        let len = head.len() + tail.len();
+        if !self.frame_len_ok(len) {
+            return Err(len);
+        }
+        let seq = self.seq;
+        self.seq = self.seq.wrapping_add(1);
+        self.queue_frame(now, seq, kind, head, tail);
         Ok(seq)
     }
 
@@ -1193,7 +1458,13 @@ impl Link {
         if !self.next_is_leap() && now < until {
             return Some(until);
         }
-        if !self.next_is_leap() {
+        if !self.next_is_leap() && self.auth.is_some() {
+            log::warn!(
+                "next node {} did not prove that it holds the ring key within {FIRST_PROOF_WAIT:?}; \
+                 sending it keyed chunks, which only a holder of the key takes",
+                self.cfg.next
+            );
+        } else if !self.next_is_leap() {
             log::info!(
                 "next node {} did not prove to be a leap node within {FIRST_PROOF_WAIT:?}; \
                  sending it the original format until it does",
@@ -1202,23 +1473,24 @@ impl Link {
         }
         self.held_until = None;
         while let Some((seq, kind, frame)) = self.held.pop_front() {
-            self.queue_frame(now, seq, kind, &frame);
+            self.queue_frame(now, seq, kind, &frame, &[]);
         }
         None
     }
 
-    /// Queues frame `seq` (of a valid length) in the format the next node
-    /// gets now.
-    fn queue_frame(&mut self, now: Instant, seq: u16, kind: FrameKind, frame: &[u8]) {
+    /// Queues frame `seq`, `head ++ tail` (of a valid length), in the
+    /// format the next node gets now.
+    fn queue_frame(&mut self, now: Instant, seq: u16, kind: FrameKind, head: &[u8], tail: &[u8]) {
         self.send_hellos(now);
         let reserved = self.reserved_for(kind);
-        let crc = crc_trailer(reserved, frame);
+        let crc = (reserved & flags::CRC != 0).then(|| crc32c::crc32c_append(crc32c::crc32c(head), tail).to_le_bytes());
         let trailer: &[u8] = crc.as_ref().map_or(&[], |c| c);
-        let total = leap_common::chunk::chunks_for(frame.len() + trailer.len()).expect("checked by send");
+        let len = head.len() + tail.len();
+        let total = chunks_for_stride(len + trailer.len(), frame_bytes_per_chunk(reserved)).expect("checked by send");
         let kept = match &mut self.retx {
             Some(retx) if reserved & flags::LEAP != 0 => {
-                retx.store(seq, reserved, frame, &[], trailer);
-                self.stats.copied_bytes += frame.len() as u64;
+                retx.store(seq, reserved, head, tail, trailer);
+                self.stats.copied_bytes += len as u64;
                 true
             }
             _ => false,
@@ -1226,10 +1498,11 @@ impl Link {
         let data = (!kept).then(|| {
             // A copy `datagram.rs` does not make (it sends from the
             // caller's memory at once): counted, as every copy is.
-            self.stats.copied_bytes += frame.len() as u64;
+            self.stats.copied_bytes += len as u64;
             let mut v = self.spare.pop().unwrap_or_default();
             v.clear();
-            v.extend_from_slice(frame);
+            v.extend_from_slice(head);
+            v.extend_from_slice(tail);
             v.extend_from_slice(trailer);
             v
         });
@@ -1240,7 +1513,7 @@ impl Link {
         }
         self.last_send = Some(now);
         self.stats.frames_sent += 1;
-        self.stats.bytes_sent += frame.len() as u64;
+        self.stats.bytes_sent += len as u64;
     }
 
     /// Writes the next datagram to send into `buf` (at least
@@ -1260,16 +1533,28 @@ impl Link {
                 TransmitKind::Hello => self.stats.hellos_sent += 1,
                 _ => self.stats.nacks_sent += 1,
             }
-            let t = Transmit { to: q.to, len: q.len, kind: q.kind };
+            if q.kind == TransmitKind::Nack && self.auth.is_some() {
+                let r = u16::from_be_bytes([buf[10], buf[11]]) | flags::AUTH;
+                buf[10..12].copy_from_slice(&r.to_be_bytes());
+            }
+            // Sealed as it leaves: a NACK or hello sent again has a new
+            // packet number.
+            let len = Auth::seal(&mut self.auth, q.to, buf, q.len);
+            let t = Transmit { to: q.to, len, kind: q.kind };
             self.free_bytes.push(q.bytes);
             return Some(t);
         }
         while let Some(mut o) = self.outgoing.pop_front() {
             let data = o.data.take();
+            let next = self.cfg.next;
+            let seal = self.auth.as_mut().map(|a| {
+                let previous = a.seals.use_previous(a.opener.used_previous(next));
+                (&mut a.seals, next, previous)
+            });
             let (len, n) = match &data {
-                Some(d) => o.write(d, &[], buf),
+                Some(d) => o.write(d, &[], buf, seal),
                 None => match self.retx.as_ref().and_then(|r| r.get(o.seq)) {
-                    Some((frame, _, trailer)) => o.write(frame, trailer, buf),
+                    Some((frame, _, trailer)) => o.write(frame, trailer, buf, seal),
                     // A kept frame forgotten before it left (the next
                     // node restarted, or the buffer wrapped).
                     None => continue,
@@ -1298,6 +1583,8 @@ impl Link {
             let Some(len) = transmit::write_one(r.seq, reserved | flags::RETRANSMIT, frame, trailer, id, buf) else {
                 continue;
             };
+            // A copy sent again is sealed again: a new packet number.
+            let len = Auth::seal(&mut self.auth, self.cfg.next, buf, len);
             let kind = r.kind;
             match kind {
                 TransmitKind::Probe => self.stats.probes += 1,

@@ -7,6 +7,7 @@ use leap_common::chunk::{CHUNK_DATAGRAM_MAX, CHUNK_HEADER_LEN};
 use leap_common::hello::Hello;
 
 use crate::frame::Chunker;
+use crate::transport::datagram_auth::Seals;
 
 /// What a datagram written by [`super::Link::poll_transmit`] is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,15 +98,28 @@ impl Resend {
 
 impl Outgoing {
     /// Writes the next datagram (up to `train` chunks of `frame ++
-    /// trailer`) into `buf`; returns its length and the chunks in it.
-    pub(super) fn write(&mut self, frame: &[u8], trailer: &[u8], buf: &mut [u8]) -> (usize, usize) {
+    /// trailer`) into `buf`, each chunk sealed to `seal`'s destination when
+    /// keyed; returns its length and the chunks in it.
+    pub(super) fn write(
+        &mut self,
+        frame: &[u8],
+        trailer: &[u8],
+        buf: &mut [u8],
+        mut seal: Option<(&mut Seals, SocketAddr, bool)>,
+    ) -> (usize, usize) {
         let Some(chunker) = Chunker::with_trailer(self.seq, self.reserved, frame, &[], trailer) else {
             self.next_id = self.total;
             return (0, 0);
         };
         let (mut len, mut n) = (0, 0);
         while n < self.train && self.next_id < chunker.total() {
-            len += write_chunk(&chunker, self.next_id, &mut buf[len..]);
+            let w = write_chunk(&chunker, self.next_id, &mut buf[len..]);
+            len += match &mut seal {
+                // Each chunk alone: it verifies alone, trains keep the
+                // 1 412-byte stride.
+                Some((s, to, previous)) => s.seal(*to, *previous, &mut buf[len..], w),
+                None => w,
+            };
             self.next_id += 1;
             n += 1;
         }

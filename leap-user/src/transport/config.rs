@@ -153,6 +153,13 @@ pub struct UdpConfig {
     /// `SO_PREFER_BUSY_POLL`, `SO_BUSY_POLL_BUDGET`) and spin that long
     /// before sleeping; `None`: sleep at once.
     pub busy_poll: Option<Duration>,
+    /// A keyed ring: every datagram sent carries a tag of this key (each
+    /// chunk 32 bytes of it, no CRC; with `encrypt`, everything after a
+    /// chunk's header is encrypted), every datagram taken is checked before
+    /// it changes anything; unkeyed peers are refused. Needs a `listen`
+    /// address that is not a wildcard (the keys are bound to both ends'
+    /// addresses) and not `original_compat`.
+    pub ring_key: Option<super::ring_key::KeySet>,
 }
 
 impl UdpConfig {
@@ -179,6 +186,7 @@ impl UdpConfig {
             trains: true,
             rx_train_bytes: leap_common::chunk::TRAIN_DATAGRAM_MAX,
             busy_poll: None,
+            ring_key: None,
         }
     }
 }
@@ -333,6 +341,7 @@ pub fn udp_config(ep: &Endpoint, opts: &Options) -> UdpConfig {
     c.window_memory = opts.window_memory;
     c.trains = opts.trains;
     c.busy_poll = opts.busy_poll;
+    c.ring_key.clone_from(&opts.ring_key);
     c
 }
 

@@ -33,7 +33,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use leap_common::chunk::{CHUNK_DATAGRAM_MAX, ChunkHeader, TRAIN_DATAGRAM_MAX, flags};
+use leap_common::chunk::{CHUNK_DATAGRAM_MAX, ChunkHeader, ChunkKind, TRAIN_DATAGRAM_MAX, flags};
 use leap_common::hello::Hello;
 use socket2::Socket;
 
@@ -119,7 +119,8 @@ impl DatagramLink {
             }
         };
         let now = Instant::now();
-        let mut link = Link::new(link_config(&cfg), now);
+        let local = socket.local_addr().ok().and_then(|a| a.as_socket()).unwrap_or(cfg.listen);
+        let mut link = Link::new(link_config(&cfg, local), now);
         link.set_path_mtu(now, route.as_ref().and_then(|r| r.mtu().ok()));
         Self {
             socket: Arc::new(socket),
@@ -291,6 +292,9 @@ impl DatagramLink {
     ///
     /// As [`UdpSender::send`], unless the frame can be recovered by NACKs.
     pub fn send(&mut self, kind: FrameKind, head: &[u8], tail: &[u8]) -> Result<()> {
+        if self.link.keyed() {
+            return self.send_keyed(kind, head, tail);
+        }
         let FrameHead { seq, reserved, keep } = self.prepare_send(kind);
         let crc;
         let trailer: &[u8] = if reserved & flags::CRC != 0 {
@@ -312,6 +316,22 @@ impl DatagramLink {
             _ => false,
         };
         self.sent(seq, kept, head.len() + tail.len(), res)
+    }
+
+    /// A keyed link's first copy: the link queues it (kept for NACKs, a
+    /// copy) and every chunk leaves sealed through [`Self::flush`], trains
+    /// in bursts of one `sendmmsg`.
+    fn send_keyed(&mut self, kind: FrameKind, head: &[u8], tail: &[u8]) -> Result<()> {
+        let len = head.len() + tail.len();
+        if !self.link.frame_len_ok(len) {
+            return Err(TransportError::BadFrameLen(len));
+        }
+        self.prepare_send(kind);
+        let now = Instant::now();
+        self.link.send_parts(now, kind, head, tail).map_err(TransportError::BadFrameLen)?;
+        self.flush();
+        self.recheck_trains(now);
+        Ok(())
     }
 
     /// As [`Self::send`] for a frame of `len` bytes that `fill` writes in
@@ -340,6 +360,8 @@ impl DatagramLink {
             return Err(TransportError::BadFrameLen(len));
         }
         let FrameHead { seq, reserved, keep } = self.prepare_send(kind);
+        // Keyed: the link keeps its own copy (see `send_keyed`).
+        let keep = keep && !self.link.keyed();
         let mut buf = match (self.link.retx_mut(), keep) {
             (Some(retx), true) => retx.take_slot(seq, len),
             _ => std::mem::take(&mut self.tx).into_vec(),
@@ -357,6 +379,16 @@ impl DatagramLink {
     /// As [`Self::send`].
     pub fn finish_send(&mut self, slot: SendSlot) -> Result<()> {
         let SendSlot { seq, reserved, keep, len, buf } = slot;
+        if self.link.keyed() {
+            let kind = if reserved & flags::KIND_MASK == ChunkKind::Control as u16 {
+                FrameKind::Control
+            } else {
+                FrameKind::Data
+            };
+            let res = self.send_keyed(kind, &buf[..len], &[]);
+            self.tx = OwnedBuf::from_vec(buf);
+            return res;
+        }
         let frame = &buf[..len];
         let crc = crate::link::crc_trailer(reserved, frame);
         let trailer: &[u8] = crc.as_ref().map_or(&[], |c| c);
@@ -457,11 +489,12 @@ impl DatagramLink {
         let now = Instant::now();
         let (mut at, mut kind) = (0, None);
         loop {
-            let t =
-                if self.burst.len() < RETX_BURST { self.link.poll_transmit(now, &mut self.out[at..]) } else { None };
+            // Room for another datagram of the burst (a train at most).
+            let room = self.burst.len() < RETX_BURST && self.out.len() - at >= TRAIN_DATAGRAM_MAX;
+            let t = if room { self.link.poll_transmit(now, &mut self.out[at..]) } else { None };
             let Some(t) = t else {
                 let Some(k) = kind.take() else { break };
-                let full = self.burst.len() >= RETX_BURST;
+                let full = !room;
                 self.send_burst(k);
                 at = 0;
                 if full {
@@ -469,8 +502,10 @@ impl DatagramLink {
                 }
                 break;
             };
-            if matches!(t.kind, TransmitKind::Retransmit | TransmitKind::Probe) && t.to == self.cfg.next {
-                if kind.is_some_and(|k| k != t.kind) {
+            // First copies leave through here only from a keyed link.
+            let burst = matches!(t.kind, TransmitKind::Retransmit | TransmitKind::Probe | TransmitKind::Chunks(_));
+            if burst && t.to == self.cfg.next {
+                if kind.is_some_and(|k| std::mem::discriminant(&k) != std::mem::discriminant(&t.kind)) {
                     self.send_burst(kind.take().expect("checked"));
                     self.out.copy_within(at..at + t.len, 0);
                     at = 0;
@@ -506,6 +541,9 @@ impl DatagramLink {
             let seq = spans.first().and_then(|r| ChunkHeader::parse(&out[r.clone()]).ok()).map_or(0, |(h, _)| h.seq);
             match kind {
                 TransmitKind::Probe => self.send_log.warn(format_args!("probe of seq {seq} failed: {e}")),
+                TransmitKind::Chunks(_) => {
+                    self.send_log.warn(format_args!("sending chunks of frame seq {seq} failed: {e}"));
+                }
                 _ => self.send_log.warn(format_args!("retransmission of seq {seq} failed: {e}")),
             }
         }
@@ -611,7 +649,16 @@ fn lost_error(lost: LostFrame) -> TransportError {
 }
 
 /// What a link is configured with, out of the transport's settings.
-fn link_config(cfg: &UdpConfig) -> LinkConfig {
+fn link_config(cfg: &UdpConfig, local: SocketAddr) -> LinkConfig {
+    let auth = cfg.ring_key.as_ref().map(|keys| {
+        let epoch = super::datagram_auth::new_epoch().unwrap_or_else(|e| {
+            // The clock alone still grows from run to run.
+            log::warn!("no random bits for this run's ring-key epoch ({e}); using the clock alone");
+            let us = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros());
+            (us as u64) << 20
+        });
+        crate::link::LinkAuth { keys: keys.clone(), local, epoch }
+    });
     LinkConfig {
         next: cfg.next,
         prev: cfg.prev,
@@ -625,6 +672,7 @@ fn link_config(cfg: &UdpConfig) -> LinkConfig {
         crc: cfg.crc,
         trains: cfg.trains,
         rx_train_bytes: cfg.rx_train_bytes,
+        auth,
     }
 }
 

@@ -2,9 +2,15 @@
 //! datagram a keyed node sends carries a trailer, and a keyed node checks
 //! it before the datagram may change any state.
 //!
-//! Not wired into the datagram transports yet: a key on them is refused
-//! (`transport::open`). This module is the part that can be tested alone:
-//! the trailer, the keys, the replay window and the epoch rule.
+//! The link (`crate::link`) seals every datagram it sends with [`Seals`]
+//! and opens every datagram it takes with [`Opener`] before anything else
+//! looks at it; this module holds the trailer, the keys, the replay window
+//! and the epoch rule, tested alone.
+//!
+//! In a chunk the trailer is the last 32 bytes of the payload
+//! (`leap_common::chunk::flags::AUTH`): a keyed chunk is still a valid
+//! LEAP chunk of at most 1 412 bytes, trains keep their stride, and each
+//! chunk of a train is checked alone.
 //!
 //! # The trailer
 //!
@@ -13,11 +19,15 @@
 //! ```
 //!
 //! `epoch` names one run of the sending process, `packet number` counts
-//! its datagrams to one destination from 0. The key is derived with
+//! its datagrams from 0 (one counter for every destination, see
+//! [`Seals`]). The key is derived with
 //! HKDF-SHA256 from the ring key, the epoch, the sender's and the
 //! receiver's addresses, so a datagram moved to another node, sent back to
 //! its sender, or taken from another run does not verify. The tag is
-//! AES-256-GCM's over the datagram and the trailer's first 16 bytes, the
+//! AES-256-GCM's over the datagram and the trailer's first 16 bytes (with
+//! `KeySet::encrypt`, under a key of its own: the datagram after its first
+//! [`CLEAR_LEN`] bytes is encrypted in place, those bytes and the trailer's
+//! first 16 are associated data), the
 //! nonce the packet number: within one key (one epoch, one direction) the
 //! number only grows, so a (key, nonce) pair is never used twice; two runs
 //! of a process get different keys because their epochs differ.
@@ -37,9 +47,6 @@
 //! 4. The packet number is inside the replay window and not seen before
 //!    (else `replayed`); only now does the window move and, for a newer
 //!    epoch, the sender's state reset.
-
-// Nothing outside the tests calls this yet (see above).
-#![cfg_attr(not(test), allow(dead_code))]
 
 use std::net::SocketAddr;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -95,10 +102,50 @@ fn addr_bytes(a: SocketAddr) -> [u8; 18] {
     b
 }
 
-/// The key of the datagrams of `epoch` from `from` to `to`.
-fn direction_key(key: &RingKey, epoch: u64, from: SocketAddr, to: SocketAddr) -> aead::LessSafeKey {
+/// The key of the datagrams of `epoch` from `from` to `to`, tagged or
+/// (`encrypt`) encrypted: another key for each.
+fn direction_key(key: &RingKey, epoch: u64, from: SocketAddr, to: SocketAddr, encrypt: bool) -> aead::LessSafeKey {
     let (e, f, t) = (epoch.to_be_bytes(), addr_bytes(from), addr_bytes(to));
-    derive_key(key, b"leap datagrams v1", &[&e, &f, &t])
+    let label: &[u8] = if encrypt { b"leap encrypted datagrams v1" } else { b"leap datagrams v1" };
+    derive_key(key, label, &[&e, &f, &t])
+}
+
+/// Bytes at the start of an encrypted datagram that stay in clear (a
+/// chunk's header: the XDP program and the train rule read it; the start
+/// of a hello: its magic), authenticated as associated data.
+pub const CLEAR_LEN: usize = leap_common::chunk::CHUNK_HEADER_LEN;
+
+/// The associated data of an encrypted datagram: its clear start, then the
+/// trailer's first 16 bytes.
+fn clear_aad(clear: &[u8], head: &[u8; 16]) -> ([u8; CLEAR_LEN + 16], usize) {
+    let mut aad = [0u8; CLEAR_LEN + 16];
+    aad[..clear.len()].copy_from_slice(clear);
+    aad[clear.len()..clear.len() + 16].copy_from_slice(head);
+    (aad, clear.len() + 16)
+}
+
+/// Whether `body` (a datagram without its trailer) verifies under `key`
+/// with trailer `head` and `got`. Encrypted (`encrypt`): `scratch` then
+/// holds the datagram in clear.
+#[allow(clippy::too_many_arguments, reason = "the trailer's parts and the mode, each needed")]
+fn verify(
+    key: &aead::LessSafeKey,
+    pn: u64,
+    body: &[u8],
+    head: &[u8; 16],
+    got: &[u8; TAG_LEN],
+    encrypt: bool,
+    scratch: &mut Vec<u8>,
+) -> bool {
+    if !encrypt {
+        return tags_equal(&tag(key, pn, body, head, scratch), got);
+    }
+    let c = body.len().min(CLEAR_LEN);
+    let (aad, n) = clear_aad(&body[..c], head);
+    scratch.clear();
+    scratch.extend_from_slice(body);
+    let tag = aead::Tag::from(*got);
+    key.open_in_place_separate_tag(frame_nonce(0, pn), aead::Aad::from(&aad[..n]), tag, &mut scratch[c..], 0..).is_ok()
 }
 
 /// The tag of `datagram` with the trailer's first 16 bytes `head`: AES-GCM
@@ -111,7 +158,116 @@ fn tag(key: &aead::LessSafeKey, pn: u64, datagram: &[u8], head: &[u8; 16], scrat
     seal_into(key, frame_nonce(0, pn), scratch).expect("a datagram is far below AES-GCM's length limit")
 }
 
-/// Seals the datagrams of one run of this node to one destination.
+/// Seals every datagram one run of a node sends, to any destination.
+///
+/// # Why a (key, nonce) pair is never used twice
+///
+/// The nonce is the packet number, and one counter numbers every datagram
+/// this run seals, whatever its destination: within one key (one epoch,
+/// one source, one destination) a number is used at most once, also when
+/// the key of a destination is dropped from the cache below and derived
+/// again, and a retransmission is sealed again with a new number (never the
+/// first copy's trailer). Another run of the process has another epoch
+/// ([`new_epoch`] grows from run to run), so other keys; two links of one
+/// process have other source addresses (one socket each), so other keys.
+/// 2^64 datagrams are centuries at any line rate.
+pub struct Seals {
+    encrypt: bool,
+    current: RingKey,
+    previous: Option<RingKey>,
+    epoch: u64,
+    from: SocketAddr,
+    pn: u64,
+    /// Keys of recent destinations, and whether each is the previous key
+    /// (at most [`PEERS`]).
+    dirs: Vec<(SocketAddr, bool, aead::LessSafeKey)>,
+    scratch: Vec<u8>,
+}
+
+impl std::fmt::Debug for Seals {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Seals")
+            .field("epoch", &self.epoch)
+            .field("from", &self.from)
+            .field("pn", &self.pn)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Seals {
+    /// The seals of `epoch` ([`new_epoch`]) from `from` with `keys`.
+    pub fn new(keys: &KeySet, epoch: u64, from: SocketAddr) -> Self {
+        Self {
+            encrypt: keys.encrypt,
+            current: keys.current.clone(),
+            previous: keys.previous.clone(),
+            epoch,
+            from,
+            pn: 0,
+            dirs: Vec::new(),
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Whether a datagram to a destination whose own datagrams used the
+    /// previous key (`Some(true)`), the current one (`Some(false)`), or
+    /// that was not heard yet (`None`) is sealed with the previous key.
+    ///
+    /// A rotation without a lost frame: every node, one at a time, gets
+    /// the new key with the old one as `previous`; it seals with the old
+    /// key to a neighbour not heard yet or heard under the old key (one
+    /// that may hold only the old), with the new key to one heard under
+    /// the new key, and takes both. Once `previous` is dropped everywhere,
+    /// only the new key is left.
+    pub fn use_previous(&self, heard: Option<bool>) -> bool {
+        self.previous.is_some() && heard.unwrap_or(true)
+    }
+
+    /// Writes the trailer of `buf[..len]`, a datagram to `to`, into
+    /// `buf[len..]` (and, with `encrypt`, encrypts `buf[CLEAR_LEN..len]` in
+    /// place); returns the sealed length (`len` + [`TRAILER_LEN`]).
+    ///
+    /// # Panics
+    ///
+    /// If `buf` has no room for the trailer.
+    pub fn seal(&mut self, to: SocketAddr, previous: bool, buf: &mut [u8], len: usize) -> usize {
+        let previous = previous && self.previous.is_some();
+        let i = match self.dirs.iter().position(|(a, p, _)| *a == to && *p == previous) {
+            Some(i) => i,
+            None => {
+                if self.dirs.len() >= PEERS {
+                    self.dirs.remove(0);
+                }
+                let key = if previous { self.previous.as_ref().unwrap_or(&self.current) } else { &self.current };
+                self.dirs.push((to, previous, direction_key(key, self.epoch, self.from, to, self.encrypt)));
+                self.dirs.len() - 1
+            }
+        };
+        let pn = self.pn;
+        self.pn += 1;
+        let mut head = [0u8; 16];
+        head[..8].copy_from_slice(&self.epoch.to_be_bytes());
+        head[8..].copy_from_slice(&pn.to_be_bytes());
+        let key = &self.dirs[i].2;
+        let t = if self.encrypt {
+            let c = len.min(CLEAR_LEN);
+            let (aad, n) = clear_aad(&buf[..c], &head);
+            let t = key
+                .seal_in_place_separate_tag(frame_nonce(0, pn), aead::Aad::from(&aad[..n]), &mut buf[c..len])
+                .expect("a datagram is far below AES-GCM's length limit");
+            t.as_ref().try_into().expect("AES-256-GCM tags are 16 bytes")
+        } else {
+            tag(key, pn, &buf[..len], &head, &mut self.scratch)
+        };
+        buf[len..len + 16].copy_from_slice(&head);
+        buf[len + 16..len + TRAILER_LEN].copy_from_slice(&t);
+        len + TRAILER_LEN
+    }
+}
+
+/// Seals the datagrams of one run of this node to one destination (the
+/// tests' single-destination form of [`Seals`]).
+#[cfg(test)]
 pub struct Sealer {
     key: aead::LessSafeKey,
     epoch: u64,
@@ -119,17 +275,19 @@ pub struct Sealer {
     scratch: Vec<u8>,
 }
 
+#[cfg(test)]
 impl std::fmt::Debug for Sealer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Sealer").field("epoch", &self.epoch).field("pn", &self.pn).finish_non_exhaustive()
     }
 }
 
+#[cfg(test)]
 impl Sealer {
     /// The sealer of `epoch` ([`new_epoch`]) from `from` to `to`, with the
     /// ring's current key.
     pub fn new(keys: &KeySet, epoch: u64, from: SocketAddr, to: SocketAddr) -> Self {
-        Self { key: direction_key(&keys.current, epoch, from, to), epoch, pn: 0, scratch: Vec::new() }
+        Self { key: direction_key(&keys.current, epoch, from, to, false), epoch, pn: 0, scratch: Vec::new() }
     }
 
     /// Appends the trailer to `datagram`.
@@ -184,8 +342,11 @@ impl ReplayWindow {
 struct Peer {
     from: SocketAddr,
     epoch: u64,
-    /// The key that verified this epoch (current or previous).
+    /// The key that verified this epoch's last datagram (current or
+    /// previous), and during a rotation the other one: a sender that
+    /// holds both moves from the old to the new when it hears the new.
     key: aead::LessSafeKey,
+    other: Option<aead::LessSafeKey>,
     previous: bool,
     window: ReplayWindow,
     /// For eviction: the opener's count of datagrams taken when this peer
@@ -225,6 +386,23 @@ impl Opener {
         Self { keys, to, peers: Vec::new(), taken: 0, scratch: Vec::new() }
     }
 
+    /// Whether the datagrams are encrypted (else tagged in clear).
+    pub fn encrypts(&self) -> bool {
+        self.keys.encrypt
+    }
+
+    /// After [`Self::open`] of an encrypted datagram: swaps the datagram in
+    /// clear (its first [`Opened::len`] bytes) into `into`.
+    pub fn swap_clear(&mut self, into: &mut Vec<u8>) {
+        std::mem::swap(&mut self.scratch, into);
+    }
+
+    /// Whether the last datagram that verified from `from` used the
+    /// previous key (`None`: none kept).
+    pub fn used_previous(&self, from: SocketAddr) -> Option<bool> {
+        self.peers.iter().find(|p| p.from == from).map(|p| p.previous)
+    }
+
     /// Checks `datagram` from `from` (the checks of the module's docs) and
     /// returns the length of what it carries.
     ///
@@ -239,8 +417,8 @@ impl Opener {
         let epoch = u64::from_be_bytes(head[..8].try_into().expect("8 bytes"));
         let pn = u64::from_be_bytes(head[8..].try_into().expect("8 bytes"));
         let known = self.peers.iter().position(|p| p.from == from);
-        let check =
-            |key: &aead::LessSafeKey, scratch: &mut Vec<u8>| tags_equal(&tag(key, pn, body, head, scratch), got);
+        let encrypt = self.keys.encrypt;
+        let check = |key: &aead::LessSafeKey, scratch: &mut Vec<u8>| verify(key, pn, body, head, got, encrypt, scratch);
         if let Some(i) = known {
             let p = &self.peers[i];
             if epoch < p.epoch {
@@ -251,7 +429,12 @@ impl Opener {
                     return Err(Refused::Replayed);
                 }
                 if !check(&p.key, &mut self.scratch) {
-                    return Err(Refused::BadTag);
+                    if !p.other.as_ref().is_some_and(|k| check(k, &mut self.scratch)) {
+                        return Err(Refused::BadTag);
+                    }
+                    let p = &mut self.peers[i];
+                    std::mem::swap(&mut p.key, p.other.as_mut().expect("checked"));
+                    p.previous = !p.previous;
                 }
                 self.taken += 1;
                 let p = &mut self.peers[i];
@@ -265,17 +448,22 @@ impl Opener {
             std::iter::once((&self.keys.current, false)).chain(self.keys.previous.iter().map(|k| (k, true)));
         let mut found = None;
         for (k, previous) in candidates {
-            let key = direction_key(k, epoch, from, self.to);
+            let key = direction_key(k, epoch, from, self.to, encrypt);
             if check(&key, &mut self.scratch) {
                 found = Some((key, previous));
                 break;
             }
         }
         let (key, previous) = found.ok_or(Refused::BadTag)?;
+        let other = match (&self.keys.previous, previous) {
+            (Some(_), true) => Some(direction_key(&self.keys.current, epoch, from, self.to, encrypt)),
+            (Some(old), false) => Some(direction_key(old, epoch, from, self.to, encrypt)),
+            (None, _) => None,
+        };
         self.taken += 1;
         let mut window = ReplayWindow::default();
         window.take(pn);
-        let peer = Peer { from, epoch, key, previous, window, last: self.taken };
+        let peer = Peer { from, epoch, key, other, previous, window, last: self.taken };
         match known {
             Some(i) => self.peers[i] = peer,
             None if self.peers.len() < PEERS => self.peers.push(peer),
@@ -376,6 +564,79 @@ mod tests {
         let c: SocketAddr = "10.0.0.3:7000".parse().unwrap();
         let from_new = sealed(&mut Sealer::new(&KeySet::new(new), 1, c, b()), b"new");
         assert!(!o.open(c, &from_new).unwrap().previous_key);
+    }
+
+    #[test]
+    fn seals_number_every_datagram_once_across_destinations() {
+        let c: SocketAddr = "10.0.0.3:7000".parse().unwrap();
+        let mut s = Seals::new(&keys(1), 7, a());
+        let (mut ob, mut oc) = (Opener::new(keys(1), b()), Opener::new(keys(1), c));
+        let mut pns = Vec::new();
+        for i in 0..3 * PEERS as u16 {
+            // Many destinations: keys are dropped and derived again.
+            let to = if i % 2 == 0 { b() } else { SocketAddr::from(([10, 0, 2, 1], 1000 + i)) };
+            let mut buf = [i as u8; 64 + TRAILER_LEN];
+            let n = s.seal(to, false, &mut buf, 64);
+            assert_eq!(n, 64 + TRAILER_LEN);
+            pns.push(u64::from_be_bytes(buf[72..80].try_into().unwrap()));
+            if to == b() {
+                assert_eq!(ob.open(a(), &buf).unwrap().len, 64);
+                assert_eq!(ob.open(a(), &buf), Err(Refused::Replayed));
+                assert_eq!(oc.open(a(), &buf), Err(Refused::BadTag), "sealed for another node");
+            }
+        }
+        let mut sorted = pns.clone();
+        sorted.dedup();
+        assert_eq!(sorted, pns, "one counter for every destination: strictly growing");
+        assert!(pns.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn a_sender_moving_to_the_new_key_within_its_run_is_followed() {
+        let (old, new) = (RingKey::from_bytes([1; 32]), RingKey::from_bytes([2; 32]));
+        let both = KeySet { previous: Some(old), ..KeySet::new(new) };
+        let mut o = Opener::new(both.clone(), b());
+        let mut s = Seals::new(&both, 3, a());
+        let mut seal = |previous: bool| {
+            let mut d = [9u8; 20 + TRAILER_LEN];
+            s.seal(b(), previous, &mut d, 20);
+            d
+        };
+        assert!(o.open(a(), &seal(true)).unwrap().previous_key);
+        assert_eq!(o.used_previous(a()), Some(true));
+        assert!(!o.open(a(), &seal(false)).unwrap().previous_key, "the same run, now the new key");
+        assert_eq!(o.used_previous(a()), Some(false));
+        assert!(o.open(a(), &seal(true)).unwrap().previous_key);
+        assert_eq!(o.used_previous(b()), None);
+    }
+
+    #[test]
+    fn encrypted_datagrams_keep_their_header_in_clear_and_open_to_the_same_bytes() {
+        let k = KeySet { encrypt: true, ..keys(4) };
+        let mut s = Seals::new(&k, 9, a());
+        let mut o = Opener::new(k, b());
+        let body: Vec<u8> = (0..200u8).collect();
+        let mut d = body.clone();
+        d.resize(200 + TRAILER_LEN, 0);
+        assert_eq!(s.seal(b(), false, &mut d, 200), 200 + TRAILER_LEN);
+        assert_eq!(d[..CLEAR_LEN], body[..CLEAR_LEN], "the header stays in clear");
+        assert_ne!(d[CLEAR_LEN..200], body[CLEAR_LEN..], "the rest does not");
+        for i in 0..d.len() {
+            let mut bad = d.clone();
+            bad[i] ^= 0x80;
+            assert!(o.open(a(), &bad).is_err(), "byte {i} altered");
+        }
+        // A tagging (not encrypting) node with the same key refuses it.
+        assert_eq!(Opener::new(keys(4), b()).open(a(), &d), Err(Refused::BadTag));
+        let got = o.open(a(), &d).unwrap();
+        let mut clear = Vec::new();
+        o.swap_clear(&mut clear);
+        assert_eq!(&clear[..got.len], &body[..]);
+        assert_eq!(o.open(a(), &d), Err(Refused::Replayed));
+        // Shorter than the clear part: all of it clear, still tagged.
+        let mut short = [7u8; 5 + TRAILER_LEN];
+        s.seal(b(), false, &mut short, 5);
+        assert_eq!(o.open(a(), &short).unwrap().len, 5);
     }
 
     #[test]

@@ -77,16 +77,13 @@ impl std::str::FromStr for TransportKind {
 /// What the backend reports, or [`super::TransportError::Unsupported`] for a
 /// backend this build does not have.
 pub fn open(kind: TransportKind, ep: &Endpoint, opts: &Options) -> Result<Box<dyn Transport>> {
-    if opts.ring_key.is_some() && kind != TransportKind::Tcp {
+    if opts.ring_key.is_some() && kind == TransportKind::Kmod {
         // Never an unkeyed ring in place of a keyed one.
         return Err(super::TransportError::Setting(super::settings::SettingError {
             key: "key_file".into(),
-            problem: format!(
-                "a keyed ring runs on tcp only in this version ({} does not tag its datagrams yet): \
-                 use transport = \"tcp\", or drop key_file to run {} unkeyed",
-                kind.as_str(),
-                kind.as_str()
-            ),
+            problem: "the kernel module cannot check ring-key tags: use transport = \"udp\", \"xdp\", \
+                      \"xdp-ringbuf\" or \"tcp\" for a keyed ring, or drop key_file to run kmod unkeyed"
+                .into(),
         }));
     }
     match kind {

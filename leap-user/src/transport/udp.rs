@@ -35,6 +35,29 @@ pub enum UdpError {
     /// The window or the frames kept for NACKs cannot work.
     #[error(transparent)]
     Window(#[from] WindowError),
+    /// A ring key with settings a keyed ring cannot run with.
+    #[error("a keyed datagram ring {0}")]
+    Keyed(&'static str),
+}
+
+/// Whether a keyed ring can run with `cfg` (see [`UdpConfig::ring_key`]).
+///
+/// # Errors
+///
+/// [`UdpError::Keyed`]: a wildcard listen address, or `original_compat`.
+pub fn check_key(cfg: &UdpConfig) -> Result<(), UdpError> {
+    if cfg.ring_key.is_none() {
+        return Ok(());
+    }
+    if cfg.listen.ip().is_unspecified() {
+        return Err(UdpError::Keyed(
+            "binds the node's own address, not a wildcard (its tags are bound to both ends' addresses)",
+        ));
+    }
+    if cfg.original_compat {
+        return Err(UdpError::Keyed("cannot speak the original's format (original_compat): it has no tags"));
+    }
+    Ok(())
 }
 
 /// Settles `cfg.window` and `cfg.keep_frames` (derived where 0, checked
@@ -202,6 +225,7 @@ impl UdpTransport {
     /// kept for NACKs cannot work ([`settle_windows`]).
     pub fn bind(mut cfg: UdpConfig) -> Result<Self, UdpError> {
         check_max_frame_len(cfg.max_frame_len)?;
+        check_key(&cfg)?;
         settle_windows(&mut cfg)?;
         let socket = bind_socket(cfg.listen)?;
         enable_busy_poll(socket.as_fd(), cfg.busy_poll, &format!("udp {}", cfg.listen));

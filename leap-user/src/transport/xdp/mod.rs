@@ -576,6 +576,7 @@ impl XdpTransport {
     pub fn open(cfg: XdpTransportConfig) -> Result<Self> {
         let udp = &cfg.udp;
         super::udp::check_max_frame_len(udp.max_frame_len)?;
+        super::udp::check_key(udp)?;
         error::check_queues(&cfg.queues)?;
         let mut udp_cfg = cfg.udp.clone();
         super::udp::settle_windows(&mut udp_cfg).map_err(super::udp::UdpError::Window)?;

@@ -97,12 +97,19 @@ pub enum UdpChecksum {
 /// is checked before delivery, and is fetched again with a NACK. Hellos,
 /// NACKs, best-effort frames and every datagram of an original peer keep
 /// the check. A header damaged into these flags costs at most a refetch.
+///
+/// Every chunk of a keyed ring (`LEAP` and `AUTH`: data, control, NACK,
+/// retransmission) checks itself too, each alone: a keyed node verifies its
+/// tag before anything else looks at it, and a bit flipped on the way fails
+/// the tag (counted as `bad_tag`, fetched again like a lost chunk); at an
+/// unkeyed node it is refused unread.
 pub fn frame_checks_itself(payload: &[u8]) -> bool {
     use leap_common::chunk::{CHUNK_DATAGRAM_MAX, ChunkHeader, flags};
     // A train's first chunk speaks for it.
     let first = payload.get(..CHUNK_DATAGRAM_MAX).unwrap_or(payload);
-    ChunkHeader::parse(first)
-        .is_ok_and(|(h, _)| h.has(flags::CRC | flags::RELIABLE) && h.reserved & flags::KIND_MASK <= 1)
+    ChunkHeader::parse(first).is_ok_and(|(h, _)| {
+        h.has(flags::AUTH) || (h.has(flags::CRC | flags::RELIABLE) && h.reserved & flags::KIND_MASK <= 1)
+    })
 }
 
 /// A UDP datagram found in a frame.
@@ -597,13 +604,17 @@ mod tests {
         let leap = flags::LEAP | flags::CRC | flags::RELIABLE;
         for (reserved, skipped) in [
             (leap, true),
-            (leap | 1, true),                       // control
-            (leap | flags::RETRANSMIT, true),       // a resent chunk
-            (leap | 2, false),                      // a NACK
-            (flags::LEAP | flags::RELIABLE, false), // no CRC
-            (flags::LEAP | flags::CRC, false),      // best effort: no refetch
-            (0, false),                             // an original peer
-            (flags::CRC | flags::RELIABLE, false),  // not from leap
+            (leap | 1, true),                                    // control
+            (leap | flags::RETRANSMIT, true),                    // a resent chunk
+            (leap | 2, false),                                   // a NACK
+            (flags::LEAP | flags::RELIABLE, false),              // no CRC
+            (flags::LEAP | flags::CRC, false),                   // best effort: no refetch
+            (0, false),                                          // an original peer
+            (flags::CRC | flags::RELIABLE, false),               // not from leap
+            (flags::LEAP | flags::AUTH | flags::RELIABLE, true), // keyed
+            (flags::LEAP | flags::AUTH | 2, true),               // a keyed NACK
+            (flags::LEAP | flags::AUTH, true),                   // keyed, best effort
+            (flags::AUTH, false),                                // not from leap
         ] {
             let payload = chunk(reserved);
             assert_eq!(frame_checks_itself(&payload), skipped, "{reserved:#x}");
