@@ -16,15 +16,23 @@ protocol of `leap bench --ring-program` (rows `KIND·python`):
 
 import argparse
 import json
+import os
 import struct
 import subprocess
 import sys
 import time
 
-import numpy as np
+# numpy's BLAS starts a pool of threads when it is imported, which spin for
+# a while (under `leap bench`, as real-time threads: the benchmark's class is
+# inherited), keeping CPUs from idling and taking them from the ring. This
+# program does no linear algebra: one thread, as the Rust and C members run.
+for _blas in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_blas, "1")
 
-import leap
-from pipeline import free_port, option
+import numpy as np  # noqa: E402
+
+import leap  # noqa: E402
+from pipeline import free_port, option  # noqa: E402
 
 
 def worker(t: leap.Transport, frames: int) -> dict:
