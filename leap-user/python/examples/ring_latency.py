@@ -2,7 +2,7 @@
 `leap ring --nodes 3 --loopback`: the head sends a frame and waits for it to
 come back; each worker is its own process and relays like leap's own
 worker (`relay`: the frame read where it was received, copied once into
-the memory it is sent from), through the lending API and split halves.
+the memory it is sent from, one call per frame).
 
     python ring_latency.py udp --frames 2000 --frame-size 16392
     # p50 ... us  p90 ... us  p99 ... us
@@ -16,39 +16,45 @@ protocol of `leap bench --ring-program` (rows `KIND·python`):
 
 import argparse
 import json
+import os
 import struct
 import subprocess
 import sys
 import time
 
-import numpy as np
+# numpy's BLAS starts a pool of threads when it is imported, which spin for
+# a while (under `leap bench`, as real-time threads: the benchmark's class is
+# inherited), keeping CPUs from idling and taking them from the ring. This
+# program does no linear algebra: one thread, as the Rust and C members run.
+for _blas in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_blas, "1")
 
-import leap
-from pipeline import free_port, option
+import numpy as np  # noqa: E402
+
+import leap  # noqa: E402
+from pipeline import free_port, option  # noqa: E402
 
 
 def worker(t: leap.Transport, frames: int) -> dict:
-    """Passes `frames` frames on unchanged (or until SIGINT); returns the
-    transport's counters."""
-    sender, receiver = t.split()
-    # The loop does as little Python as it can: methods looked up once, no
-    # function made per frame.
-    recv, begin = receiver.recv_prev, sender.send_next_with
+    """Passes `frames` frames on unchanged (or until SIGINT), as `leap ring`'s
+    workers do: `relay` reads each frame where it arrived and copies it once
+    into the memory it is sent from, one call per frame; a control message
+    goes on as it came. Returns the transport's counters."""
+    relay, send_control = t.relay, t.send_control
     done = 0
     try:
         while done < frames:
             try:
-                frame = recv()
+                msg = relay()
             except leap.Timeout:
                 continue
-            # Written where it is sent from, read where it arrived; sent at
-            # the end of the inner block, then the frame goes back.
-            with frame, begin(len(frame)) as out:
-                memoryview(out)[:] = frame
-            done += 1
+            if msg is None:
+                done += 1
+            else:
+                send_control(msg)
     except KeyboardInterrupt:  # leap bench stops its workers with SIGINT
         pass
-    return sender.stats()
+    return t.stats()
 
 
 def head(t: leap.Transport, frames: int, size: int, warmup: int) -> list[float]:

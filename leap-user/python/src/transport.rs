@@ -327,6 +327,37 @@ fn recv_into<'py, T: ?Sized + Receives + 'static>(
     Ok(got)
 }
 
+/// `Transport.relay`: the library's worker step, the frame passed on
+/// unchanged (copied once, from where it arrived into where it leaves). A
+/// control frame lands in `control` (the transport's largest frame, made
+/// once) and comes back decoded.
+fn relay(
+    py: Python<'_>,
+    core: &Core<dyn Rust>,
+    deadline: &Mutex<Deadline>,
+    control: &Mutex<Vec<u8>>,
+    frame_size: usize,
+) -> PyResult<Option<Control>> {
+    not_in_fill("relay")?;
+    let r = py.detach(|| {
+        let mut guard = lock(core);
+        let t = guard.get()?;
+        lock(deadline).prepare(t, false);
+        let mut kept = lock(control);
+        if kept.len() < frame_size {
+            kept.resize(frame_size, 0);
+        }
+        let got = t.relay(&mut kept, &mut |input, out| out.copy_from_slice(input));
+        Ok::<_, Busy>(got.map(|got| (got.kind == Kind::Control).then(|| Control::decode_bytes(&kept[..got.len]))))
+    });
+    match r {
+        Ok(Ok(None)) => Ok(None),
+        Ok(Ok(Some(msg))) => msg.map(Some),
+        Ok(Err(e)) => Err(errors::transport(e)),
+        Err(b) => Err(errors::busy(b, "relay")),
+    }
+}
+
 fn set_timeout<T: ?Sized + Receives + 'static>(
     py: Python<'_>,
     core: &Core<T>,
@@ -410,6 +441,8 @@ fn stats_dict<'py>(py: Python<'py>, s: &Stats, backend: Option<Vec<(&str, u64)>>
 pub struct Transport {
     core: Core<dyn Rust>,
     deadline: Arc<Mutex<Deadline>>,
+    /// Where `relay` puts a control frame (empty until the first relay).
+    control: Mutex<Vec<u8>>,
     name: &'static str,
     frame_size: usize,
 }
@@ -420,7 +453,7 @@ impl Transport {
     pub fn new(t: Box<dyn Rust>, frame_size: usize, recv_timeout: Option<Duration>) -> Self {
         let name = t.name();
         let deadline = Arc::new(Deadline::new(recv_timeout));
-        Self { core: Arc::new(Mutex::new(Lender::new(t))), deadline, name, frame_size }
+        Self { core: Arc::new(Mutex::new(Lender::new(t))), deadline, control: Mutex::new(Vec::new()), name, frame_size }
     }
 }
 
@@ -510,6 +543,17 @@ impl Transport {
     /// None when none is complete (then wait for `fileno()` to be readable).
     fn try_recv_prev(&self, py: Python<'_>) -> PyResult<Option<Frame>> {
         recv_prev(py, &self.core, &self.deadline, true)
+    }
+
+    /// One worker step, as `leap ring`'s workers take it (the library's
+    /// `relay`): receives the next frame and sends it on unchanged, read
+    /// where the transport received it and copied once into the memory it
+    /// is sent from; one call, with the GIL released once, per frame.
+    /// Returns None for a data frame. A control frame is not passed on: it
+    /// comes back as a `Control` for the caller to apply and pass on
+    /// (`send_control`). Waits at most the receive deadline (`Timeout`).
+    fn relay(&self, py: Python<'_>) -> PyResult<Option<Control>> {
+        relay(py, &self.core, &self.deadline, &self.control, self.frame_size)
     }
 
     /// As `recv_prev_into`, but never waits: None when no frame is complete.

@@ -308,3 +308,27 @@ def test_the_with_form_commits_only_once_no_view_is_alive(kind):
             b.recv_prev()
         a.send_next(bytes(LEN))
         assert len(b.recv_prev()) == LEN
+
+
+def test_relay_passes_data_frames_on_unchanged_and_returns_control_messages(kind):
+    a, b = pair(kind, frame_size=LEN)
+    with a, b:
+        for i in range(50):
+            a.send_next_with(LEN, fill_with(i))
+            assert b.relay() is None                      # passed on to a
+            with a.recv_prev() as f:
+                x = np.frombuffer(f, np.float32)
+                assert f.kind == leap.FrameKind.DATA and len(f) == LEN and (x == i).all()
+                del x
+        lent = b.stats()["copied_bytes"]
+        a.send_control(leap.Control(leap.ControlType.RESIZE_LAYERS, split_layer=4, end_layer=8))
+        msg = b.relay()                                   # not passed on
+        assert isinstance(msg, leap.Control) and (msg.split_layer, msg.end_layer) == (4, 8)
+        b.send_control(msg)
+        with a.recv_prev() as f:
+            assert f.kind == leap.FrameKind.CONTROL and f.control().end_layer == 8
+        # The relay's one copy is its own (as `leap ring`'s workers'): the
+        # library counts none beyond what its receive does.
+        if kind == "tcp":
+            assert lent == 0
+
