@@ -3,21 +3,11 @@
 //! the recovery timers itself). Its own test binary: the count of the
 //! driver's context switches must not see other tests' transports.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use leap::transport::udp::{UdpConfig, UdpTransport};
 use leap::{Transport, TransportError};
 
-fn udp_pair() -> (UdpTransport, UdpTransport) {
-    let port = || SocketAddr::from(([127, 0, 0, 1], leap::netns::loopback_port().expect("a free loopback port")));
-    let (a, b) = (port(), port());
-    let mut ca = UdpConfig::new(a, b);
-    ca.prev = Some(b);
-    let mut cb = UdpConfig::new(b, a);
-    cb.prev = Some(a);
-    (UdpTransport::bind(ca).unwrap(), UdpTransport::bind(cb).unwrap())
-}
+mod support;
 
 /// Context switches of this process's threads named `leap-drive-*`.
 fn driver_switches() -> u64 {
@@ -43,7 +33,7 @@ fn an_idle_receive_leaves_the_driver_asleep() {
     // runs the timers itself, so the driver has nothing to do until it
     // ends. It used to look every millisecond all the same (about 1 000
     // wake-ups a second on an idle node).
-    let (mut a, b) = udp_pair();
+    let (mut a, b) = support::udp_pair();
     // Only the waiting node's driver is counted.
     drop(b);
     a.set_recv_timeout(Some(Duration::from_millis(1500)));

@@ -11,27 +11,13 @@ use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
 
 use leap::transport::tcp::{TcpConfig, TcpTransport};
-use leap::transport::udp::{UdpConfig, UdpTransport};
 use leap::transport::{FrameReceiver, Halves};
 use leap::{FrameKind, Transport, TransportError};
 
 const POLL: Option<Duration> = Some(Duration::ZERO);
 
-fn free_udp() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], leap::netns::loopback_port().expect("a free loopback port")))
-}
-
 fn free_tcp() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], leap::netns::loopback_port().expect("a free loopback port")))
-}
-
-fn udp_pair() -> (UdpTransport, UdpTransport) {
-    let (a, b) = (free_udp(), free_udp());
-    let mut ca = UdpConfig::new(a, b);
-    ca.prev = Some(b);
-    let mut cb = UdpConfig::new(b, a);
-    cb.prev = Some(a);
-    (UdpTransport::bind(ca).unwrap(), UdpTransport::bind(cb).unwrap())
 }
 
 /// Two TCP nodes, each other's next and previous, and where the first
@@ -91,7 +77,7 @@ fn recv_evented(t: &mut dyn Transport, buf: &mut [u8]) -> leap::transport::Recei
 
 #[test]
 fn udp_poll_once_never_blocks_and_counts_no_timeout() {
-    let (_a, mut b) = udp_pair();
+    let (_a, mut b) = support::udp_pair();
     b.set_recv_timeout(POLL);
     let mut buf = vec![0u8; 1 << 20];
     for _ in 0..200 {
@@ -112,7 +98,7 @@ fn udp_poll_once_never_blocks_and_counts_no_timeout() {
 
 #[test]
 fn udp_frame_completed_by_the_driver_makes_the_descriptor_readable() {
-    let (mut a, mut b) = udp_pair();
+    let (mut a, mut b) = support::udp_pair();
     support::prove_link(&mut a, &mut b, Duration::from_secs(1));
     b.set_recv_timeout(POLL);
     let mut buf = vec![0u8; 1 << 20];
@@ -144,7 +130,7 @@ fn udp_frame_completed_by_the_driver_makes_the_descriptor_readable() {
 
 #[test]
 fn udp_event_loop_on_split_halves_gets_every_frame_in_order() {
-    let (mut a, mut b) = udp_pair();
+    let (mut a, mut b) = support::udp_pair();
     support::prove_link(&mut a, &mut b, Duration::from_secs(1));
     let timeouts = b.stats().timeouts;
     let Halves { sender: _s, mut receiver } = Box::new(b).split().unwrap();
@@ -268,7 +254,7 @@ fn tcp_reconnect_of_the_previous_node_makes_the_descriptor_readable() {
 
 #[test]
 fn udp_send_in_place_begins_commits_and_discards() {
-    let (mut a, mut b) = udp_pair();
+    let (mut a, mut b) = support::udp_pair();
     support::prove_link(&mut a, &mut b, Duration::from_secs(1));
     let mut buf = vec![0u8; 1 << 20];
     assert!(matches!(a.send_next_commit(), Err(TransportError::NotBegun)));

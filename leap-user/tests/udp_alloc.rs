@@ -6,7 +6,6 @@ mod support;
 
 use std::net::SocketAddr;
 
-use leap::transport::udp::{UdpConfig, UdpTransport};
 use leap::{FrameKind, Transport};
 
 #[global_allocator]
@@ -16,19 +15,9 @@ fn free_addr() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], leap::netns::loopback_port().expect("a free loopback port")))
 }
 
-/// Two UDP nodes that are each other's previous and next node.
-fn pair() -> (UdpTransport, UdpTransport) {
-    let (a, b) = (free_addr(), free_addr());
-    let mut ca = UdpConfig::new(a, b);
-    ca.prev = Some(b);
-    let mut cb = UdpConfig::new(b, a);
-    cb.prev = Some(a);
-    (UdpTransport::bind(ca).unwrap(), UdpTransport::bind(cb).unwrap())
-}
-
 #[test]
 fn udp_send_and_receive_allocate_nothing_per_frame_after_warm_up() {
-    let (mut ta, mut tb) = pair();
+    let (mut ta, mut tb) = support::udp_pair();
     let header = [7u8; 8];
     let payload = vec![3u8; 16384];
     let mut buf = vec![0u8; 1 << 20];
@@ -50,7 +39,7 @@ fn udp_send_and_receive_allocate_nothing_per_frame_after_warm_up() {
 fn the_lending_api_allocates_nothing_per_frame_after_warm_up() {
     // A writes frames in place, B relays them back (reads in place, writes
     // in place), A reads them lent: no allocation on any of these paths.
-    let (mut ta, mut tb) = pair();
+    let (mut ta, mut tb) = support::udp_pair();
     let mut control = vec![0u8; 16392];
     let mut round = |n: usize| {
         for i in 0..n {

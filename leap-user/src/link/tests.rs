@@ -1195,10 +1195,11 @@ fn keyed_pieces(d: &[u8]) -> Vec<&[u8]> {
     if d.len() <= CHUNK_DATAGRAM_MAX { vec![d] } else { leap_common::chunk::train(d).unwrap().collect() }
 }
 
-#[test]
-fn a_keyed_pair_seals_every_datagram_and_delivers_through_loss_reordering_and_duplicates() {
-    let k = ring_key(1);
-    let mut s = keyed_pair(40, &k, &k);
+/// A keyed pair (both with `keys`) whose every datagram on the wire is
+/// recorded, proven to each other, past its first frame, then on a channel
+/// that loses half, duplicates half and reorders.
+fn recorded_lossy_pair(seed: u64, keys: &KeySet) -> (Sim, std::rc::Rc<std::cell::RefCell<Vec<Vec<u8>>>>) {
+    let mut s = keyed_pair(seed, keys, keys);
     let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::<Vec<u8>>::new()));
     let log = seen.clone();
     s.chan.filter = Some(Box::new(move |_, _, d: &mut Vec<u8>| {
@@ -1211,6 +1212,12 @@ fn a_keyed_pair_seals_every_datagram_and_delivers_through_loss_reordering_and_du
     s.chan.loss = 50;
     s.chan.dup = 50;
     s.chan.jitter = Duration::from_micros(200);
+    (s, seen)
+}
+
+#[test]
+fn a_keyed_pair_seals_every_datagram_and_delivers_through_loss_reordering_and_duplicates() {
+    let (mut s, seen) = recorded_lossy_pair(40, &ring_key(1));
     let frames: Vec<_> = [16_392, 1 << 20, 1, KEYED_PAYLOAD_MAX, KEYED_PAYLOAD_MAX + 1, 50_000]
         .iter()
         .enumerate()
@@ -1491,19 +1498,7 @@ fn keyed_frames_survive_the_seq_wrap_without_replays() {
 #[test]
 fn an_encrypted_pair_hides_its_frames_and_delivers_them_through_loss() {
     let k = KeySet { encrypt: true, ..ring_key(6) };
-    let mut s = keyed_pair(47, &k, &k);
-    let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::<Vec<u8>>::new()));
-    let log = seen.clone();
-    s.chan.filter = Some(Box::new(move |_, _, d: &mut Vec<u8>| {
-        log.borrow_mut().push(d.clone());
-        true
-    }));
-    s.run_for(Duration::from_millis(5));
-    assert!(s.nodes[0].link.next_is_leap() && s.nodes[1].link.next_is_leap(), "encrypted hellos prove the pair");
-    first_frame(&mut s);
-    s.chan.loss = 50;
-    s.chan.dup = 50;
-    s.chan.jitter = Duration::from_micros(200);
+    let (mut s, seen) = recorded_lossy_pair(47, &k);
     let frames: Vec<_> = (0..6).map(|i| frame(i, [16_392, 1 << 20, 1, 1368, 1369, 50_000][usize::from(i)])).collect();
     for f in &frames {
         s.send(0, f);

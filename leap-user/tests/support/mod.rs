@@ -159,3 +159,16 @@ pub fn send_icmp(to: std::net::Ipv4Addr, messages: &[Vec<u8>]) {
 pub fn assert_nothing_lost(receiver: &leap::Stats, what: &str) {
     assert_eq!(receiver.chunks_recovered, 0, "{what}: chunks were lost at 0 % loss: {receiver:?}");
 }
+
+/// Two UDP nodes on loopback that are each other's previous and next node.
+pub fn udp_pair() -> (leap::transport::udp::UdpTransport, leap::transport::udp::UdpTransport) {
+    use leap::transport::udp::{UdpConfig, UdpTransport};
+    let port =
+        || std::net::SocketAddr::from(([127, 0, 0, 1], leap::netns::loopback_port().expect("a free loopback port")));
+    let (a, b) = (port(), port());
+    let mut ca = UdpConfig::new(a, b);
+    ca.prev = Some(b);
+    let mut cb = UdpConfig::new(b, a);
+    cb.prev = Some(a);
+    (UdpTransport::bind(ca).unwrap(), UdpTransport::bind(cb).unwrap())
+}
