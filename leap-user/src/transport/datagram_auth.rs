@@ -209,6 +209,22 @@ impl Seals {
         }
     }
 
+    /// Seals with `keys` from the next datagram on (new key files read by a
+    /// running node). The epoch and the packet number go on: a key derived
+    /// again for a ring key used before (the old current key now held as
+    /// previous) never meets a packet number it has sealed.
+    pub fn set_keys(&mut self, keys: &KeySet) {
+        self.encrypt = keys.encrypt;
+        self.current = keys.current.clone();
+        self.previous = keys.previous.clone();
+        self.dirs.clear();
+    }
+
+    /// Whether the set holds a previous key.
+    pub fn has_previous(&self) -> bool {
+        self.previous.is_some()
+    }
+
     /// Whether a datagram to a destination whose own datagrams used the
     /// previous key (`Some(true)`), the current one (`Some(false)`), or
     /// that was not heard yet (`None`) is sealed with the previous key.
@@ -347,6 +363,10 @@ struct Peer {
     /// holds both moves from the old to the new when it hears the new.
     key: aead::LessSafeKey,
     other: Option<aead::LessSafeKey>,
+    /// The ring keys `key` and `other` come from (kept so that new keys
+    /// set on a running node ([`Opener::set_keys`]) derive them again).
+    ring: RingKey,
+    other_ring: Option<RingKey>,
     previous: bool,
     window: ReplayWindow,
     /// For eviction: the opener's count of datagrams taken when this peer
@@ -403,6 +423,28 @@ impl Opener {
         self.peers.iter().find(|p| p.from == from).map(|p| p.previous)
     }
 
+    /// Takes `keys` in place of the keys held (new key files read by a
+    /// running node), between two datagrams. Each known sender keeps its
+    /// epoch and replay window (a datagram taken before is still refused);
+    /// its keys are derived again from the new set: the ring key that
+    /// verified its last datagram stays first if the set still holds it,
+    /// else the new current key; the other key of the set is tried next,
+    /// so a sender that moves keys is followed as before.
+    pub fn set_keys(&mut self, keys: KeySet) {
+        let encrypt = keys.encrypt;
+        for p in &mut self.peers {
+            let held = |k: &RingKey| *k == keys.current || keys.previous.as_ref() == Some(k);
+            let ring = if held(&p.ring) { p.ring.clone() } else { keys.current.clone() };
+            let other_ring = std::iter::once(&keys.current).chain(&keys.previous).find(|k| **k != ring).cloned();
+            p.key = direction_key(&ring, p.epoch, p.from, self.to, encrypt);
+            p.other = other_ring.as_ref().map(|k| direction_key(k, p.epoch, p.from, self.to, encrypt));
+            p.previous = ring != keys.current;
+            p.ring = ring;
+            p.other_ring = other_ring;
+        }
+        self.keys = keys;
+    }
+
     /// Checks `datagram` from `from` (the checks of the module's docs) and
     /// returns the length of what it carries.
     ///
@@ -434,6 +476,7 @@ impl Opener {
                     }
                     let p = &mut self.peers[i];
                     std::mem::swap(&mut p.key, p.other.as_mut().expect("checked"));
+                    std::mem::swap(&mut p.ring, p.other_ring.as_mut().expect("derived with other"));
                     p.previous = !p.previous;
                 }
                 self.taken += 1;
@@ -455,15 +498,16 @@ impl Opener {
             }
         }
         let (key, previous) = found.ok_or(Refused::BadTag)?;
-        let other = match (&self.keys.previous, previous) {
-            (Some(_), true) => Some(direction_key(&self.keys.current, epoch, from, self.to, encrypt)),
-            (Some(old), false) => Some(direction_key(old, epoch, from, self.to, encrypt)),
-            (None, _) => None,
+        let (ring, other_ring) = match (&self.keys.previous, previous) {
+            (Some(old), true) => (old.clone(), Some(self.keys.current.clone())),
+            (Some(old), false) => (self.keys.current.clone(), Some(old.clone())),
+            (None, _) => (self.keys.current.clone(), None),
         };
+        let other = other_ring.as_ref().map(|k| direction_key(k, epoch, from, self.to, encrypt));
         self.taken += 1;
         let mut window = ReplayWindow::default();
         window.take(pn);
-        let peer = Peer { from, epoch, key, other, previous, window, last: self.taken };
+        let peer = Peer { from, epoch, key, other, ring, other_ring, previous, window, last: self.taken };
         match known {
             Some(i) => self.peers[i] = peer,
             None if self.peers.len() < PEERS => self.peers.push(peer),
@@ -608,6 +652,41 @@ mod tests {
         assert_eq!(o.used_previous(a()), Some(false));
         assert!(o.open(a(), &seal(true)).unwrap().previous_key);
         assert_eq!(o.used_previous(b()), None);
+    }
+
+    #[test]
+    fn keys_set_on_a_running_node_take_effect_between_datagrams_and_keep_the_window() {
+        let (k1, k2) = (RingKey::from_bytes([1; 32]), RingKey::from_bytes([2; 32]));
+        let both = KeySet { previous: Some(k1.clone()), ..KeySet::new(k2.clone()) };
+        let mut o = Opener::new(KeySet::new(k1.clone()), b());
+        let mut s = Seals::new(&KeySet::new(k1.clone()), 3, a());
+        let mut pns = Vec::new();
+        let mut seal = |s: &mut Seals, previous: bool| {
+            let mut d = [9u8; 20 + TRAILER_LEN];
+            s.seal(b(), previous, &mut d, 20);
+            pns.push(u64::from_be_bytes(d[28..36].try_into().unwrap()));
+            d
+        };
+        let before = seal(&mut s, false);
+        assert!(!o.open(a(), &before).unwrap().previous_key);
+        // The receiver moves first: the sender's K1 is now its previous key.
+        o.set_keys(both.clone());
+        assert_eq!(o.open(a(), &before), Err(Refused::Replayed), "the window survives new keys");
+        assert!(o.open(a(), &seal(&mut s, false)).unwrap().previous_key);
+        assert_eq!(o.used_previous(a()), Some(true));
+        // The sender moves: K1 to a neighbour heard under K1, then K2.
+        s.set_keys(&both);
+        assert!(s.use_previous(Some(true)) && !s.use_previous(Some(false)));
+        assert!(o.open(a(), &seal(&mut s, true)).unwrap().previous_key);
+        assert!(!o.open(a(), &seal(&mut s, false)).unwrap().previous_key, "followed onto K2");
+        // Both drop K1: K2 passes, a K1 datagram of the same run does not.
+        o.set_keys(KeySet::new(k2.clone()));
+        let stale = seal(&mut s, true);
+        s.set_keys(&KeySet::new(k2));
+        assert!(!s.use_previous(None));
+        assert_eq!(o.open(a(), &stale), Err(Refused::BadTag), "K1 is no longer held");
+        assert!(!o.open(a(), &seal(&mut s, false)).unwrap().previous_key);
+        assert!(pns.windows(2).all(|w| w[0] < w[1]), "packet numbers go on across new keys: {pns:?}");
     }
 
     #[test]

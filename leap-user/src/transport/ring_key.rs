@@ -222,6 +222,16 @@ impl KeySet {
         f
     }
 
+    /// A short name of the keys for the log: the first bytes of each key's
+    /// id (which shows nothing of the key).
+    pub fn describe(&self) -> String {
+        let short = |k: &RingKey| k.id()[..4].iter().map(|b| format!("{b:02x}")).collect::<String>();
+        match &self.previous {
+            Some(p) => format!("key {} (previous {})", short(&self.current), short(p)),
+            None => format!("key {}", short(&self.current)),
+        }
+    }
+
     fn by_id(&self, id: &[u8]) -> Option<&RingKey> {
         std::iter::once(&self.current).chain(&self.previous).find(|k| k.id() == id)
     }
@@ -231,7 +241,24 @@ impl KeySet {
     }
 }
 
-/// Why a connection did not prove the ring key.
+/// Why new keys were not taken by an open transport
+/// ([`crate::transport::KeyControl::set_keys`]); the keys in use stay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyChangeError {
+    /// The transport was opened without a key: a ring does not become
+    /// keyed while it runs.
+    #[error("this node runs without a ring key; a ring becomes keyed only when its nodes start with key_file")]
+    Unkeyed,
+    /// The new keys encrypt where the ring's do not, or the other way round.
+    #[error("the new keys set `encrypt` unlike the running ring; change `encrypt` on every node alike, with a restart")]
+    Encryption,
+    /// The backend has no keys to change (kmod, or no transport open).
+    #[error("this transport takes no ring key")]
+    NotSupported,
+}
+
+/// Why a connection did not prove the ring key./// Why a connection did not prove the ring key.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ProofError {
