@@ -384,3 +384,83 @@ fn the_operator_releases_the_source_lock_through_the_stats_socket() {
     assert!(wait_bounded(&mut w, Duration::from_secs(5)).success());
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Writes `k` as a key file at `p` (mode 0600), over what was there.
+fn write_key(p: &Path, k: &leap::transport::ring_key::RingKey) {
+    let tmp = p.with_extension("new");
+    std::fs::write(&tmp, k.to_file_text()).unwrap();
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::rename(&tmp, p).unwrap();
+}
+
+/// `leap stats --reload-keys --json`.
+fn reload_keys(sock: &Path) -> serde_json::Value {
+    let mut cmd = leap();
+    cmd.args(["stats", "--reload-keys", "--json", "--socket"]).arg(sock);
+    let (out, _) = output_bounded(cmd, Duration::from_secs(15));
+    assert!(out.status.success(), "leap stats --reload-keys: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Waits up to 10 s for `log` to hold `what`; the log.
+fn log_shows(log: &Path, what: &str) -> String {
+    let start = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text.contains(what) {
+            return text;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "no `{what}` in the node's log:\n{text}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_running_node_reads_its_key_files_again_on_sighup_and_on_request_and_keeps_its_keys_on_a_bad_file() {
+    use leap::transport::ring_key::{KeySet, RingKey};
+    let dir = tmpdir("reload-keys");
+    let (sock, log) = (dir.join("w.sock"), dir.join("w.log"));
+    let (cur, prev) = (dir.join("ring.key"), dir.join("previous.key"));
+    let (k0, k1, k2) = (RingKey::from_bytes([0; 32]), RingKey::from_bytes([1; 32]), RingKey::from_bytes([2; 32]));
+    write_key(&cur, &k1);
+    write_key(&prev, &k0);
+    let (a, b, _) = ports();
+    let mut cmd = leap();
+    cmd.args(["node", "--transport", "udp", "--role", "worker"])
+        .args(["--listen", &format!("127.0.0.1:{a}"), "--next", &format!("127.0.0.1:{b}")])
+        .args(["--prev", &format!("127.0.0.1:{b}"), "--stats-socket", sock.to_str().unwrap()])
+        .args(["--key-file", cur.to_str().unwrap(), "--previous-key-file", prev.to_str().unwrap()])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    let mut w = cmd.spawn().unwrap();
+    let _reaper = Reaper(vec![w.id()]);
+    wait_for(&sock);
+    // On request: the same files, the same keys.
+    let v = reload_keys(&sock);
+    let first = KeySet { previous: Some(k0), ..KeySet::new(k1.clone()) }.describe();
+    assert_eq!((&v["reloaded"], v["keys"].as_str()), (&serde_json::json!(true), Some(first.as_str())), "{v}");
+    log_shows(&log, &format!("ring key: now {first}"));
+    // The operator puts the new key in place, the old one as previous, and
+    // sends SIGHUP.
+    write_key(&cur, &k2);
+    write_key(&prev, &k1);
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(w.id() as i32), nix::sys::signal::Signal::SIGHUP);
+    let second = KeySet { previous: Some(k1), ..KeySet::new(k2) }.describe();
+    log_shows(&log, &format!("SIGHUP: key files read again, now {second}"));
+    // An exposed key file: refused with the fix named, the keys in use stay.
+    std::fs::set_permissions(&cur, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let v = reload_keys(&sock);
+    assert_eq!(v["reloaded"], false, "{v}");
+    assert!(v["reason"].as_str().unwrap().contains("chmod 600"), "{v}");
+    let mut cmd = leap();
+    cmd.args(["stats", "--reload-keys", "--socket"]).arg(&sock);
+    let (out, _) = output_bounded(cmd, Duration::from_secs(15));
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("keys not reloaded"));
+    let text = log_shows(&log, "ring key: reload refused, the keys in use stay");
+    assert_eq!(text.matches("reload refused").count(), 2, "one line per refused reload:\n{text}");
+    assert!(w.try_wait().unwrap().is_none(), "the node still runs");
+    terminate(&w);
+    assert!(wait_bounded(&mut w, Duration::from_secs(5)).success());
+    let _ = std::fs::remove_dir_all(dir);
+}
