@@ -178,11 +178,13 @@ impl RingKey {
 /// the one it still accepts, and whether its frames are encrypted.
 ///
 /// Rotating a ring's key without stopping it: give every node the new key
-/// as `current` and the old one as `previous`, node by node (each restart
-/// of a node, or each new connection, picks the keys up); a connection
-/// between a node that has moved and one that has not proves the old key,
-/// and the moved node logs each time it does. When no such line shows any
-/// more, drop `previous` everywhere.
+/// as `current` and the old one as `previous`, node by node (a running
+/// transport takes them through [`crate::Transport::key_control`]: the
+/// datagram transports from the next datagram, tcp from its next
+/// connection, an established one keeping the key it proved); a
+/// connection between a node that has moved and one that has not proves
+/// the old key, and the moved node logs each time it does. When no such
+/// line shows any more, drop `previous` everywhere.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct KeySet {
     /// The key this member proves first.
