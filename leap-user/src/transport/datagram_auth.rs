@@ -37,7 +37,7 @@
 //! 1. The trailer is there (else `short`).
 //! 2. The epoch is the sender's current one or newer (else `stale_epoch`:
 //!    a datagram recorded before the sender restarted). Epochs grow: the
-//!    start time in microseconds since 1970 in the high bits, random low
+//!    start time in milliseconds since 1970 in the high bits, random low
 //!    bits. A node whose clock stepped back behind its last run is refused
 //!    until the clock passes it again; it logs why.
 //! 3. The tag verifies under the ring key, else under the previous key
@@ -79,17 +79,20 @@ pub enum Refused {
     Replayed,
 }
 
-/// An epoch for this run of the process: microseconds since 1970 in the
-/// high 44 bits (enough until the year 2527), 20 random bits below.
+/// An epoch for this run of the process: milliseconds since 1970 in the
+/// high 44 bits (enough until the year 2527), 20 random bits below. (Two
+/// runs of one node are more than a millisecond apart: binding its
+/// sockets alone takes longer.) Microseconds would not fit: shifted by 20
+/// bits they overflow, and the epoch would wrap every 203 days.
 ///
 /// # Errors
 ///
 /// The random source failed.
 pub fn new_epoch() -> std::io::Result<u64> {
-    let us = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
+    let ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
     let mut r = [0u8; 4];
     getrandom::fill(&mut r).map_err(std::io::Error::other)?;
-    Ok((us << 20) | u64::from(u32::from_le_bytes(r) & 0xF_FFFF))
+    Ok((ms << 20) | u64::from(u32::from_le_bytes(r) & 0xF_FFFF))
 }
 
 fn addr_bytes(a: SocketAddr) -> [u8; 18] {
@@ -652,6 +655,18 @@ mod tests {
         assert_eq!(o.used_previous(a()), Some(false));
         assert!(o.open(a(), &seal(true)).unwrap().previous_key);
         assert_eq!(o.used_previous(b()), None);
+    }
+
+    const YEAR_2025_MS: u64 = 1_735_689_600_000;
+
+    #[test]
+    fn epochs_grow_from_run_to_run_and_hold_the_time_in_milliseconds() {
+        let a = new_epoch().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let b = new_epoch().unwrap();
+        assert!(a < b, "{a:#x} {b:#x}");
+        let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
+        assert!((YEAR_2025_MS..=now_ms).contains(&(b >> 20)), "no wrap of the time shifted up: {b:#x}");
     }
 
     #[test]
