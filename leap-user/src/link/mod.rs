@@ -229,7 +229,7 @@ use crate::frame::relock::SourceLock;
 use crate::frame::types::{Drops, FrameKind, Received};
 use crate::frame::{LostFrame, Push, Reassembler};
 use crate::transport::Stats;
-use crate::transport::datagram_auth::{Opener, Refused, Seals};
+use crate::transport::datagram_auth::{Opener, Refused, Seals, TRAILER_LEN};
 use crate::transport::ring_key::{KeyChangeError, KeySet};
 
 use transmit::{Outgoing, Queued, Resend};
@@ -399,9 +399,21 @@ impl Auth {
 
 /// Whether a datagram that did not verify looks like one from a node
 /// without the key (an unkeyed leap node's hello or chunk, an original
-/// peer's chunk) rather than a forgery of a keyed one.
-fn looks_unkeyed(d: &[u8]) -> bool {
-    (Hello::is_hello(d) && d.len() == HELLO_LEN) || ChunkHeader::parse(d).is_ok_and(|(h, _)| !h.has(flags::AUTH))
+/// peer's chunk) rather than a forgery of a keyed one. The original echoes
+/// the flags of the last chunk it took, `AUTH` included, and sends on the
+/// bytes it took, trailers and all: a chunk marked keyed whose trailer
+/// carries this node's own epoch (its own chunk, come back through a node
+/// that does not check tags) counts as unkeyed too. Either way it is
+/// refused.
+fn looks_unkeyed(d: &[u8], own_epoch: u64) -> bool {
+    let own_trailer = || {
+        d.len() >= TRAILER_LEN && {
+            let at = d.len() - TRAILER_LEN;
+            u64::from_be_bytes(d[at..at + 8].try_into().expect("8 bytes")) == own_epoch
+        }
+    };
+    (Hello::is_hello(d) && d.len() == HELLO_LEN)
+        || ChunkHeader::parse(d).is_ok_and(|(h, _)| !h.has(flags::AUTH) || own_trailer())
 }
 
 /// One datagram peer's decisions, without I/O (see the module docs).
@@ -795,7 +807,7 @@ impl Link {
         let opened = match auth.opener.open(src, piece) {
             Ok(o) => o,
             Err(r) => {
-                let unkeyed = looks_unkeyed(piece);
+                let unkeyed = looks_unkeyed(piece, self.cfg.auth.as_ref().map_or(0, |a| a.epoch));
                 let d = self.reasm.drops_mut();
                 if unkeyed {
                     d.unkeyed += 1;
