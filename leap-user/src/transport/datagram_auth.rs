@@ -371,6 +371,10 @@ struct Peer {
     ring: RingKey,
     other_ring: Option<RingKey>,
     previous: bool,
+    /// A datagram of this epoch verified under the current key since the
+    /// keys were last set: the sender holds it, and datagrams of its under
+    /// the previous key that arrive later were sealed before it moved.
+    heard_current: bool,
     window: ReplayWindow,
     /// For eviction: the opener's count of datagrams taken when this peer
     /// last sent one.
@@ -420,10 +424,14 @@ impl Opener {
         std::mem::swap(&mut self.scratch, into);
     }
 
-    /// Whether the last datagram that verified from `from` used the
-    /// previous key (`None`: none kept).
+    /// Whether `from` is to be taken as holding only the previous key: the
+    /// last datagram that verified from it used the previous key, and none
+    /// of its run did under the current key since the keys were set
+    /// (`None`: none kept). Sticky once the current key was heard, so that
+    /// old-key datagrams still in flight from a sender that has moved do
+    /// not send this node back to the old key towards it.
     pub fn used_previous(&self, from: SocketAddr) -> Option<bool> {
-        self.peers.iter().find(|p| p.from == from).map(|p| p.previous)
+        self.peers.iter().find(|p| p.from == from).map(|p| p.previous && !p.heard_current)
     }
 
     /// Takes `keys` in place of the keys held (new key files read by a
@@ -442,6 +450,7 @@ impl Opener {
             p.key = direction_key(&ring, p.epoch, p.from, self.to, encrypt);
             p.other = other_ring.as_ref().map(|k| direction_key(k, p.epoch, p.from, self.to, encrypt));
             p.previous = ring != keys.current;
+            p.heard_current = !p.previous;
             p.ring = ring;
             p.other_ring = other_ring;
         }
@@ -484,6 +493,7 @@ impl Opener {
                 }
                 self.taken += 1;
                 let p = &mut self.peers[i];
+                p.heard_current |= !p.previous;
                 p.window.take(pn);
                 p.last = self.taken;
                 return Ok(Opened { len, new_epoch: false, previous_key: p.previous });
@@ -510,7 +520,9 @@ impl Opener {
         self.taken += 1;
         let mut window = ReplayWindow::default();
         window.take(pn);
-        let peer = Peer { from, epoch, key, other, ring, other_ring, previous, window, last: self.taken };
+        let heard_current = !previous;
+        let peer =
+            Peer { from, epoch, key, other, ring, other_ring, previous, heard_current, window, last: self.taken };
         match known {
             Some(i) => self.peers[i] = peer,
             None if self.peers.len() < PEERS => self.peers.push(peer),
@@ -694,6 +706,10 @@ mod tests {
         assert!(s.use_previous(Some(true)) && !s.use_previous(Some(false)));
         assert!(o.open(a(), &seal(&mut s, true)).unwrap().previous_key);
         assert!(!o.open(a(), &seal(&mut s, false)).unwrap().previous_key, "followed onto K2");
+        // A K1 datagram sealed before it moved, arriving late, is taken but
+        // does not send the receiver back to K1 towards it.
+        assert!(o.open(a(), &seal(&mut s, true)).unwrap().previous_key);
+        assert_eq!(o.used_previous(a()), Some(false), "sticky once K2 was heard");
         // Both drop K1: K2 passes, a K1 datagram of the same run does not.
         o.set_keys(KeySet::new(k2.clone()));
         let stale = seal(&mut s, true);
