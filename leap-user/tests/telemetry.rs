@@ -464,3 +464,83 @@ fn a_running_node_reads_its_key_files_again_on_sighup_and_on_request_and_keeps_i
     assert!(wait_bounded(&mut w, Duration::from_secs(5)).success());
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Three `leap node` processes in a keyed udp ring on loopback change their
+/// key while the head moves frames, each by `SIGHUP` after its key files
+/// were rewritten: K1 -> K2 + previous K1 -> K2 (the previous key file
+/// then holds K2 as well). The head's report: every frame back intact,
+/// none lost.
+#[test]
+fn a_ring_of_leap_nodes_changes_keys_by_sighup_while_moving_frames() {
+    use leap::transport::ring_key::RingKey;
+    let dir = tmpdir("rotate-ring");
+    let (k1, k2) = (RingKey::from_bytes([1; 32]), RingKey::from_bytes([2; 32]));
+    let ports: Vec<u16> = {
+        let socks: Vec<_> = (0..3).map(|_| std::net::UdpSocket::bind("127.0.0.1:0").unwrap()).collect();
+        socks.iter().map(|s| s.local_addr().unwrap().port()).collect()
+    };
+    let at = |i: usize| format!("127.0.0.1:{}", ports[i % 3]);
+    let files = |i: usize| {
+        (dir.join(format!("n{i}.key")), dir.join(format!("n{i}.previous.key")), dir.join(format!("n{i}.log")))
+    };
+    let mut nodes: Vec<Child> = Vec::new();
+    // Workers first, the head last.
+    for i in [1, 2, 0] {
+        let (cur, prev, log) = files(i);
+        write_key(&cur, &k1);
+        write_key(&prev, &k1);
+        let mut cmd = leap();
+        cmd.args(["node", "--transport", "udp", "--role", if i == 0 { "head" } else { "worker" }])
+            .args(["--listen", &at(i), "--next", &at(i + 1), "--prev", &at(i + 2)])
+            .args(["--key-file", cur.to_str().unwrap(), "--previous-key-file", prev.to_str().unwrap()])
+            .args(["--frames", "0", "--json"])
+            .env("RUST_LOG", "info")
+            .stdout(if i == 0 { Stdio::piped() } else { Stdio::null() })
+            .stderr(std::fs::File::create(&log).unwrap());
+        nodes.push(cmd.spawn().unwrap());
+    }
+    let _reaper = Reaper(nodes.iter().map(Child::id).collect());
+    let pid = |i: usize| nix::unistd::Pid::from_raw(nodes[[2, 0, 1][i]].id() as i32);
+    let hup = |i: usize| nix::sys::signal::kill(pid(i), nix::sys::signal::Signal::SIGHUP).unwrap();
+    log_shows(&files(0).2, "is a leap node");
+    std::thread::sleep(Duration::from_millis(500));
+    for (cur_key, prev_key) in [(&k2, &k1), (&k2, &k2)] {
+        for i in 0..3 {
+            let (cur, prev, log) = files(i);
+            write_key(&cur, cur_key);
+            write_key(&prev, prev_key);
+            let before = std::fs::read_to_string(&log).unwrap().matches("SIGHUP: key files read again").count();
+            hup(i);
+            let start = Instant::now();
+            while std::fs::read_to_string(&log).unwrap().matches("SIGHUP: key files read again").count() == before {
+                assert!(start.elapsed() < Duration::from_secs(10), "node {i} did not reload");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            std::thread::sleep(Duration::from_millis(400));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(400));
+    let mut head = nodes.pop().unwrap();
+    terminate(&head);
+    assert!(wait_bounded(&mut head, Duration::from_secs(15)).success());
+    let mut out = String::new();
+    head.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap_or("{}")).unwrap();
+    let sent = v["frames_sent"].as_u64().unwrap();
+    assert!(sent > 100, "frames moved all along: {v}");
+    assert_eq!(
+        (v["frames_delivered"].as_u64(), v["frames_corrupt"].as_u64(), v["frames_lost"].as_u64()),
+        (Some(sent), Some(0), Some(0)),
+        "{v}"
+    );
+    assert!(v["stats"]["drops"]["bad_tag"].as_u64().unwrap() <= 2, "{v}");
+    for mut n in nodes {
+        terminate(&n);
+        assert!(wait_bounded(&mut n, Duration::from_secs(5)).success());
+    }
+    for i in 0..3 {
+        let text = std::fs::read_to_string(files(i).2).unwrap();
+        assert!(text.contains("the previous key was"), "node {i} said nothing of its previous key:\n{text}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
