@@ -217,3 +217,48 @@ fn a_key_on_the_kernel_module_transport_is_refused_not_dropped() {
     let e = leap::transport::open::open(s.kind(), &ep, s.options()).err().expect("refused");
     assert!(e.to_string().contains("key_file") && e.to_string().contains("tcp"), "{e}");
 }
+
+/// New keys set on a running node: the established connection keeps the
+/// key it proved and goes on; the next connection must prove the new one.
+#[test]
+fn keys_set_while_running_are_proved_by_the_next_connection() {
+    use leap::transport::ring_key::{KeyChangeError, ProofError, prove_connecting};
+    let len = 4096;
+    let (addr, b_addr) = (free_addr(), free_addr());
+    let cb = config(b_addr, addr, len, TcpFraming::Length, Some(keys(1, false)));
+    let tb = std::thread::spawn(move || TcpTransport::connect(cb).unwrap());
+    let mut a = TcpTransport::connect(config(addr, b_addr, len, TcpFraming::Length, Some(keys(1, false)))).unwrap();
+    let mut b = tb.join().unwrap();
+    let control = a.key_control().expect("tcp takes new keys");
+    let both = KeySet { previous: Some(RingKey::from_bytes([1; 32])), ..keys(2, false) };
+    control.set_keys(both).unwrap();
+    control.set_keys(keys(2, false)).unwrap();
+    assert_eq!(control.set_keys(keys(2, true)), Err(KeyChangeError::Encryption));
+    let mut out = vec![0u8; len];
+    for i in 0..5u8 {
+        b.send_next(&pattern(len, i)).unwrap();
+        let got = a.recv_prev(&mut out).unwrap();
+        assert_eq!(&out[..got.len], &pattern(len, i)[..], "the proven connection goes on");
+    }
+    // The previous node goes; whoever connects next must prove K2.
+    drop(b);
+    a.set_recv_timeout(Some(Duration::from_millis(1500)));
+    assert!(a.recv_prev(&mut out).is_err(), "the connection is gone");
+    let clients = std::thread::spawn(move || {
+        let prove = |k: KeySet| {
+            let mut s = TcpStream::connect(addr).unwrap();
+            prove_connecting(&mut s, &k, Duration::from_secs(5)).map(|_| s)
+        };
+        let old = prove(keys(1, false)).map(|_| ());
+        let new = prove(keys(2, false));
+        (old, new)
+    });
+    // Accepting (and refusing) happens inside receive calls.
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    while !clients.is_finished() && std::time::Instant::now() < end {
+        let _ = a.recv_prev(&mut out);
+    }
+    let (old, new) = clients.join().unwrap();
+    assert!(matches!(old, Err(ProofError::WrongKey)), "{old:?}");
+    assert!(new.is_ok(), "{:?}", new.err());
+}

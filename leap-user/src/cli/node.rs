@@ -407,16 +407,88 @@ pub fn main(args: &NodeArgs, log: &str) -> Result<()> {
     let role = if r.role == Role::Head { "head" } else { "worker" };
     let tel = Arc::new(Telemetry::new(&r.name, role, kind.as_str()));
     tel.set_source_control(t.source_control());
+    let reload: telemetry::KeyReload = {
+        let (args, log, control, running) = (args.clone(), log.to_owned(), t.key_control(), r.opts.ring_key.clone());
+        telemetry::KeyReload::new(move || reload_keys(&args, &log, control.as_ref(), running.as_ref()))
+    };
+    tel.set_key_reload(Some(reload.clone()));
+    let hup = KeyReloadOnHangup::install(reload)?;
     // Its own thread: a slow client never holds up the frame loop.
     let servers = telemetry::serve(tel.clone(), r.metrics, r.stats_socket.as_deref(), telemetry::Limits::default())?;
     let res = run(&r, kind, &mut *t, &tel, &stop, args.json, args.workers);
     tel.publish(&*t, 0, true);
     // Detach (XDP), close sockets and the device before the servers go
-    // (the stats socket's handle on the link too).
+    // (the stats socket's and SIGHUP's handles on the link too).
     tel.set_source_control(None);
+    tel.set_key_reload(None);
+    drop(hup);
     drop(t);
     servers.stop();
     res
+}
+
+/// Reads the key files again, as the node file and flags name them now, and
+/// gives the keys to the transport; the line to log or to answer with.
+/// A file that cannot be used keeps the keys in use.
+fn reload_keys(
+    args: &NodeArgs,
+    log_flag: &str,
+    control: Option<&crate::transport::KeyControl>,
+    running: Option<&crate::transport::ring_key::KeySet>,
+) -> std::result::Result<String, String> {
+    let res = (|| {
+        let Some(control) = control.filter(|_| running.is_some()) else {
+            return Err("this node runs without a ring key; a ring becomes keyed only when its nodes start with \
+                        key_file"
+                .to_owned());
+        };
+        let keys = resolve(args, log_flag).map_err(|e| format!("{e:#}"))?.opts.ring_key.ok_or_else(|| {
+            "key_file is no longer set; a keyed ring does not become unkeyed while it runs (restart the node)"
+                .to_owned()
+        })?;
+        let what = keys.describe();
+        control.set_keys(keys).map_err(|e| e.to_string())?;
+        Ok(what)
+    })();
+    if let Err(e) = &res {
+        log::warn!("ring key: reload refused, the keys in use stay: {e}");
+    }
+    res
+}
+
+/// A thread that reloads the ring keys on each `SIGHUP`, until dropped.
+struct KeyReloadOnHangup {
+    handle: signal_hook::iterator::Handle,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl KeyReloadOnHangup {
+    fn install(reload: telemetry::KeyReload) -> Result<Self> {
+        let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGHUP])
+            .context("installing the SIGHUP handler")?;
+        let handle = signals.handle();
+        let thread = std::thread::Builder::new()
+            .name("leap-sighup".into())
+            .spawn(move || {
+                for _ in signals.forever() {
+                    // Logged inside (as refused), or here.
+                    if let Ok(keys) = reload.reload() {
+                        log::info!("ring key: SIGHUP: key files read again, now {keys}");
+                    }
+                }
+            })
+            .context("starting the SIGHUP thread")?;
+        Ok(Self { handle, thread: Some(thread) })
+    }
+}
+
+impl Drop for KeyReloadOnHangup {
+    fn drop(&mut self) {
+        self.handle.close();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 fn run(

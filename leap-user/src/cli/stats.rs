@@ -17,8 +17,13 @@ pub struct StatsArgs {
     /// Release the node's lock on the source it takes frames from (a
     /// datagram node with no previous node configured locks onto the first
     /// source): the next source that sends a valid chunk is taken.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "reload_keys")]
     pub release_source: bool,
+    /// Make the node read its ring key files (key_file, previous_key_file)
+    /// again and use them from now on, as `kill -HUP` does; a file that
+    /// cannot be used leaves the keys in use.
+    #[arg(long)]
+    pub reload_keys: bool,
 }
 
 /// Runs `leap stats`.
@@ -39,6 +44,18 @@ pub fn main(args: &StatsArgs) -> Result<()> {
             );
         } else {
             println!("nothing released: {}", v["reason"].as_str().or(v["error"].as_str()).unwrap_or("?"));
+        }
+        return Ok(());
+    }
+    if args.reload_keys {
+        let v = crate::telemetry::reload_keys(&args.socket)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", args.socket.display()))?;
+        if args.json {
+            println!("{v}");
+        } else if v["reloaded"] == true {
+            println!("reloaded: the node now uses {}", v["keys"].as_str().unwrap_or("?"));
+        } else {
+            anyhow::bail!("keys not reloaded: {}", v["reason"].as_str().or(v["error"].as_str()).unwrap_or("?"));
         }
         return Ok(());
     }

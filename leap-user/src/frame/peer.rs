@@ -117,6 +117,13 @@ impl Peer {
         (Some(Hello { echo: 0, nonce: self.nonce, epoch, caps }), Some(next))
     }
 
+    /// A challenge to send now, outside the schedule (a node that took new
+    /// ring keys tells its neighbours so, and hears their answer under the
+    /// new key); an answer proves nothing new for the same epoch.
+    pub fn announce(&self, epoch: u64, caps: u32) -> Hello {
+        Hello { echo: 0, nonce: self.nonce, epoch, caps }
+    }
+
     /// Makes the next challenge due at once, the wait between challenges
     /// starting over (unless it is proven): a node about to send its first
     /// frame asks now, instead of after the backed-off wait that an earlier

@@ -58,7 +58,8 @@
 //! - [`Link::poll_event`]: [`Event::Frame`] (complete in `out`),
 //!   [`Event::Lost`], [`Event::Proven`], [`Event::Restarted`],
 //!   [`Event::Relocked`];
-//! - [`Link::release_source`]`(now)`: the operator's release of the lock.
+//! - [`Link::release_source`]`(now)`: the operator's release of the lock;
+//! - [`Link::set_keys`]`(keys, now)`: new ring keys, between datagrams.
 //!
 //! Send (a sketch): [`Link::send`]`(now, kind, frame)` keeps the frame
 //! (in the retransmit buffer when it is kept for NACKs, else in a queue of
@@ -228,8 +229,8 @@ use crate::frame::relock::SourceLock;
 use crate::frame::types::{Drops, FrameKind, Received};
 use crate::frame::{LostFrame, Push, Reassembler};
 use crate::transport::Stats;
-use crate::transport::datagram_auth::{Opener, Refused, Seals};
-use crate::transport::ring_key::KeySet;
+use crate::transport::datagram_auth::{Opener, Refused, Seals, TRAILER_LEN};
+use crate::transport::ring_key::{KeyChangeError, KeySet};
 
 use transmit::{Outgoing, Queued, Resend};
 pub use transmit::{Transmit, TransmitKind};
@@ -345,6 +346,8 @@ struct Auth {
     unkeyed_log: Option<Instant>,
     /// When a datagram under the previous key was last logged.
     previous_log: Option<Instant>,
+    /// When the previous key last sealed or opened a datagram.
+    previous_used: Option<Instant>,
     /// An encrypted datagram in clear, once opened.
     clear: Vec<u8>,
 }
@@ -359,11 +362,34 @@ impl Auth {
         true
     }
 
+    /// Whether a datagram to `to` is sealed with the previous key (noted
+    /// as its last use at `now`).
+    fn use_previous(&mut self, to: SocketAddr, now: Instant) -> bool {
+        let previous = self.seals.use_previous(self.opener.used_previous(to));
+        if previous {
+            self.previous_used = Some(now);
+        }
+        previous
+    }
+
     /// Seals `buf[..len]` to `to` when keyed; returns the length to send.
-    fn seal(auth: &mut Option<Self>, to: SocketAddr, buf: &mut [u8], len: usize) -> usize {
+    fn seal(auth: &mut Option<Self>, now: Instant, to: SocketAddr, buf: &mut [u8], len: usize) -> usize {
+        Self::seal_with(auth, now, to, buf, len, false)
+    }
+
+    /// As [`Self::seal`]; `current_key`: with the current key whatever was
+    /// heard from `to`.
+    fn seal_with(
+        auth: &mut Option<Self>,
+        now: Instant,
+        to: SocketAddr,
+        buf: &mut [u8],
+        len: usize,
+        current_key: bool,
+    ) -> usize {
         match auth {
             Some(a) if len > 0 => {
-                let previous = a.seals.use_previous(a.opener.used_previous(to));
+                let previous = !current_key && a.use_previous(to, now);
                 a.seals.seal(to, previous, buf, len)
             }
             _ => len,
@@ -373,9 +399,21 @@ impl Auth {
 
 /// Whether a datagram that did not verify looks like one from a node
 /// without the key (an unkeyed leap node's hello or chunk, an original
-/// peer's chunk) rather than a forgery of a keyed one.
-fn looks_unkeyed(d: &[u8]) -> bool {
-    (Hello::is_hello(d) && d.len() == HELLO_LEN) || ChunkHeader::parse(d).is_ok_and(|(h, _)| !h.has(flags::AUTH))
+/// peer's chunk) rather than a forgery of a keyed one. The original echoes
+/// the flags of the last chunk it took, `AUTH` included, and sends on the
+/// bytes it took, trailers and all: a chunk marked keyed whose trailer
+/// carries this node's own epoch (its own chunk, come back through a node
+/// that does not check tags) counts as unkeyed too. Either way it is
+/// refused.
+fn looks_unkeyed(d: &[u8], own_epoch: u64) -> bool {
+    let own_trailer = || {
+        d.len() >= TRAILER_LEN && {
+            let at = d.len() - TRAILER_LEN;
+            u64::from_be_bytes(d[at..at + 8].try_into().expect("8 bytes")) == own_epoch
+        }
+    };
+    (Hello::is_hello(d) && d.len() == HELLO_LEN)
+        || ChunkHeader::parse(d).is_ok_and(|(h, _)| !h.has(flags::AUTH) || own_trailer())
 }
 
 /// One datagram peer's decisions, without I/O (see the module docs).
@@ -459,6 +497,7 @@ impl Link {
             opener: Opener::new(a.keys.clone(), a.local),
             unkeyed_log: None,
             previous_log: None,
+            previous_used: None,
             clear: Vec::new(),
         });
         Self {
@@ -768,7 +807,7 @@ impl Link {
         let opened = match auth.opener.open(src, piece) {
             Ok(o) => o,
             Err(r) => {
-                let unkeyed = looks_unkeyed(piece);
+                let unkeyed = looks_unkeyed(piece, self.cfg.auth.as_ref().map_or(0, |a| a.epoch));
                 let d = self.reasm.drops_mut();
                 if unkeyed {
                     d.unkeyed += 1;
@@ -787,6 +826,9 @@ impl Link {
                 return !Hello::is_hello(piece);
             }
         };
+        if opened.previous_key {
+            auth.previous_used = Some(now);
+        }
         if opened.previous_key && Auth::due(&mut auth.previous_log, now) {
             log::info!(
                 "ring key: {src} still uses the previous key (last seen now; drop previous_key_file once this stops)"
@@ -802,7 +844,14 @@ impl Link {
             &piece[..opened.len]
         };
         let chunk = if Hello::is_hello(inner) {
+            let queued = self.control.len();
             self.hello(now, Some(src), inner);
+            if !opened.previous_key {
+                // The answer goes back under the key the hello came under:
+                // a neighbour announcing new keys hears them, whatever
+                // other datagrams of its arrive meanwhile.
+                self.control.iter_mut().skip(queued).for_each(|q| q.current_key = true);
+            }
             false
         } else {
             match ChunkHeader::parse(inner) {
@@ -1014,6 +1063,60 @@ impl Link {
     fn restart_prev(&mut self) {
         self.reasm.resync();
         self.nack = NackTimer::default();
+    }
+
+    /// Takes new ring keys (key files read again by a running node) from
+    /// the next datagram on: later datagrams are sealed and opened with
+    /// `keys`. Nothing in flight is lost: a frame's chunks already sealed
+    /// were sealed with a key the next node held when it was heard, and
+    /// with a previous key in `keys` the link seals with it to a neighbour
+    /// not heard under the new one (see `Seals::use_previous`). Logs the
+    /// change and when the previous key was last used.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyChangeError`]: an unkeyed link, or `encrypt` changed; the keys
+    /// in use stay.
+    pub fn set_keys(&mut self, keys: KeySet, now: Instant) -> Result<(), KeyChangeError> {
+        let (Some(a), Some(cfg)) = (self.auth.as_mut(), self.cfg.auth.as_mut()) else {
+            return Err(KeyChangeError::Unkeyed);
+        };
+        if keys.encrypt != cfg.keys.encrypt {
+            return Err(KeyChangeError::Encryption);
+        }
+        let last = match (a.previous_used, a.seals.has_previous()) {
+            (_, false) => String::new(),
+            (Some(t), true) => {
+                format!("; the previous key was last used {:.1} s ago", now.saturating_duration_since(t).as_secs_f64())
+            }
+            (None, true) => "; the previous key was not used since it was set".into(),
+        };
+        log::info!("ring key: now {} (was {}){last}", keys.describe(), cfg.keys.describe());
+        let new_current = keys.current != cfg.keys.current;
+        a.seals.set_keys(&keys);
+        a.opener.set_keys(keys.clone());
+        a.previous_used = None;
+        a.previous_log = None;
+        cfg.keys = keys;
+        if new_current && !self.cfg.original_compat {
+            // A neighbour holding both keys seals to this node with the old
+            // one until it hears the new one from here: say it now, so that
+            // by the time the old key is dropped nothing uses it. A
+            // neighbour without the new key yet refuses this hello (one
+            // `bad_tag`); its own announcement, when it gets the key, is
+            // answered under the new one.
+            let (epoch, caps) = (self.epoch, self.caps);
+            let mut to = vec![(self.next_peer.announce(epoch, caps), self.cfg.next)];
+            if let Some(p) = &self.prev_peer {
+                to.push((p.announce(epoch, caps), p.addr()));
+            }
+            for (h, addr) in to {
+                let mut q = Queued::hello(&h, addr, self.free_bytes.pop());
+                q.current_key = true;
+                self.control.push_back(q);
+            }
+        }
+        Ok(())
     }
 
     /// Releases a lock taken on the first source; returns the source that
@@ -1525,7 +1628,6 @@ impl Link {
     ///
     /// If `buf` is shorter than [`leap_common::chunk::TRAIN_DATAGRAM_MAX`].
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
-        let _ = now;
         assert!(buf.len() >= leap_common::chunk::TRAIN_DATAGRAM_MAX, "a transmit buffer too small for a train");
         if let Some(q) = self.control.pop_front() {
             buf[..q.len].copy_from_slice(&q.bytes[..q.len]);
@@ -1539,7 +1641,7 @@ impl Link {
             }
             // Sealed as it leaves: a NACK or hello sent again has a new
             // packet number.
-            let len = Auth::seal(&mut self.auth, q.to, buf, q.len);
+            let len = Auth::seal_with(&mut self.auth, now, q.to, buf, q.len, q.current_key);
             let t = Transmit { to: q.to, len, kind: q.kind };
             self.free_bytes.push(q.bytes);
             return Some(t);
@@ -1548,7 +1650,7 @@ impl Link {
             let data = o.data.take();
             let next = self.cfg.next;
             let seal = self.auth.as_mut().map(|a| {
-                let previous = a.seals.use_previous(a.opener.used_previous(next));
+                let previous = a.use_previous(next, now);
                 (&mut a.seals, next, previous)
             });
             let (len, n) = match &data {
@@ -1584,7 +1686,7 @@ impl Link {
                 continue;
             };
             // A copy sent again is sealed again: a new packet number.
-            let len = Auth::seal(&mut self.auth, self.cfg.next, buf, len);
+            let len = Auth::seal(&mut self.auth, now, self.cfg.next, buf, len);
             let kind = r.kind;
             match kind {
                 TransmitKind::Probe => self.stats.probes += 1,

@@ -1169,7 +1169,7 @@ fn a_transmit_the_driver_failed_to_send_counts_as_a_send_error() {
 // ----- keyed links (issue 24) -----
 
 use crate::transport::datagram_auth::{Seals, TRAILER_LEN};
-use crate::transport::ring_key::{KeySet, RingKey};
+use crate::transport::ring_key::{KeyChangeError, KeySet, RingKey};
 use leap_common::chunk::{AUTH_TRAILER_LEN, KEYED_PAYLOAD_MAX};
 
 fn ring_key(k: u8) -> KeySet {
@@ -1528,4 +1528,50 @@ fn an_encrypted_pair_hides_its_frames_and_delivers_them_through_loss() {
     s.run_for(Duration::from_millis(300));
     assert!(s.nodes[0].frames.is_empty() && s.nodes[1].frames.is_empty());
     assert!(s.nodes[0].link.stats().drops.bad_tag > 0 && s.nodes[1].link.stats().drops.bad_tag > 0);
+}
+
+/// A pair changes keys while frames cross both ways, reordered by jitter:
+/// node 0, then node 1 take K2 with K1 as previous, then node 1 (which
+/// node 0 sends to), then node 0, K2 alone. Every frame arrives once, in
+/// order, none fetched again; the only datagram refused is node 0's
+/// announcement of K2 to node 1 while node 1 held K1 alone.
+#[test]
+fn a_pair_changes_keys_between_datagrams_while_frames_cross_and_loses_none() {
+    let (k1, k2) = (RingKey::from_bytes([1; 32]), RingKey::from_bytes([2; 32]));
+    let mut s = keyed_pair(77, &KeySet::new(k1.clone()), &KeySet::new(k1.clone()));
+    s.run_for(Duration::from_millis(5));
+    first_frame(&mut s);
+    s.send(1, &frame(201, 1000));
+    s.run_until_frames(0, 1, Duration::from_millis(50));
+    s.chan.jitter = Duration::from_micros(300);
+    let both = KeySet { previous: Some(k1), ..KeySet::new(k2.clone()) };
+    let steps = [(0, both.clone()), (1, both), (1, KeySet::new(k2.clone())), (0, KeySet::new(k2))];
+    let mut sent: [Vec<Vec<u8>>; 2] = [Vec::new(), Vec::new()];
+    for (node, keys) in steps {
+        let now = s.now;
+        s.nodes[node].link.set_keys(keys, now).unwrap();
+        for _ in 0..5 {
+            for (from, out) in sent.iter_mut().enumerate() {
+                let f = frame(out.len() as u8, 20_000);
+                s.send(from, &f);
+                out.push(f);
+            }
+            s.run_for(Duration::from_millis(2));
+        }
+    }
+    s.run_until_frames(1, 1 + sent[0].len(), Duration::from_secs(2));
+    s.run_until_frames(0, 1 + sent[1].len(), Duration::from_secs(2));
+    for (to, from) in [(1, 0), (0, 1)] {
+        let got = &s.nodes[to].frames[1..];
+        assert!(got == &sent[from][..], "node {to}: {} of {} frames", got.len(), sent[from].len());
+    }
+    let (a, b) = (s.nodes[0].link.stats(), s.nodes[1].link.stats());
+    assert_eq!((a.frames_lost, b.frames_lost, a.chunks_recovered, b.chunks_recovered), (0, 0, 0, 0), "{a:?} {b:?}");
+    assert_eq!((a.drops.bad_tag, b.drops.bad_tag), (0, 1), "only the announcement to a K1-only node: {a:?} {b:?}");
+    // Encryption does not change on a running link, nor is one keyed.
+    let now = s.now;
+    let enc = KeySet { encrypt: true, ..ring_key(2) };
+    assert_eq!(s.nodes[0].link.set_keys(enc, now), Err(KeyChangeError::Encryption));
+    let mut plain = Link::new(LinkConfig::new(addr(3)), now);
+    assert_eq!(plain.set_keys(ring_key(2), now), Err(KeyChangeError::Unkeyed));
 }

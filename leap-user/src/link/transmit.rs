@@ -43,12 +43,15 @@ pub(super) struct Queued {
     pub(super) kind: TransmitKind,
     pub(super) len: usize,
     pub(super) bytes: Box<[u8; CHUNK_DATAGRAM_MAX]>,
+    /// Sealed with the current ring key even to a neighbour last heard
+    /// under the previous one (a node's announcement of new keys).
+    pub(super) current_key: bool,
 }
 
 impl Queued {
     /// An empty one in `bytes` (memory of an earlier one, or `None`).
     pub(super) fn empty(to: SocketAddr, kind: TransmitKind, bytes: Option<Box<[u8; CHUNK_DATAGRAM_MAX]>>) -> Self {
-        Self { to, kind, len: 0, bytes: bytes.unwrap_or_else(|| Box::new([0; CHUNK_DATAGRAM_MAX])) }
+        Self { to, kind, len: 0, bytes: bytes.unwrap_or_else(|| Box::new([0; CHUNK_DATAGRAM_MAX])), current_key: false }
     }
 
     pub(super) fn hello(h: &Hello, to: SocketAddr, bytes: Option<Box<[u8; CHUNK_DATAGRAM_MAX]>>) -> Self {

@@ -74,6 +74,16 @@ pub fn release_source(path: &Path) -> Result<Value, StatsQueryError> {
     request(path, b"release-source\n", MAX_STATS_REPLY, STATS_TIMEOUT)
 }
 
+/// Asks the node to read its ring key files again (as `SIGHUP` does); its
+/// reply says which keys it now uses, or why it kept the old ones.
+///
+/// # Errors
+///
+/// [`StatsQueryError`].
+pub fn reload_keys(path: &Path) -> Result<Value, StatsQueryError> {
+    request(path, b"reload-keys\n", MAX_STATS_REPLY, STATS_TIMEOUT)
+}
+
 /// Sends `req` (then ends its side), reads the JSON reply.
 fn request(path: &Path, req: &[u8], max: usize, timeout: Duration) -> Result<Value, StatsQueryError> {
     let deadline = Instant::now() + timeout;

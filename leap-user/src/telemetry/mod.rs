@@ -13,7 +13,9 @@ mod prometheus;
 #[cfg(feature = "telemetry-server")]
 pub(crate) mod server;
 
-pub use client::{MAX_STATS_REPLY, STATS_TIMEOUT, StatsQueryError, query_stats, query_stats_within, release_source};
+pub use client::{
+    MAX_STATS_REPLY, STATS_TIMEOUT, StatsQueryError, query_stats, query_stats_within, release_source, reload_keys,
+};
 #[cfg(feature = "telemetry-server")]
 pub use server::{Limits, Servers, TelemetryError, serve};
 
@@ -101,6 +103,37 @@ pub struct Telemetry {
     pub latency: Histogram,
     /// Releases the transport's source lock (`leap stats --release-source`).
     source: Mutex<Option<crate::transport::SourceControl>>,
+    /// Reads the ring key files again (`leap stats --reload-keys`).
+    keys: Mutex<Option<KeyReload>>,
+}
+
+/// Reads a node's key files again and gives the keys to its transport (the
+/// node's `SIGHUP`, the stats socket's `reload-keys`): a line saying which
+/// keys it now uses, or why it kept the old ones.
+#[derive(Clone)]
+pub struct KeyReload(std::sync::Arc<dyn Fn() -> Result<String, String> + Send + Sync>);
+
+impl KeyReload {
+    /// The reload `f` does.
+    pub fn new(f: impl Fn() -> Result<String, String> + Send + Sync + 'static) -> Self {
+        Self(std::sync::Arc::new(f))
+    }
+
+    /// Reloads the keys.
+    ///
+    /// # Errors
+    ///
+    /// Why the keys in use stay (a key file that cannot be used, an
+    /// unkeyed node), as a line naming the fix.
+    pub fn reload(&self) -> Result<String, String> {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for KeyReload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeyReload")
+    }
 }
 
 impl Telemetry {
@@ -116,6 +149,7 @@ impl Telemetry {
             refused: [AtomicU64::new(0), AtomicU64::new(0)],
             latency: Histogram::default(),
             source: Mutex::new(None),
+            keys: Mutex::new(None),
         }
     }
 
@@ -138,6 +172,22 @@ impl Telemetry {
                     json!({"released": false, "reason": "no source is locked (the previous node is configured, or nothing arrived yet)"})
                 }
             },
+        }
+    }
+
+    /// Lets the stats socket reload the ring key files.
+    pub fn set_key_reload(&self, r: Option<KeyReload>) {
+        *self.keys.lock().unwrap_or_else(|p| p.into_inner()) = r;
+    }
+
+    /// Reloads the ring key files (the stats socket's `reload-keys`
+    /// request); the reply, as JSON.
+    pub fn reload_keys(&self) -> Value {
+        let r = self.keys.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        match r.map(|r| r.reload()) {
+            None => json!({"reloaded": false, "reason": "this node reloads no keys (not running)"}),
+            Some(Ok(keys)) => json!({"reloaded": true, "keys": keys}),
+            Some(Err(why)) => json!({"reloaded": false, "reason": why}),
         }
     }
 

@@ -310,7 +310,8 @@ const MAX_REQUEST: usize = 64;
 /// the counters (a client that sends nothing and keeps its side open).
 const REQUEST_WAIT: Duration = Duration::from_millis(100);
 
-/// The stats socket: reads a request (none, or `release-source`) up to its
+/// The stats socket: reads a request (none, `release-source` or
+/// `reload-keys`) up to its
 /// end, a newline, [`MAX_REQUEST`] bytes or [`REQUEST_WAIT`], writes the
 /// JSON, closes. Only the node's user reaches it (mode 0600).
 async fn stats_loop(l: UnixListener, tel: Arc<Telemetry>, limits: Limits) {
@@ -335,8 +336,12 @@ async fn stats_loop(l: UnixListener, tel: Arc<Telemetry>, limits: Limits) {
             let reply = match std::str::from_utf8(&req[..n]).map(str::trim) {
                 Ok("") => tel.to_json().to_string(),
                 Ok("release-source") => tel.release_source().to_string(),
-                _ => serde_json::json!({"error": "unknown request; send nothing (counters) or `release-source`"})
-                    .to_string(),
+                // Reading two small files: not worth a blocking thread.
+                Ok("reload-keys") => tel.reload_keys().to_string(),
+                _ => serde_json::json!({
+                    "error": "unknown request; send nothing (counters), `release-source` or `reload-keys`"
+                })
+                .to_string(),
             };
             let write = async {
                 stream.write_all(reply.as_bytes()).await?;

@@ -573,6 +573,18 @@ impl DatagramLink {
         self.link.release_source(Instant::now())
     }
 
+    /// See [`super::KeyControl::set_keys`].
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::link::Link::set_keys`].
+    pub fn set_keys(
+        &mut self,
+        keys: super::ring_key::KeySet,
+    ) -> std::result::Result<(), super::ring_key::KeyChangeError> {
+        self.link.set_keys(keys, Instant::now())
+    }
+
     /// Before the first frame: gives the next node up to `limit` to prove
     /// that it is a leap node, answering hellos (and keeping any chunks that
     /// arrive) meanwhile. An original next node never answers: it then gets

@@ -37,7 +37,7 @@
 //! 1. The trailer is there (else `short`).
 //! 2. The epoch is the sender's current one or newer (else `stale_epoch`:
 //!    a datagram recorded before the sender restarted). Epochs grow: the
-//!    start time in microseconds since 1970 in the high bits, random low
+//!    start time in milliseconds since 1970 in the high bits, random low
 //!    bits. A node whose clock stepped back behind its last run is refused
 //!    until the clock passes it again; it logs why.
 //! 3. The tag verifies under the ring key, else under the previous key
@@ -79,17 +79,20 @@ pub enum Refused {
     Replayed,
 }
 
-/// An epoch for this run of the process: microseconds since 1970 in the
-/// high 44 bits (enough until the year 2527), 20 random bits below.
+/// An epoch for this run of the process: milliseconds since 1970 in the
+/// high 44 bits (enough until the year 2527), 20 random bits below. (Two
+/// runs of one node are more than a millisecond apart: binding its
+/// sockets alone takes longer.) Microseconds would not fit: shifted by 20
+/// bits they overflow, and the epoch would wrap every 203 days.
 ///
 /// # Errors
 ///
 /// The random source failed.
 pub fn new_epoch() -> std::io::Result<u64> {
-    let us = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
+    let ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
     let mut r = [0u8; 4];
     getrandom::fill(&mut r).map_err(std::io::Error::other)?;
-    Ok((us << 20) | u64::from(u32::from_le_bytes(r) & 0xF_FFFF))
+    Ok((ms << 20) | u64::from(u32::from_le_bytes(r) & 0xF_FFFF))
 }
 
 fn addr_bytes(a: SocketAddr) -> [u8; 18] {
@@ -207,6 +210,22 @@ impl Seals {
             dirs: Vec::new(),
             scratch: Vec::new(),
         }
+    }
+
+    /// Seals with `keys` from the next datagram on (new key files read by a
+    /// running node). The epoch and the packet number go on: a key derived
+    /// again for a ring key used before (the old current key now held as
+    /// previous) never meets a packet number it has sealed.
+    pub fn set_keys(&mut self, keys: &KeySet) {
+        self.encrypt = keys.encrypt;
+        self.current = keys.current.clone();
+        self.previous = keys.previous.clone();
+        self.dirs.clear();
+    }
+
+    /// Whether the set holds a previous key.
+    pub fn has_previous(&self) -> bool {
+        self.previous.is_some()
     }
 
     /// Whether a datagram to a destination whose own datagrams used the
@@ -347,7 +366,15 @@ struct Peer {
     /// holds both moves from the old to the new when it hears the new.
     key: aead::LessSafeKey,
     other: Option<aead::LessSafeKey>,
+    /// The ring keys `key` and `other` come from (kept so that new keys
+    /// set on a running node ([`Opener::set_keys`]) derive them again).
+    ring: RingKey,
+    other_ring: Option<RingKey>,
     previous: bool,
+    /// A datagram of this epoch verified under the current key since the
+    /// keys were last set: the sender holds it, and datagrams of its under
+    /// the previous key that arrive later were sealed before it moved.
+    heard_current: bool,
     window: ReplayWindow,
     /// For eviction: the opener's count of datagrams taken when this peer
     /// last sent one.
@@ -397,10 +424,37 @@ impl Opener {
         std::mem::swap(&mut self.scratch, into);
     }
 
-    /// Whether the last datagram that verified from `from` used the
-    /// previous key (`None`: none kept).
+    /// Whether `from` is to be taken as holding only the previous key: the
+    /// last datagram that verified from it used the previous key, and none
+    /// of its run did under the current key since the keys were set
+    /// (`None`: none kept). Sticky once the current key was heard, so that
+    /// old-key datagrams still in flight from a sender that has moved do
+    /// not send this node back to the old key towards it.
     pub fn used_previous(&self, from: SocketAddr) -> Option<bool> {
-        self.peers.iter().find(|p| p.from == from).map(|p| p.previous)
+        self.peers.iter().find(|p| p.from == from).map(|p| p.previous && !p.heard_current)
+    }
+
+    /// Takes `keys` in place of the keys held (new key files read by a
+    /// running node), between two datagrams. Each known sender keeps its
+    /// epoch and replay window (a datagram taken before is still refused);
+    /// its keys are derived again from the new set: the ring key that
+    /// verified its last datagram stays first if the set still holds it,
+    /// else the new current key; the other key of the set is tried next,
+    /// so a sender that moves keys is followed as before.
+    pub fn set_keys(&mut self, keys: KeySet) {
+        let encrypt = keys.encrypt;
+        for p in &mut self.peers {
+            let held = |k: &RingKey| *k == keys.current || keys.previous.as_ref() == Some(k);
+            let ring = if held(&p.ring) { p.ring.clone() } else { keys.current.clone() };
+            let other_ring = std::iter::once(&keys.current).chain(&keys.previous).find(|k| **k != ring).cloned();
+            p.key = direction_key(&ring, p.epoch, p.from, self.to, encrypt);
+            p.other = other_ring.as_ref().map(|k| direction_key(k, p.epoch, p.from, self.to, encrypt));
+            p.previous = ring != keys.current;
+            p.heard_current = !p.previous;
+            p.ring = ring;
+            p.other_ring = other_ring;
+        }
+        self.keys = keys;
     }
 
     /// Checks `datagram` from `from` (the checks of the module's docs) and
@@ -434,10 +488,12 @@ impl Opener {
                     }
                     let p = &mut self.peers[i];
                     std::mem::swap(&mut p.key, p.other.as_mut().expect("checked"));
+                    std::mem::swap(&mut p.ring, p.other_ring.as_mut().expect("derived with other"));
                     p.previous = !p.previous;
                 }
                 self.taken += 1;
                 let p = &mut self.peers[i];
+                p.heard_current |= !p.previous;
                 p.window.take(pn);
                 p.last = self.taken;
                 return Ok(Opened { len, new_epoch: false, previous_key: p.previous });
@@ -455,15 +511,18 @@ impl Opener {
             }
         }
         let (key, previous) = found.ok_or(Refused::BadTag)?;
-        let other = match (&self.keys.previous, previous) {
-            (Some(_), true) => Some(direction_key(&self.keys.current, epoch, from, self.to, encrypt)),
-            (Some(old), false) => Some(direction_key(old, epoch, from, self.to, encrypt)),
-            (None, _) => None,
+        let (ring, other_ring) = match (&self.keys.previous, previous) {
+            (Some(old), true) => (old.clone(), Some(self.keys.current.clone())),
+            (Some(old), false) => (self.keys.current.clone(), Some(old.clone())),
+            (None, _) => (self.keys.current.clone(), None),
         };
+        let other = other_ring.as_ref().map(|k| direction_key(k, epoch, from, self.to, encrypt));
         self.taken += 1;
         let mut window = ReplayWindow::default();
         window.take(pn);
-        let peer = Peer { from, epoch, key, other, previous, window, last: self.taken };
+        let heard_current = !previous;
+        let peer =
+            Peer { from, epoch, key, other, ring, other_ring, previous, heard_current, window, last: self.taken };
         match known {
             Some(i) => self.peers[i] = peer,
             None if self.peers.len() < PEERS => self.peers.push(peer),
@@ -608,6 +667,57 @@ mod tests {
         assert_eq!(o.used_previous(a()), Some(false));
         assert!(o.open(a(), &seal(true)).unwrap().previous_key);
         assert_eq!(o.used_previous(b()), None);
+    }
+
+    const YEAR_2025_MS: u64 = 1_735_689_600_000;
+
+    #[test]
+    fn epochs_grow_from_run_to_run_and_hold_the_time_in_milliseconds() {
+        let a = new_epoch().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let b = new_epoch().unwrap();
+        assert!(a < b, "{a:#x} {b:#x}");
+        let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
+        assert!((YEAR_2025_MS..=now_ms).contains(&(b >> 20)), "no wrap of the time shifted up: {b:#x}");
+    }
+
+    #[test]
+    fn keys_set_on_a_running_node_take_effect_between_datagrams_and_keep_the_window() {
+        let (k1, k2) = (RingKey::from_bytes([1; 32]), RingKey::from_bytes([2; 32]));
+        let both = KeySet { previous: Some(k1.clone()), ..KeySet::new(k2.clone()) };
+        let mut o = Opener::new(KeySet::new(k1.clone()), b());
+        let mut s = Seals::new(&KeySet::new(k1.clone()), 3, a());
+        let mut pns = Vec::new();
+        let mut seal = |s: &mut Seals, previous: bool| {
+            let mut d = [9u8; 20 + TRAILER_LEN];
+            s.seal(b(), previous, &mut d, 20);
+            pns.push(u64::from_be_bytes(d[28..36].try_into().unwrap()));
+            d
+        };
+        let before = seal(&mut s, false);
+        assert!(!o.open(a(), &before).unwrap().previous_key);
+        // The receiver moves first: the sender's K1 is now its previous key.
+        o.set_keys(both.clone());
+        assert_eq!(o.open(a(), &before), Err(Refused::Replayed), "the window survives new keys");
+        assert!(o.open(a(), &seal(&mut s, false)).unwrap().previous_key);
+        assert_eq!(o.used_previous(a()), Some(true));
+        // The sender moves: K1 to a neighbour heard under K1, then K2.
+        s.set_keys(&both);
+        assert!(s.use_previous(Some(true)) && !s.use_previous(Some(false)));
+        assert!(o.open(a(), &seal(&mut s, true)).unwrap().previous_key);
+        assert!(!o.open(a(), &seal(&mut s, false)).unwrap().previous_key, "followed onto K2");
+        // A K1 datagram sealed before it moved, arriving late, is taken but
+        // does not send the receiver back to K1 towards it.
+        assert!(o.open(a(), &seal(&mut s, true)).unwrap().previous_key);
+        assert_eq!(o.used_previous(a()), Some(false), "sticky once K2 was heard");
+        // Both drop K1: K2 passes, a K1 datagram of the same run does not.
+        o.set_keys(KeySet::new(k2.clone()));
+        let stale = seal(&mut s, true);
+        s.set_keys(&KeySet::new(k2));
+        assert!(!s.use_previous(None));
+        assert_eq!(o.open(a(), &stale), Err(Refused::BadTag), "K1 is no longer held");
+        assert!(!o.open(a(), &seal(&mut s, false)).unwrap().previous_key);
+        assert!(pns.windows(2).all(|w| w[0] < w[1]), "packet numbers go on across new keys: {pns:?}");
     }
 
     #[test]

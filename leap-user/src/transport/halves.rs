@@ -53,6 +53,15 @@ impl<R: RxPath + 'static> DatagramCore<R> {
         super::SourceControl::new(move || shared.link().release_source())
     }
 
+    /// See [`crate::Transport::key_control`].
+    pub fn key_control(&self) -> super::KeyControl
+    where
+        R: Send,
+    {
+        let shared = Arc::clone(&self.shared);
+        super::KeyControl::new(move |keys| shared.link().set_keys(keys))
+    }
+
     /// See [`super::Transport::send_next_parts`].
     ///
     /// # Errors

@@ -513,6 +513,15 @@ pub trait Transport: Send {
         None
     }
 
+    /// A handle that gives the open transport new ring keys from another
+    /// thread, also once it is split or in a receive call (the operator's
+    /// `SIGHUP` or `leap stats --reload-keys`): the datagram transports
+    /// seal and open with them from the next datagram on; tcp proves them
+    /// on its next connection. `None` where no key can be taken (kmod).
+    fn key_control(&self) -> Option<KeyControl> {
+        None
+    }
+
     /// Sends one contiguous frame to the next node.
     ///
     /// # Errors
@@ -734,6 +743,40 @@ impl SourceControl {
     }
 }
 
+/// Gives an open transport new ring keys (see [`Transport::key_control`]);
+/// usable from any thread.
+#[derive(Clone)]
+pub struct KeyControl(
+    std::sync::Arc<dyn Fn(ring_key::KeySet) -> std::result::Result<(), ring_key::KeyChangeError> + Send + Sync>,
+);
+
+impl KeyControl {
+    pub(crate) fn new(
+        set: impl Fn(ring_key::KeySet) -> std::result::Result<(), ring_key::KeyChangeError> + Send + Sync + 'static,
+    ) -> Self {
+        Self(std::sync::Arc::new(set))
+    }
+
+    /// Seals and opens with `keys` from now on (a previous key in them is
+    /// still taken, and used towards a neighbour not yet heard under the
+    /// new one, so a ring changes keys node by node without losing a
+    /// frame; see `KeySet`).
+    ///
+    /// # Errors
+    ///
+    /// [`ring_key::KeyChangeError`]: the transport runs unkeyed, or
+    /// `encrypt` differs; the keys in use stay.
+    pub fn set_keys(&self, keys: ring_key::KeySet) -> std::result::Result<(), ring_key::KeyChangeError> {
+        (self.0)(keys)
+    }
+}
+
+impl std::fmt::Debug for KeyControl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeyControl")
+    }
+}
+
 impl std::fmt::Debug for SourceControl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("SourceControl")
@@ -779,6 +822,9 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
     }
     fn source_control(&self) -> Option<SourceControl> {
         (**self).source_control()
+    }
+    fn key_control(&self) -> Option<KeyControl> {
+        (**self).key_control()
     }
     fn send_control(&mut self, msg: &ControlMessage, frame_len: usize) -> Result<()> {
         (**self).send_control(msg, frame_len)

@@ -178,11 +178,13 @@ impl RingKey {
 /// the one it still accepts, and whether its frames are encrypted.
 ///
 /// Rotating a ring's key without stopping it: give every node the new key
-/// as `current` and the old one as `previous`, node by node (each restart
-/// of a node, or each new connection, picks the keys up); a connection
-/// between a node that has moved and one that has not proves the old key,
-/// and the moved node logs each time it does. When no such line shows any
-/// more, drop `previous` everywhere.
+/// as `current` and the old one as `previous`, node by node (a running
+/// transport takes them through [`crate::Transport::key_control`]: the
+/// datagram transports from the next datagram, tcp from its next
+/// connection, an established one keeping the key it proved); a
+/// connection between a node that has moved and one that has not proves
+/// the old key, and the moved node logs each time it does. When no such
+/// line shows any more, drop `previous` everywhere.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct KeySet {
     /// The key this member proves first.
@@ -222,6 +224,16 @@ impl KeySet {
         f
     }
 
+    /// A short name of the keys for the log: the first bytes of each key's
+    /// id (which shows nothing of the key).
+    pub fn describe(&self) -> String {
+        let short = |k: &RingKey| k.id()[..4].iter().map(|b| format!("{b:02x}")).collect::<String>();
+        match &self.previous {
+            Some(p) => format!("key {} (previous {})", short(&self.current), short(p)),
+            None => format!("key {}", short(&self.current)),
+        }
+    }
+
     fn by_id(&self, id: &[u8]) -> Option<&RingKey> {
         std::iter::once(&self.current).chain(&self.previous).find(|k| k.id() == id)
     }
@@ -231,7 +243,24 @@ impl KeySet {
     }
 }
 
-/// Why a connection did not prove the ring key.
+/// Why new keys were not taken by an open transport
+/// ([`crate::transport::KeyControl::set_keys`]); the keys in use stay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyChangeError {
+    /// The transport was opened without a key: a ring does not become
+    /// keyed while it runs.
+    #[error("this node runs without a ring key; a ring becomes keyed only when its nodes start with key_file")]
+    Unkeyed,
+    /// The new keys encrypt where the ring's do not, or the other way round.
+    #[error("the new keys set `encrypt` unlike the running ring; change `encrypt` on every node alike, with a restart")]
+    Encryption,
+    /// The backend has no keys to change (kmod, or no transport open).
+    #[error("this transport takes no ring key")]
+    NotSupported,
+}
+
+/// Why a connection did not prove the ring key./// Why a connection did not prove the ring key.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ProofError {

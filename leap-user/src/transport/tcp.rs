@@ -388,9 +388,11 @@ impl TcpTransport {
         let from_prev = accepted?;
         let stats = Arc::new(Mutex::new(Stats::default()));
         let timeout = cfg.recv_timeout;
+        let keys = Arc::new(Mutex::new(cfg.ring_key.clone()));
         let mut t = Self {
             tx: TcpSendHalf {
                 cfg: cfg.clone(),
+                keys: Arc::clone(&keys),
                 to_next: Some(Inbound::new(to_next)),
                 stats: Arc::clone(&stats),
                 tx: OwnedBuf::default(),
@@ -398,6 +400,7 @@ impl TcpTransport {
             },
             rx: TcpRecvHalf {
                 cfg,
+                keys,
                 listener,
                 from_prev: Some(Inbound::new(from_prev)),
                 stats,
@@ -650,6 +653,10 @@ impl Transport for TcpTransport {
         Ok(Halves { sender: Box::new(self.tx), receiver: Box::new(self.rx) })
     }
 
+    fn key_control(&self) -> Option<super::KeyControl> {
+        Some(key_control(&self.tx.keys))
+    }
+
     fn send_prev(&mut self, frame: &[u8]) -> Result<()> {
         let inb = self.rx.from_prev.as_mut().ok_or(TransportError::PeerClosed("previous"))?;
         TcpTransport::write(inb, None, self.rx.cfg.framing, FrameKind::Data, frame, &[])
@@ -666,6 +673,9 @@ impl Transport for TcpTransport {
 #[derive(Debug)]
 pub struct TcpSendHalf {
     cfg: TcpConfig,
+    /// The ring keys new connections prove (shared with the receiving half
+    /// and [`Transport::key_control`]).
+    keys: SharedKeys,
     to_next: Option<Inbound>,
     stats: Arc<Mutex<Stats>>,
     tx: OwnedBuf,
@@ -678,6 +688,7 @@ pub struct TcpSendHalf {
 #[derive(Debug)]
 pub struct TcpRecvHalf {
     cfg: TcpConfig,
+    keys: SharedKeys,
     listener: TcpListener,
     from_prev: Option<Inbound>,
     stats: Arc<Mutex<Stats>>,
@@ -689,6 +700,34 @@ pub struct TcpRecvHalf {
     /// The read timeout the stream from the previous node carries (`None`:
     /// not known).
     applied: Option<Option<Duration>>,
+}
+
+/// The ring keys of a transport's next connections: set anew while it
+/// runs ([`super::KeyControl`]); a connection keeps the keys it proved.
+type SharedKeys = Arc<Mutex<Option<KeySet>>>;
+
+fn keys_now(keys: &SharedKeys) -> Option<KeySet> {
+    keys.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+}
+
+/// New keys for the next connections of a tcp transport keyed with `keys`.
+fn key_control(keys: &SharedKeys) -> super::KeyControl {
+    let keys = Arc::clone(keys);
+    super::KeyControl::new(move |new: KeySet| {
+        let mut held = keys.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(old) = held.as_ref() else { return Err(ring_key::KeyChangeError::Unkeyed) };
+        if (new.encrypt, new.tags()) != (old.encrypt, old.tags()) {
+            return Err(ring_key::KeyChangeError::Encryption);
+        }
+        log::info!(
+            "ring key: now {} (was {}) for new connections; an established connection keeps the key it proved \
+             until it reconnects",
+            new.describe(),
+            old.describe()
+        );
+        *held = Some(new);
+        Ok(())
+    })
 }
 
 fn counters(stats: &Mutex<Stats>) -> std::sync::MutexGuard<'_, Stats> {
@@ -715,7 +754,8 @@ impl TcpSendHalf {
         }
         self.to_next = None;
         let source = self.cfg.source_port.map(|p| SocketAddr::new(self.cfg.listen.ip(), p));
-        let s = connect_keyed(self.cfg.next, source, self.cfg.ring_key.as_ref(), self.cfg.setup_timeout)?;
+        let keys = keys_now(&self.keys);
+        let s = connect_keyed(self.cfg.next, source, keys.as_ref(), self.cfg.setup_timeout)?;
         let _ = s.0.set_read_timeout(self.cfg.recv_timeout.map(|t| t.max(Duration::from_millis(1))));
         let inb = self.to_next.insert(Inbound::new(s));
         TcpTransport::write(inb, prev, self.cfg.framing, kind, header, payload)?;
@@ -853,7 +893,8 @@ impl TcpRecvHalf {
     fn recv_stream(&mut self, buf: &mut [u8]) -> Result<Received> {
         if self.from_prev.is_none() {
             let wait = self.cfg.recv_timeout.unwrap_or(self.cfg.setup_timeout);
-            let s = accept_from(&self.listener, self.cfg.prev, self.cfg.prev_port, self.cfg.ring_key.as_ref(), wait)?;
+            let keys = keys_now(&self.keys);
+            let s = accept_from(&self.listener, self.cfg.prev, self.cfg.prev_port, keys.as_ref(), wait)?;
             log::info!("previous node connected again from {:?}", s.0.peer_addr().ok());
             self.set_from_prev(Some(Inbound::new(s)));
         }

@@ -290,6 +290,10 @@ impl Transport for UdpTransport {
         Some(self.core.source_control())
     }
 
+    fn key_control(&self) -> Option<super::KeyControl> {
+        Some(self.core.key_control())
+    }
+
     fn send_next_parts(&mut self, kind: FrameKind, header: &[u8], payload: &[u8]) -> Result<()> {
         self.core.send_parts(kind, header, payload)
     }

@@ -878,6 +878,10 @@ impl Transport for XdpTransport {
     fn source_control(&self) -> Option<super::SourceControl> {
         Some(self.core.source_control())
     }
+
+    fn key_control(&self) -> Option<super::KeyControl> {
+        Some(self.core.key_control())
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,158 @@
+//! A keyed udp ring of three on loopback changes its key while it moves
+//! frames, node by node, without a restart (`Transport::key_control`):
+//! K1 -> (K2 + previous K1) -> K2 only. Every frame arrives intact, in
+//! order, once; the nodes log when the previous key was last used; a
+//! sender holding only K1 is refused afterwards.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use leap::transport::ring_key::{KeyChangeError, KeySet, RingKey};
+use leap::transport::udp::{UdpConfig, UdpTransport};
+use leap::{FrameKind, Transport, TransportError};
+
+const LEN: usize = 16_392;
+
+/// Every log line of this test binary, kept to look for.
+struct Lines(Mutex<Vec<String>>);
+
+impl log::Log for Lines {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        m.level() <= log::Level::Info
+    }
+    fn log(&self, r: &log::Record<'_>) {
+        if self.enabled(r.metadata()) {
+            self.0.lock().unwrap().push(r.args().to_string());
+        }
+    }
+    fn flush(&self) {}
+}
+
+static LINES: Lines = Lines(Mutex::new(Vec::new()));
+
+fn free_addr() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], leap::netns::loopback_port().expect("a free loopback port")))
+}
+
+fn pattern(seed: u32, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed).to_le_bytes()[2]).collect()
+}
+
+fn config(listen: SocketAddr, next: SocketAddr, prev: SocketAddr, k: Option<KeySet>) -> UdpConfig {
+    let mut c = UdpConfig::new(listen, next);
+    c.prev = Some(prev);
+    c.ring_key = k;
+    c.max_frame_len = LEN;
+    c.recv_timeout = Some(Duration::from_millis(50));
+    c
+}
+
+#[test]
+fn a_keyed_udp_ring_changes_keys_node_by_node_while_moving_frames_and_loses_none() {
+    log::set_logger(&LINES).unwrap();
+    log::set_max_level(log::LevelFilter::Info);
+    let (k1, k2) = (RingKey::from_bytes([1; 32]), RingKey::from_bytes([2; 32]));
+    let addrs = [free_addr(), free_addr(), free_addr()];
+    let nodes: Vec<UdpTransport> = (0..3)
+        .map(|i| {
+            let c = config(addrs[i], addrs[(i + 1) % 3], addrs[(i + 2) % 3], Some(KeySet::new(k1.clone())));
+            UdpTransport::bind(c).unwrap()
+        })
+        .collect();
+    let controls: Vec<_> = nodes.iter().map(|t| t.key_control().expect("udp takes new keys")).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut nodes = nodes.into_iter();
+    let mut head = nodes.next().unwrap();
+    let forwarders: Vec<JoinHandle<UdpTransport>> = nodes
+        .map(|mut t| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; LEN];
+                let limit = Instant::now() + Duration::from_secs(60);
+                while !stop.load(Ordering::Relaxed) && Instant::now() < limit {
+                    match t.recv_prev(&mut buf) {
+                        Ok(got) => t.send_next(&buf[..got.len]).unwrap(),
+                        Err(TransportError::Timeout(_)) => {}
+                        Err(e) => panic!("forwarder: {e}"),
+                    }
+                }
+                t
+            })
+        })
+        .collect();
+    // The head sends a frame, takes it back, checks it, again, until told.
+    let head_stop = Arc::new(AtomicBool::new(false));
+    let head_thread = {
+        let head_stop = head_stop.clone();
+        std::thread::spawn(move || {
+            head.set_recv_timeout(Some(Duration::from_secs(5)));
+            let mut buf = vec![0u8; LEN];
+            let mut i = 0u32;
+            let limit = Instant::now() + Duration::from_secs(60);
+            while !head_stop.load(Ordering::Relaxed) && Instant::now() < limit {
+                let f = pattern(i, LEN);
+                head.send_next(&f).unwrap();
+                let got = head.recv_prev(&mut buf).unwrap_or_else(|e| panic!("frame {i}: {e}"));
+                assert_eq!((got.len, got.kind), (LEN, FrameKind::Data));
+                assert!(buf[..LEN] == f[..], "frame {i} changed on its way round");
+                i += 1;
+            }
+            // None twice: nothing more arrives.
+            head.set_recv_timeout(Some(Duration::from_millis(300)));
+            assert!(matches!(head.recv_prev(&mut buf), Err(TransportError::Timeout(_))), "a frame came twice");
+            (i, head.stats())
+        })
+    };
+    let frames_so_far = |h: &JoinHandle<_>| !h.is_finished();
+    let step = Duration::from_millis(300);
+    std::thread::sleep(step);
+    let both = KeySet { previous: Some(k1.clone()), ..KeySet::new(k2.clone()) };
+    for c in &controls {
+        c.set_keys(both.clone()).unwrap();
+        std::thread::sleep(step);
+        assert!(frames_so_far(&head_thread), "the head stopped");
+    }
+    for c in &controls {
+        c.set_keys(KeySet::new(k2.clone())).unwrap();
+        std::thread::sleep(step);
+        assert!(frames_so_far(&head_thread), "the head stopped");
+    }
+    // `encrypt` does not change on a running ring.
+    let enc = KeySet { encrypt: true, ..KeySet::new(k2.clone()) };
+    assert_eq!(controls[0].set_keys(enc), Err(KeyChangeError::Encryption));
+    head_stop.store(true, Ordering::Relaxed);
+    let (frames, head_stats) = head_thread.join().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let mut rotated: Vec<UdpTransport> = forwarders.into_iter().map(|f| f.join().unwrap()).collect();
+    let stats: Vec<leap::Stats> = rotated.iter().map(Transport::stats).chain([head_stats]).collect();
+    assert!(frames > 50, "frames moved all along: {frames}");
+    for st in &stats {
+        assert_eq!((st.frames_lost, st.drops.replayed, st.drops.unkeyed), (0, 0, 0), "{st:?}");
+        // Only announcements of K2 to a neighbour that held K1 alone.
+        assert!(st.drops.bad_tag <= 2, "{st:?}");
+    }
+    assert_eq!(stats[2].frames_received, u64::from(frames));
+    let lines = LINES.0.lock().unwrap().clone();
+    let last_used = lines.iter().filter(|l| l.contains("the previous key was last used")).count();
+    assert_eq!(last_used, 3, "each node said when it last used the previous key when it dropped it: {lines:#?}");
+
+    // A sender holding only K1 is refused by node 1 (rotated, still open)
+    // now: it takes node 0's place (the handles keep a ring's socket open
+    // until dropped).
+    drop(controls);
+    let mut stale = UdpTransport::bind(config(addrs[0], addrs[1], addrs[2], Some(KeySet::new(k1)))).unwrap();
+    let rx = &mut rotated[0];
+    let before = rx.stats();
+    for i in 0..3 {
+        stale.send_next(&pattern(1000 + i, 5000)).unwrap();
+    }
+    let mut buf = vec![0u8; LEN];
+    rx.set_recv_timeout(Some(Duration::from_millis(300)));
+    assert!(matches!(rx.recv_prev(&mut buf), Err(TransportError::Timeout(_))));
+    let after = rx.stats();
+    assert!(after.drops.bad_tag > before.drops.bad_tag, "{:?}", after.drops);
+    assert_eq!(after.frames_received, before.frames_received, "a K1 frame was taken");
+}
