@@ -6,9 +6,9 @@
 //! `drops.bad_tag`), logged once, and the node says why.
 
 mod original;
+mod support;
 
 use std::net::UdpSocket;
-use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -17,27 +17,9 @@ use leap::transport::udp::{UdpConfig, UdpTransport};
 use leap::{Transport, TransportError};
 use original::{FRAME, Original, Role, data_frame};
 
-/// Every log line of this test binary, kept to look for.
-struct Lines(Mutex<Vec<String>>);
-
-impl log::Log for Lines {
-    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
-        m.level() <= log::Level::Info
-    }
-    fn log(&self, r: &log::Record<'_>) {
-        if self.enabled(r.metadata()) {
-            self.0.lock().unwrap().push(r.args().to_string());
-        }
-    }
-    fn flush(&self) {}
-}
-
-static LINES: Lines = Lines(Mutex::new(Vec::new()));
-
 #[test]
 fn a_keyed_node_refuses_an_original_next_and_previous_node_counts_and_says_why_once() {
-    log::set_logger(&LINES).unwrap();
-    log::set_max_level(log::LevelFilter::Info);
+    support::LogLines::install();
     let o_sock = UdpSocket::bind("127.0.0.1:0").unwrap();
     let o_addr = o_sock.local_addr().unwrap();
     let h_addr = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
@@ -78,7 +60,7 @@ fn a_keyed_node_refuses_an_original_next_and_previous_node_counts_and_says_why_o
     assert!(s.drops.bad_tag <= sent_back, "at most the last chunk of each frame as a forgery: {s:?}");
     let (next_leap, prev_leap) = head.neighbours_are_leap();
     assert!(!next_leap && !prev_leap, "the original proved nothing");
-    let lines = LINES.0.lock().unwrap().clone();
+    let lines = support::LogLines::lines();
     let refused: Vec<&String> = lines.iter().filter(|l| l.contains("sends without the ring key")).collect();
     assert_eq!(refused.len(), 1, "logged once for {} refused datagrams: {lines:#?}", s.drops.unkeyed);
     // The ring says why: in its counters (above) and in that line.

@@ -4,9 +4,11 @@
 //! order, once; the nodes log when the previous key was last used; a
 //! sender holding only K1 is refused afterwards.
 
+mod support;
+
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -15,23 +17,6 @@ use leap::transport::udp::{UdpConfig, UdpTransport};
 use leap::{FrameKind, Transport, TransportError};
 
 const LEN: usize = 16_392;
-
-/// Every log line of this test binary, kept to look for.
-struct Lines(Mutex<Vec<String>>);
-
-impl log::Log for Lines {
-    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
-        m.level() <= log::Level::Info
-    }
-    fn log(&self, r: &log::Record<'_>) {
-        if self.enabled(r.metadata()) {
-            self.0.lock().unwrap().push(r.args().to_string());
-        }
-    }
-    fn flush(&self) {}
-}
-
-static LINES: Lines = Lines(Mutex::new(Vec::new()));
 
 fn free_addr() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], leap::netns::loopback_port().expect("a free loopback port")))
@@ -52,8 +37,7 @@ fn config(listen: SocketAddr, next: SocketAddr, prev: SocketAddr, k: Option<KeyS
 
 #[test]
 fn a_keyed_udp_ring_changes_keys_node_by_node_while_moving_frames_and_loses_none() {
-    log::set_logger(&LINES).unwrap();
-    log::set_max_level(log::LevelFilter::Info);
+    support::LogLines::install();
     let (k1, k2) = (RingKey::from_bytes([1; 32]), RingKey::from_bytes([2; 32]));
     let addrs = [free_addr(), free_addr(), free_addr()];
     let nodes: Vec<UdpTransport> = (0..3)
@@ -135,7 +119,7 @@ fn a_keyed_udp_ring_changes_keys_node_by_node_while_moving_frames_and_loses_none
         assert!(st.drops.bad_tag <= 2, "{st:?}");
     }
     assert_eq!(stats[2].frames_received, u64::from(frames));
-    let lines = LINES.0.lock().unwrap().clone();
+    let lines = support::LogLines::lines();
     let last_used = lines.iter().filter(|l| l.contains("the previous key was last used")).count();
     assert_eq!(last_used, 3, "each node said when it last used the previous key when it dropped it: {lines:#?}");
 

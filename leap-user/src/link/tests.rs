@@ -199,6 +199,19 @@ impl Sim {
     /// One step: every link's transmits into the channel, the datagrams
     /// due handed over, the timers run; then the clock moves to the next
     /// thing due (at most 1 ms: the driver's tick).
+    /// In a ring of three: nodes 1 and 2 send on what they got that they
+    /// have not sent yet (`forwarded` counts it), then the clock moves.
+    fn forward_step(&mut self, forwarded: &mut [usize; 3]) {
+        for (i, done) in forwarded.iter_mut().enumerate().skip(1) {
+            while *done < self.nodes[i].frames.len() {
+                let f = self.nodes[i].frames[*done].clone();
+                self.send(i, &f);
+                *done += 1;
+            }
+        }
+        self.step();
+    }
+
     fn step(&mut self) {
         let now = self.now;
         for n in self.nodes.iter_mut().filter(|n| n.alive) {
@@ -965,18 +978,8 @@ fn frames_go_round_a_ring_of_three_through_loss() {
     s.send(0, &warm);
     let mut forwarded = [0usize; 3];
     // Nodes 1 and 2 forward what they got, then the clock moves.
-    let hop = |s: &mut Sim, forwarded: &mut [usize; 3]| {
-        for (i, done) in forwarded.iter_mut().enumerate().skip(1) {
-            while *done < s.nodes[i].frames.len() {
-                let f = s.nodes[i].frames[*done].clone();
-                s.send(i, &f);
-                *done += 1;
-            }
-        }
-        s.step();
-    };
     while s.nodes[0].frames.is_empty() {
-        hop(&mut s, &mut forwarded);
+        s.forward_step(&mut forwarded);
     }
     // Each node locked on its previous one: until that one proved to be a
     // leap node, its chunks are read as the original's (best effort).
@@ -990,7 +993,7 @@ fn frames_go_round_a_ring_of_three_through_loss() {
     }
     let end = s.now + Duration::from_secs(1);
     while s.nodes[0].frames.len() < 6 && s.now < end {
-        hop(&mut s, &mut forwarded);
+        s.forward_step(&mut forwarded);
     }
     assert!(s.nodes[0].frames[1..] == frames[..], "{} frames back", s.nodes[0].frames.len() - 1);
     for n in &s.nodes {
@@ -1263,19 +1266,9 @@ fn a_keyed_ring_of_three_locks_and_goes_round_through_loss() {
     s.run_for(Duration::from_millis(10));
     s.send(0, &frame(250, 500));
     let mut forwarded = [0usize; 3];
-    let hop = |s: &mut Sim, forwarded: &mut [usize; 3]| {
-        for (i, done) in forwarded.iter_mut().enumerate().skip(1) {
-            while *done < s.nodes[i].frames.len() {
-                let f = s.nodes[i].frames[*done].clone();
-                s.send(i, &f);
-                *done += 1;
-            }
-        }
-        s.step();
-    };
     let end = s.now + Duration::from_secs(1);
     while s.nodes[0].frames.is_empty() && s.now < end {
-        hop(&mut s, &mut forwarded);
+        s.forward_step(&mut forwarded);
     }
     s.chan.loss = 50;
     s.chan.jitter = Duration::from_micros(100);
@@ -1285,7 +1278,7 @@ fn a_keyed_ring_of_three_locks_and_goes_round_through_loss() {
     }
     let end = s.now + Duration::from_secs(2);
     while s.nodes[0].frames.len() < 6 && s.now < end {
-        hop(&mut s, &mut forwarded);
+        s.forward_step(&mut forwarded);
     }
     assert!(s.nodes[0].frames[1..] == frames[..], "{} frames back", s.nodes[0].frames.len().saturating_sub(1));
     for n in &s.nodes {

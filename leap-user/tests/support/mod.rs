@@ -172,3 +172,34 @@ pub fn udp_pair() -> (leap::transport::udp::UdpTransport, leap::transport::udp::
     cb.prev = Some(a);
     (UdpTransport::bind(ca).unwrap(), UdpTransport::bind(cb).unwrap())
 }
+
+/// Every log line (info and above) of a test binary, kept to look for:
+/// [`LogLines::install`] once, then [`LogLines::lines`].
+pub struct LogLines(std::sync::Mutex<Vec<String>>);
+
+impl log::Log for LogLines {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        m.level() <= log::Level::Info
+    }
+    fn log(&self, r: &log::Record<'_>) {
+        if self.enabled(r.metadata()) {
+            self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(r.args().to_string());
+        }
+    }
+    fn flush(&self) {}
+}
+
+static LOG_LINES: LogLines = LogLines(std::sync::Mutex::new(Vec::new()));
+
+impl LogLines {
+    /// Makes this the binary's logger (once per test binary).
+    pub fn install() {
+        log::set_logger(&LOG_LINES).expect("the first logger of this test binary");
+        log::set_max_level(log::LevelFilter::Info);
+    }
+
+    /// The lines logged so far.
+    pub fn lines() -> Vec<String> {
+        LOG_LINES.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+}
