@@ -284,45 +284,6 @@ impl Seals {
     }
 }
 
-/// Seals the datagrams of one run of this node to one destination (the
-/// tests' single-destination form of [`Seals`]).
-#[cfg(test)]
-pub struct Sealer {
-    key: aead::LessSafeKey,
-    epoch: u64,
-    pn: u64,
-    scratch: Vec<u8>,
-}
-
-#[cfg(test)]
-impl std::fmt::Debug for Sealer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Sealer").field("epoch", &self.epoch).field("pn", &self.pn).finish_non_exhaustive()
-    }
-}
-
-#[cfg(test)]
-impl Sealer {
-    /// The sealer of `epoch` ([`new_epoch`]) from `from` to `to`, with the
-    /// ring's current key.
-    pub fn new(keys: &KeySet, epoch: u64, from: SocketAddr, to: SocketAddr) -> Self {
-        Self { key: direction_key(&keys.current, epoch, from, to, false), epoch, pn: 0, scratch: Vec::new() }
-    }
-
-    /// Appends the trailer to `datagram`.
-    pub fn seal(&mut self, datagram: &mut Vec<u8>) {
-        let pn = self.pn;
-        // 2^64 datagrams are centuries at any line rate.
-        self.pn += 1;
-        let mut head = [0u8; 16];
-        head[..8].copy_from_slice(&self.epoch.to_be_bytes());
-        head[8..].copy_from_slice(&pn.to_be_bytes());
-        let t = tag(&self.key, pn, datagram, &head, &mut self.scratch);
-        datagram.extend_from_slice(&head);
-        datagram.extend_from_slice(&t);
-    }
-}
-
 /// Which packet numbers of one epoch were taken: the highest, and a bit per
 /// number in the [`REPLAY_WINDOW`] below it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -551,9 +512,23 @@ mod tests {
         "10.0.0.2:7000".parse().unwrap()
     }
 
+    /// [`Seals`] to one destination, sealing the current key's way.
+    struct Sealer {
+        seals: Seals,
+        to: SocketAddr,
+    }
+
+    impl Sealer {
+        fn new(keys: &KeySet, epoch: u64, from: SocketAddr, to: SocketAddr) -> Self {
+            Self { seals: Seals::new(keys, epoch, from), to }
+        }
+    }
+
     fn sealed(s: &mut Sealer, body: &[u8]) -> Vec<u8> {
         let mut d = body.to_vec();
-        s.seal(&mut d);
+        d.resize(body.len() + TRAILER_LEN, 0);
+        let n = s.seals.seal(s.to, false, &mut d, body.len());
+        assert_eq!(n, d.len());
         d
     }
 
