@@ -83,7 +83,7 @@
 //! # Ported from `datagram.rs`, and what is not yet (checklist)
 //!
 //! Ported (same timings, bounds and counters):
-//! - [x] `take`/`train`/`take_chunk`: trains split, oversize counted,
+//! - [x] `handle`/`take_piece`/`take_chunk`: trains split, oversize counted,
 //!   hellos apart, NACKs only from `nack_from`/next and only once it is
 //!   proven, source lock from the first valid chunk (not from a NACK),
 //!   `reserved` ignored until the previous node is proven, NACKs from the
@@ -734,68 +734,52 @@ impl Link {
     /// returns the chunks it was meant to carry (0 for a hello, or a
     /// datagram longer than any train). A chunk of the expected frame goes
     /// into `out`; others, and all without `out`, to side slots.
-    pub fn handle(&mut self, now: Instant, src: Option<SocketAddr>, datagram: &[u8], out: Option<&mut [u8]>) -> u64 {
-        if self.auth.is_some() {
-            return self.take_keyed(now, src, datagram, out);
-        }
-        if !self.take(now, src, datagram, out) {
-            return 0;
-        }
-        if datagram.len() <= CHUNK_DATAGRAM_MAX || self.cfg.original_compat {
-            return 1;
-        }
-        leap_common::chunk::train(datagram).map_or(0, |t| t.count() as u64)
-    }
-
-    fn take(&mut self, now: Instant, src: Option<SocketAddr>, datagram: &[u8], mut out: Option<&mut [u8]>) -> bool {
-        if Hello::is_hello(datagram) {
-            self.hello(now, src, datagram);
-            return false;
-        }
-        if datagram.len() <= CHUNK_DATAGRAM_MAX || self.cfg.original_compat {
-            self.take_chunk(now, src, datagram, out);
-            return true;
-        }
-        match leap_common::chunk::train(datagram) {
-            Ok(train) => {
-                for chunk in train {
-                    self.take_chunk(now, src, chunk, out.as_deref_mut());
-                }
-            }
-            Err(e) => self.reasm.drops_mut().count_parse(e),
-        }
-        true
-    }
-
-    /// A keyed link's [`Self::handle`]: each chunk of a train (or the one
-    /// datagram) is opened alone, and only what verified goes further.
-    fn take_keyed(
+    pub fn handle(
         &mut self,
         now: Instant,
         src: Option<SocketAddr>,
         datagram: &[u8],
         mut out: Option<&mut [u8]>,
     ) -> u64 {
-        let Some(src) = src else {
-            // No address: nothing to check the tag against.
+        let keyed = self.auth.is_some();
+        if keyed && src.is_none() {
+            // No address: nothing to check a tag against.
             self.reasm.drops_mut().wrong_source += 1;
             return 0;
-        };
-        if datagram.len() <= CHUNK_DATAGRAM_MAX {
-            return u64::from(self.open_one(now, src, datagram, out));
         }
+        if !keyed && Hello::is_hello(datagram) {
+            // A keyed hello is opened first, in `take_piece`.
+            self.hello(now, src, datagram);
+            return 0;
+        }
+        if datagram.len() <= CHUNK_DATAGRAM_MAX || (!keyed && self.cfg.original_compat) {
+            return u64::from(self.take_piece(now, src, datagram, out));
+        }
+        // A train: each chunk taken (keyed: opened) alone.
         match leap_common::chunk::train(datagram) {
             Ok(train) => {
                 let mut n = 0;
                 for piece in train {
                     n += 1;
-                    self.open_one(now, src, piece, out.as_deref_mut());
+                    self.take_piece(now, src, piece, out.as_deref_mut());
                 }
                 n
             }
             Err(e) => {
                 self.reasm.drops_mut().count_parse(e);
                 0
+            }
+        }
+    }
+
+    /// Takes one chunk (of a train, or alone), opened first when keyed;
+    /// returns whether it was meant as a chunk (not a hello).
+    fn take_piece(&mut self, now: Instant, src: Option<SocketAddr>, piece: &[u8], out: Option<&mut [u8]>) -> bool {
+        match src.filter(|_| self.auth.is_some()) {
+            Some(src) => self.open_one(now, src, piece, out),
+            None => {
+                self.take_chunk(now, src, piece, out);
+                true
             }
         }
     }
