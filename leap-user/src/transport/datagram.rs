@@ -265,7 +265,7 @@ impl DatagramLink {
     }
 
     /// The drop counters of the receive path, for refusals before a
-    /// datagram reaches [`Self::datagram`].
+    /// datagram reaches [`Self::train`].
     pub fn drops_mut(&mut self) -> &mut super::Drops {
         self.link.drops_mut()
     }
@@ -451,18 +451,12 @@ impl DatagramLink {
         }
     }
 
-    /// Takes one received datagram (UDP payload) from `src`: a chunk of the
-    /// expected frame goes into `out`, others (and all without `out`) to
-    /// side slots of the reassembly.
-    pub fn datagram(&mut self, src: Option<SocketAddr>, datagram: &[u8], out: Option<&mut [u8]>) {
-        self.handle(Instant::now(), src, datagram, out);
-        self.flush();
-    }
-
-    /// Takes one datagram that may be a chunk train
-    /// ([`leap_common::chunk::train`]; each chunk is taken on its own) and
-    /// returns the chunks it was meant to carry: 0 for a hello or a datagram
-    /// longer than any train (counted as oversize).
+    /// Takes one received datagram (UDP payload) from `src`, which may be a
+    /// chunk train ([`leap_common::chunk::train`]; each chunk is taken on
+    /// its own): a chunk of the expected frame goes into `out`, others (and
+    /// all without `out`) to side slots of the reassembly. Returns the
+    /// chunks it was meant to carry: 0 for a hello or a datagram longer
+    /// than any train (counted as oversize).
     pub fn train(&mut self, src: Option<SocketAddr>, datagram: &[u8], out: Option<&mut [u8]>) -> u64 {
         let n = self.handle(Instant::now(), src, datagram, out);
         self.flush();

@@ -513,7 +513,9 @@ impl RxPath for XdpRx {
             Rx::Ring(ring) => {
                 ring.recv(BATCH as usize, |rec: &RingRecord| match trains.push(rec) {
                     Piece::Whole => match filter.admit_record(rec) {
-                        Ok((src, d)) if rec.dst_port == port => link.datagram(Some(src), d, out.as_deref_mut()),
+                        Ok((src, d)) if rec.dst_port == port => {
+                            link.train(Some(src), d, out.as_deref_mut());
+                        }
                         Ok(_) => foreign += 1,
                         Err(r) => r.count(link.drops_mut()),
                     },
