@@ -33,7 +33,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use leap_common::chunk::{CHUNK_DATAGRAM_MAX, ChunkHeader, ChunkKind, TRAIN_DATAGRAM_MAX, flags};
+use leap_common::chunk::{CHUNK_DATAGRAM_MAX, ChunkHeader, TRAIN_DATAGRAM_MAX, flags};
 use leap_common::hello::Hello;
 use socket2::Socket;
 
@@ -327,6 +327,11 @@ impl DatagramLink {
             return Err(TransportError::BadFrameLen(len));
         }
         self.prepare_send(kind);
+        self.queue_keyed(kind, head, tail)
+    }
+
+    /// The second half of [`Self::send_keyed`], after [`Self::prepare_send`].
+    fn queue_keyed(&mut self, kind: FrameKind, head: &[u8], tail: &[u8]) -> Result<()> {
         let now = Instant::now();
         self.link.send_parts(now, kind, head, tail).map_err(TransportError::BadFrameLen)?;
         self.flush();
@@ -369,7 +374,7 @@ impl DatagramLink {
         if buf.len() < len {
             buf.resize(len, 0);
         }
-        Ok(SendSlot { seq, reserved, keep, len, buf })
+        Ok(SendSlot { seq, reserved, kind, keep, len, buf })
     }
 
     /// Sends the frame written into `slot` (see [`Self::begin_send`]).
@@ -378,14 +383,10 @@ impl DatagramLink {
     ///
     /// As [`Self::send`].
     pub fn finish_send(&mut self, slot: SendSlot) -> Result<()> {
-        let SendSlot { seq, reserved, keep, len, buf } = slot;
+        let SendSlot { seq, reserved, kind, keep, len, buf } = slot;
         if self.link.keyed() {
-            let kind = if reserved & flags::KIND_MASK == ChunkKind::Control as u16 {
-                FrameKind::Control
-            } else {
-                FrameKind::Data
-            };
-            let res = self.send_keyed(kind, &buf[..len], &[]);
+            // Prepared when the slot was handed out.
+            let res = self.queue_keyed(kind, &buf[..len], &[]);
             self.tx = OwnedBuf::from_vec(buf);
             return res;
         }
@@ -688,6 +689,7 @@ fn link_config(cfg: &UdpConfig, local: SocketAddr) -> LinkConfig {
 pub struct SendSlot {
     seq: u16,
     reserved: u16,
+    kind: FrameKind,
     keep: bool,
     len: usize,
     buf: Vec<u8>,
