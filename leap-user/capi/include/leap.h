@@ -96,6 +96,10 @@ typedef enum leap_frame_kind {
 // A transport's kind and settings, built up by name before `leap_open`.
 typedef struct leap_config leap_config;
 
+// The ring keys of an open keyed transport, changed from any thread
+// (`leap_key_control`).
+typedef struct leap_keys leap_keys;
+
 // The receiving half of a split transport.
 typedef struct leap_receiver leap_receiver;
 
@@ -459,6 +463,41 @@ enum leap_status leap_ready_fd(struct leap_transport *t, int *fd);
 //
 // `t` is a handle from `leap_open`; `stats` is valid for a write.
 enum leap_status leap_get_stats(struct leap_transport *t, struct leap_stats *stats);
+
+// A handle to change the ring keys of `t` while it runs (a key rotation,
+// see the README's "Keyed rings"), usable from any thread, also while
+// another thread waits in a receive, and after `leap_split` (take it
+// before). Free with `leap_keys_free`. `LEAP_ERR_UNSUPPORTED` when `t`
+// was opened without `key_file` (a ring becomes keyed only when its nodes
+// start keyed) or is a kmod transport.
+//
+// # Safety
+//
+// `t` is a handle from `leap_open` not yet freed; `out` is valid for a
+// write.
+enum leap_status leap_key_control(struct leap_transport *t, struct leap_keys **out);
+
+// Gives the transport the key of `key_file` and, unless NULL, also takes
+// the key of `previous_key_file` (one step of a rotation: the new key
+// with the old as previous on every node, node by node; then the new key
+// alone). The files are checked as when opening (`LEAP_ERR_SETTING`
+// naming the file and the fix); on any error the keys in use stay.
+// `encrypt` stays as the transport was opened.
+//
+// # Safety
+//
+// `keys` is a handle from `leap_key_control` not yet freed; `key_file`
+// is a NUL-terminated string, `previous_key_file` NULL or one.
+enum leap_status leap_keys_set(const struct leap_keys *keys,
+                               const char *key_file,
+                               const char *previous_key_file);
+
+// Frees a key handle (NULL is fine); the transport keeps the keys it has.
+//
+// # Safety
+//
+// `keys` is NULL or a handle from `leap_key_control`, not used after.
+void leap_keys_free(struct leap_keys *keys);
 
 // Splits the transport into a sender and a receiver, to use from two
 // threads (receive frame N+1 while computing N and sending N-1). `t` is

@@ -34,8 +34,9 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use leap_rs::transport::open::TransportKind;
+use leap_rs::transport::ring_key::{KeyChangeError, KeySet};
 use leap_rs::transport::settings::{KEYS, Settings};
-use leap_rs::transport::{FrameReceiver, FrameSender, Transport};
+use leap_rs::transport::{FrameReceiver, FrameSender, KeyControl, Transport};
 
 use error::{Error, Result, guard};
 pub use error::{leap_last_error, leap_status, leap_status_name};
@@ -46,7 +47,7 @@ pub use types::{
     leap_stats,
 };
 
-use leap_status::{LEAP_ERR_ARGUMENT, LEAP_ERR_CLOSED, LEAP_ERR_STATE};
+use leap_status::{LEAP_ERR_ARGUMENT, LEAP_ERR_CLOSED, LEAP_ERR_SETTING, LEAP_ERR_STATE, LEAP_ERR_UNSUPPORTED};
 
 /// A transport's kind and settings, built up by name before `leap_open`.
 #[allow(non_camel_case_types, reason = "C names")]
@@ -61,6 +62,23 @@ pub struct leap_transport {
     node: Option<Node>,
     /// Why `node` is gone.
     gone: &'static CStr,
+    /// The ring keys it was opened with (for `leap_key_control`).
+    keys: Option<KeySet>,
+}
+
+/// The ring keys of an open keyed transport, changed from any thread
+/// (`leap_key_control`).
+#[allow(non_camel_case_types, reason = "C names")]
+pub struct leap_keys {
+    control: KeyControl,
+    /// The keys in use when it was made: their `encrypt` and tagging stay.
+    running: KeySet,
+}
+
+impl std::fmt::Debug for leap_keys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("leap_keys").field("running", &self.running.describe()).finish_non_exhaustive()
+    }
 }
 
 struct Node {
@@ -357,7 +375,8 @@ pub unsafe extern "C" fn leap_open(config: *const leap_config, out: *mut *mut le
         let t = c.settings.open()?;
         let o = c.settings.options();
         let node = Node { rx: RecvSide::new(t, o.recv_timeout, o.frame_len), tx: SendState::default() };
-        *out = Box::into_raw(Box::new(leap_transport { node: Some(node), gone: CLOSED }));
+        let keys = o.ring_key.clone();
+        *out = Box::into_raw(Box::new(leap_transport { node: Some(node), gone: CLOSED, keys }));
         Ok(())
     })
 }
@@ -696,6 +715,89 @@ pub unsafe extern "C" fn leap_get_stats(t: *mut leap_transport, stats: *mut leap
         *out = leap_stats::from_stats(&s, copied);
         Ok(())
     })
+}
+
+// ---------------------------------------------------------------------------
+// Ring keys
+// ---------------------------------------------------------------------------
+
+/// A handle to change the ring keys of `t` while it runs (a key rotation,
+/// see the README's "Keyed rings"), usable from any thread, also while
+/// another thread waits in a receive, and after `leap_split` (take it
+/// before). Free with `leap_keys_free`. `LEAP_ERR_UNSUPPORTED` when `t`
+/// was opened without `key_file` (a ring becomes keyed only when its nodes
+/// start keyed) or is a kmod transport.
+///
+/// # Safety
+///
+/// `t` is a handle from `leap_open` not yet freed; `out` is valid for a
+/// write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn leap_key_control(t: *mut leap_transport, out: *mut *mut leap_keys) -> leap_status {
+    guard(|| {
+        need(out, "out")?;
+        // SAFETY: the caller's promise.
+        let t = unsafe { self::out(t, "transport") }?;
+        let n = t.node.as_mut().ok_or(Error::fixed(LEAP_ERR_CLOSED, t.gone))?;
+        let unkeyed = || Error::new(LEAP_ERR_UNSUPPORTED, KeyChangeError::Unkeyed);
+        let running = t.keys.clone().ok_or_else(unkeyed)?;
+        let control =
+            n.rx.inner().key_control().ok_or_else(|| Error::new(LEAP_ERR_UNSUPPORTED, KeyChangeError::NotSupported))?;
+        // SAFETY: checked non-NULL; the caller's promise.
+        unsafe { *out = Box::into_raw(Box::new(leap_keys { control, running })) };
+        Ok(())
+    })
+}
+
+/// Gives the transport the key of `key_file` and, unless NULL, also takes
+/// the key of `previous_key_file` (one step of a rotation: the new key
+/// with the old as previous on every node, node by node; then the new key
+/// alone). The files are checked as when opening (`LEAP_ERR_SETTING`
+/// naming the file and the fix); on any error the keys in use stay.
+/// `encrypt` stays as the transport was opened.
+///
+/// # Safety
+///
+/// `keys` is a handle from `leap_key_control` not yet freed; `key_file`
+/// is a NUL-terminated string, `previous_key_file` NULL or one.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn leap_keys_set(
+    keys: *const leap_keys,
+    key_file: *const c_char,
+    previous_key_file: *const c_char,
+) -> leap_status {
+    guard(|| {
+        // SAFETY: the caller's promise.
+        let (k, current) = unsafe { (arg(keys, "keys")?, text(key_file, "key_file")?) };
+        let previous = if previous_key_file.is_null() {
+            None
+        } else {
+            // SAFETY: the caller's promise (NULL: no previous key).
+            Some(unsafe { text(previous_key_file, "previous_key_file") }?)
+        };
+        let set = k
+            .running
+            .reread(std::path::Path::new(current), previous.map(std::path::Path::new))
+            .map_err(|(which, e)| Error::new(LEAP_ERR_SETTING, format_args!("{which}: {e}")))?;
+        k.control.set_keys(set).map_err(|e| Error::new(LEAP_ERR_SETTING, e))
+    })
+}
+
+/// Frees a key handle (NULL is fine); the transport keeps the keys it has.
+///
+/// # Safety
+///
+/// `keys` is NULL or a handle from `leap_key_control`, not used after.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn leap_keys_free(keys: *mut leap_keys) {
+    if !keys.is_null() {
+        let _ = guard(|| {
+            // SAFETY: made by Box::into_raw in leap_key_control; the caller
+            // gives it up.
+            drop(unsafe { Box::from_raw(keys) });
+            Ok(())
+        });
+    }
 }
 
 // ---------------------------------------------------------------------------

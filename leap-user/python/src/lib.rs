@@ -21,6 +21,7 @@ mod buffer;
 mod control;
 mod errors;
 mod frame;
+mod keys;
 mod lending;
 mod transport;
 
@@ -106,7 +107,9 @@ fn open(
     }
     let (frame_size, recv_timeout) = (s.options().frame_len, s.options().recv_timeout);
     let t = py.detach(|| s.open()).map_err(errors::transport)?;
-    Ok(transport::Transport::new(t, frame_size, recv_timeout))
+    let keys = s.options().ring_key.clone().zip(t.key_control());
+    let keys = keys.map(|(running, c)| Py::new(py, keys::KeyControl::new(c, running))).transpose()?;
+    Ok(transport::Transport::new(t, frame_size, recv_timeout, keys))
 }
 
 /// Bytes of a frame of `dim` float32 activations after the 8-byte header.
@@ -129,6 +132,7 @@ fn _leap(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<frame::SendBuffer>()?;
     m.add_class::<control::Control>()?;
     m.add_class::<control::ControlType>()?;
+    m.add_class::<keys::KeyControl>()?;
     let keys = PyDict::new(py);
     for (k, what) in KEYS {
         keys.set_item(k, what)?;

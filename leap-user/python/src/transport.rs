@@ -16,6 +16,7 @@ use crate::buffer::Held;
 use crate::control::Control;
 use crate::errors;
 use crate::frame::{Finish, Frame, FrameKind, Owner, SendBuffer, lock};
+use crate::keys::KeyControl;
 use crate::lending::{Busy, Lender};
 
 thread_local! {
@@ -445,15 +446,24 @@ pub struct Transport {
     control: Mutex<Vec<u8>>,
     name: &'static str,
     frame_size: usize,
+    /// The control of its ring keys (a keyed tcp, udp or xdp transport).
+    keys: Option<Py<KeyControl>>,
 }
 
 impl Transport {
     /// Wraps an open transport whose frames are at most `frame_size`, with
-    /// the receive deadline it was opened with.
-    pub fn new(t: Box<dyn Rust>, frame_size: usize, recv_timeout: Option<Duration>) -> Self {
+    /// the receive deadline it was opened with and, when keyed, the control
+    /// of its keys.
+    pub fn new(
+        t: Box<dyn Rust>,
+        frame_size: usize,
+        recv_timeout: Option<Duration>,
+        keys: Option<Py<KeyControl>>,
+    ) -> Self {
         let name = t.name();
         let deadline = Arc::new(Deadline::new(recv_timeout));
-        Self { core: Arc::new(Mutex::new(Lender::new(t))), deadline, control: Mutex::new(Vec::new()), name, frame_size }
+        let core = Arc::new(Mutex::new(Lender::new(t)));
+        Self { core, deadline, control: Mutex::new(Vec::new()), name, frame_size, keys }
     }
 }
 
@@ -584,6 +594,17 @@ impl Transport {
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let (s, b) = call(py, &self.core, "stats", |t| Ok((t.stats(), t.backend_counters().map(|b| b.values()))))?;
         stats_dict(py, &s, b)
+    }
+
+    /// The control of the ring keys (`KeyControl.set(key_file,
+    /// previous_key_file)`), usable from any thread, also while another
+    /// waits in a receive and after `split()`. Raises `ConfigError` when
+    /// the transport was opened without `key_file` (a ring becomes keyed
+    /// only when its nodes start keyed).
+    fn key_control(&self, py: Python<'_>) -> PyResult<Py<KeyControl>> {
+        self.keys.as_ref().map(|k| k.clone_ref(py)).ok_or_else(|| {
+            errors::bad_value("key_file", leap::transport::ring_key::KeyChangeError::Unkeyed.to_string())
+        })
     }
 
     /// Splits the transport into a sender and a receiver for two threads

@@ -211,6 +211,22 @@ impl KeySet {
         Self { current, previous: None, encrypt: false, tag_frames: false }
     }
 
+    /// The keys of a rotation step for a running ring: `current` and, if
+    /// given, `previous` read from their key files (checked as when
+    /// opening), with this set's `encrypt` and tagging, which a ring keeps
+    /// while it runs. What the bindings hand to
+    /// [`crate::transport::KeyControl::set_keys`].
+    ///
+    /// # Errors
+    ///
+    /// [`KeyFileError`] of the file named first that cannot be used, with
+    /// which of the two it is.
+    pub fn reread(&self, current: &Path, previous: Option<&Path>) -> Result<Self, (&'static str, KeyFileError)> {
+        let current = RingKey::from_file(current).map_err(|e| ("key_file", e))?;
+        let previous = previous.map(RingKey::from_file).transpose().map_err(|e| ("previous_key_file", e))?;
+        Ok(Self { current, previous, ..self.clone() })
+    }
+
     /// Whether frames carry tags.
     pub const fn tags(&self) -> bool {
         self.tag_frames || self.encrypt
@@ -768,6 +784,28 @@ mod tests {
         crate::secret_file::create(&bad, "not a key\n").unwrap();
         let e = RingKey::from_file(&bad).unwrap_err();
         assert!(matches!(e, KeyFileError::Malformed { .. }) && e.to_string().contains("leap key new"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_rotation_step_reads_both_files_and_keeps_the_rings_mode() {
+        let dir = std::env::temp_dir().join(format!("leap-reread-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let (old, new) = (RingKey::random().unwrap(), RingKey::random().unwrap());
+        let (po, pn, bad) = (dir.join("old.key"), dir.join("new.key"), dir.join("bad.key"));
+        crate::secret_file::create(&po, &old.to_file_text()).unwrap();
+        crate::secret_file::create(&pn, &new.to_file_text()).unwrap();
+        crate::secret_file::create(&bad, "not a key\n").unwrap();
+        let running = KeySet { encrypt: true, ..KeySet::new(old.clone()) };
+        let step = running.reread(&pn, Some(&po)).unwrap();
+        assert_eq!(step, KeySet { current: new.clone(), previous: Some(old.clone()), ..running.clone() });
+        let last = step.reread(&pn, None).unwrap();
+        assert_eq!((last.previous, last.encrypt, last.tag_frames), (None, true, true));
+        let proof = KeySet::proof_only(old);
+        assert!(!proof.reread(&pn, None).unwrap().tags(), "the tagging of the running ring stays");
+        assert_eq!(running.reread(&bad, Some(&po)).unwrap_err().0, "key_file");
+        assert_eq!(running.reread(&pn, Some(&bad)).unwrap_err().0, "previous_key_file");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -4,7 +4,8 @@
  * buffers, closed and split handles, bad settings, a lent frame not
  * released, a double release, a commit without a begin, the non-blocking
  * receive and the readiness descriptor, peeking without consuming, control
- * frames, split halves used from two threads. Two UDP nodes on loopback
+ * frames, split halves used from two threads, a key rotation from another
+ * thread while a receive waits. Two UDP nodes on loopback
  * (or TCP: `api tcp`), one process.
  *
  * Prints one line per check and "N passed, 0 failed" at the end; exits 1
@@ -21,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <leap.h>
@@ -68,6 +70,7 @@ static int free_port(void)
 struct opener {
 	int listen, next;
 	size_t frame;
+	const char *key; /* key_file, or NULL */
 	leap_transport *t;
 	leap_status s;
 };
@@ -88,7 +91,8 @@ static void *open_node(void *arg)
 	    (o->s = leap_config_set(c, "next", next)) == LEAP_OK &&
 	    (o->s = leap_config_set(c, "prev", next)) == LEAP_OK &&
 	    (o->s = leap_config_set(c, "frame_size", frame)) == LEAP_OK &&
-	    (o->s = leap_config_set(c, "recv_timeout_ms", "5000")) == LEAP_OK)
+	    (o->s = leap_config_set(c, "recv_timeout_ms", "5000")) == LEAP_OK &&
+	    (!o->key || (o->s = leap_config_set(c, "key_file", o->key)) == LEAP_OK))
 		o->s = leap_open(c, &o->t);
 	leap_config_free(c);
 	return NULL;
@@ -96,9 +100,9 @@ static void *open_node(void *arg)
 
 /* Two nodes that are each other's next and previous node (TCP opens both
  * at once: each connects to the other while accepting). */
-static void pair(size_t frame, leap_transport **a, leap_transport **b)
+static void keyed_pair(size_t frame, const char *key, leap_transport **a, leap_transport **b)
 {
-	struct opener oa = { .frame = frame }, ob = { .frame = frame };
+	struct opener oa = { .frame = frame, .key = key }, ob = { .frame = frame, .key = key };
 	pthread_t th;
 
 	oa.listen = ob.next = free_port();
@@ -110,6 +114,11 @@ static void pair(size_t frame, leap_transport **a, leap_transport **b)
 	      leap_status_name(ob.s));
 	*a = oa.t;
 	*b = ob.t;
+}
+
+static void pair(size_t frame, leap_transport **a, leap_transport **b)
+{
+	keyed_pair(frame, NULL, a, b);
 }
 
 /* Receives with a deadline of 5 s, whatever the handle's timeout. */
@@ -444,6 +453,160 @@ static void split(size_t frame)
 	free(f);
 }
 
+/* A key file in /tmp (0600, as mkstemp makes it) with a random key, or
+ * with `text` when not NULL; its path in `path`. */
+static void key_file(char path[64], const char *text)
+{
+	unsigned char k[32];
+	char hex[66];
+	FILE *r = fopen("/dev/urandom", "rb");
+
+	CHECK(r && fread(k, 1, sizeof(k), r) == sizeof(k), "reading /dev/urandom");
+	fclose(r);
+	for (int i = 0; i < 32; i++)
+		snprintf(hex + 2 * i, 3, "%02x", k[i]);
+	hex[64] = '\n';
+	hex[65] = 0;
+	strcpy(path, "/tmp/leap-api-key-XXXXXX");
+	int fd = mkstemp(path);
+	const char *w = text ? text : hex;
+	CHECK(fd >= 0 && write(fd, w, strlen(w)) == (ssize_t)strlen(w), "writing %s", path);
+	close(fd);
+}
+
+struct rotate {
+	const leap_keys *keys;
+	const char *current, *previous;
+	leap_transport *sender;
+	size_t frame;
+	leap_status set, sent;
+};
+
+/* Another thread: changes the receiver's keys while it waits, then sends. */
+static void *rotate_then_send(void *arg)
+{
+	struct rotate *r = arg;
+	unsigned char *f = malloc(r->frame);
+
+	usleep(50 * 1000);
+	r->set = leap_keys_set(r->keys, r->current, r->previous);
+	memset(f, 0x5a, r->frame);
+	r->sent = leap_send_next(r->sender, f, r->frame);
+	free(f);
+	return NULL;
+}
+
+/* One frame a -> b, intact. */
+static void one_frame(leap_transport *a, leap_transport *b, unsigned char *f, unsigned char *buf, size_t frame,
+		      int i)
+{
+	size_t len;
+
+	memset(f, i, frame);
+	CHECK(leap_send_next(a, f, frame) == LEAP_OK, "keyed send %d", i);
+	CHECK(recv_wait(b, buf, frame, &len, NULL) == LEAP_OK, "keyed frame %d", i);
+	CHECK(len == frame && memcmp(f, buf, frame) == 0, "keyed frame %d intact", i);
+}
+
+/* Rotating a pair's key while it runs: K1 -> K2 with K1 as previous, node
+ * by node (the receiver's change made from another thread while it waits
+ * in a receive), then K2 alone; frames intact throughout. */
+static void keys(size_t frame)
+{
+	char k1[64], k2[64], bad[64], exposed[64];
+	leap_transport *a, *b, *u, *v;
+	leap_keys *ka = NULL, *kb = NULL, *none = NULL;
+	unsigned char *f = malloc(frame), *buf = malloc(frame);
+	struct rotate r = { .frame = frame };
+	leap_stats st;
+	pthread_t th;
+	size_t len;
+	int n = 0;
+
+	key_file(k1, NULL);
+	key_file(k2, NULL);
+	key_file(bad, "not a key\n");
+	key_file(exposed, NULL);
+	chmod(exposed, 0644);
+
+	pair(frame, &u, &v);
+	EXPECT(leap_key_control(u, &none), LEAP_ERR_UNSUPPORTED, "runs without a ring key");
+	CHECK(none == NULL, "no handle for an unkeyed transport");
+	leap_free(u);
+	leap_free(v);
+
+	keyed_pair(frame, k1, &a, &b);
+	EXPECT(leap_key_control(NULL, &ka), LEAP_ERR_NULL, "transport is NULL");
+	EXPECT(leap_key_control(a, NULL), LEAP_ERR_NULL, "out is NULL");
+	OK(leap_key_control(a, &ka));
+	OK(leap_key_control(b, &kb));
+	EXPECT(leap_keys_set(NULL, k2, NULL), LEAP_ERR_NULL, "keys is NULL");
+	EXPECT(leap_keys_set(ka, NULL, NULL), LEAP_ERR_NULL, "key_file is NULL");
+	EXPECT(leap_keys_set(ka, "/nonexistent/leap.key", NULL), LEAP_ERR_SETTING, "key_file");
+	EXPECT(leap_keys_set(ka, bad, NULL), LEAP_ERR_SETTING, "leap key new");
+	EXPECT(leap_keys_set(ka, k2, exposed), LEAP_ERR_SETTING, "chmod 600");
+	EXPECT(leap_keys_set(ka, k2, bad), LEAP_ERR_SETTING, "previous_key_file");
+	for (; n < 5; n++)
+		one_frame(a, b, f, buf, frame, n);
+
+	/* a moves first: it still seals with K1 towards b, not yet heard
+	 * under K2; then b, from another thread while this one waits. */
+	OK(leap_keys_set(ka, k2, k1));
+	for (; n < 10; n++)
+		one_frame(a, b, f, buf, frame, n);
+	r.keys = kb;
+	r.current = k2;
+	r.previous = k1;
+	r.sender = a;
+	pthread_create(&th, NULL, rotate_then_send, &r);
+	leap_status got = recv_wait(b, buf, frame, &len, NULL);
+	pthread_join(th, NULL);
+	CHECK(r.set == LEAP_OK && r.sent == LEAP_OK, "rotation from another thread: %s, send %s",
+	      leap_status_name(r.set), leap_status_name(r.sent));
+	CHECK(got == LEAP_OK && len == frame && buf[0] == 0x5a && buf[frame - 1] == 0x5a,
+	      "the frame sent after the rotation: %s", leap_status_name(got));
+	printf("ok %d - keys changed from another thread while a receive waited\n", ++passed);
+	for (; n < 15; n++) {
+		one_frame(a, b, f, buf, frame, n);
+		one_frame(b, a, f, buf, frame, n);
+	}
+	/* The changeover done: K2 alone on both. */
+	OK(leap_keys_set(ka, k2, NULL));
+	OK(leap_keys_set(kb, k2, NULL));
+	for (; n < 20; n++) {
+		one_frame(a, b, f, buf, frame, n);
+		one_frame(b, a, f, buf, frame, n);
+	}
+	printf("ok %d - %d frames intact across K1 -> K2+K1 -> K2\n", ++passed, n);
+	/* The keys really changed: b back on K1 alone refuses a's K2 datagrams
+	 * (tcp: the connection keeps the key it proved until it reconnects). */
+	OK(leap_keys_set(kb, k1, NULL));
+	OK(leap_set_recv_timeout(b, 300));
+	memset(f, 0x77, frame);
+	OK(leap_send_next(a, f, frame));
+	got = leap_recv_prev(b, buf, frame, &len, NULL);
+	OK(leap_get_stats(b, &st));
+	if (strcmp(kind, "tcp") == 0)
+		CHECK(got == LEAP_OK && buf[0] == 0x77, "an established connection keeps its key: %s", leap_status_name(got));
+	else
+		CHECK(got == LEAP_ERR_TIMEOUT && st.drops.bad_tag > 0, "refused under the old key alone: %s, bad_tag %llu",
+		      leap_status_name(got), (unsigned long long)st.drops.bad_tag);
+	printf("ok %d - back on K1 alone: %s\n", ++passed, strcmp(kind, "tcp") == 0 ? "the connection keeps K2" : "K2 datagrams refused");
+	leap_free(a);
+	/* The handle outlives the transport; setting keys then harms nothing. */
+	OK(leap_keys_set(ka, k1, NULL));
+	leap_keys_free(ka);
+	leap_keys_free(kb);
+	leap_keys_free(NULL);
+	leap_free(b);
+	unlink(k1);
+	unlink(k2);
+	unlink(bad);
+	unlink(exposed);
+	free(f);
+	free(buf);
+}
+
 int main(int argc, char **argv)
 {
 	const size_t frame = 16392;
@@ -458,6 +621,7 @@ int main(int argc, char **argv)
 	closing(a);
 	leap_free(b);
 	split(frame);
+	keys(frame);
 	printf("%d passed, 0 failed\n", passed);
 	return 0;
 }

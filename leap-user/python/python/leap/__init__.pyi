@@ -28,6 +28,7 @@ __all__ = [
     "FrameLent",
     "FrameLost",
     "FrameTooLarge",
+    "KeyControl",
     "PeerClosed",
     "Receiver",
     "SendBuffer",
@@ -202,11 +203,20 @@ class Transport(_Sends, _Receives):
     def relay(self) -> Control | None:
         """Receives the next frame and sends it on unchanged (read where it arrived, copied once where it
         leaves); None for a data frame, the `Control` of a control frame (not passed on)."""
+    def key_control(self) -> KeyControl:
+        """Changes the ring keys while the transport runs, from any thread (ConfigError when opened
+        without key_file)."""
     def split(self) -> tuple[Sender, Receiver]: ...
     def stats(self) -> _Stats: ...
     def close(self) -> None: ...
     def __enter__(self) -> Self: ...
     def __exit__(self, *exc: object) -> bool: ...
+
+@final
+class KeyControl:
+    def set(self, key_file: str | os.PathLike[str], previous_key_file: str | os.PathLike[str] | None = None) -> str:
+        """Seals and opens with key_file's key from now on, also taking previous_key_file's while given;
+        returns the keys' short name. ConfigError (naming the file) keeps the keys in use."""
 
 @final
 class Sender(_Sends):
