@@ -709,13 +709,14 @@ pub fn run_on(
     // Ring programs run one frame in flight: latency rows only.
     let in_mode = |e: &Entry, inflight: usize| inflight == 1 || e.program.is_none();
     let modes = [("latency", 1usize), ("throughput", THROUGHPUT_INFLIGHT)];
-    let profiled = usize::from(cfg.profile.is_some());
+    let profiled: &[Entry] = if cfg.profile.is_some() { &kinds } else { &[] };
+    let profiled: Vec<Entry> = profiled.iter().copied().filter(|e| !e.busy_poll && e.program.is_none()).collect();
     let crc_kinds = plain.iter().filter(|k| has_crc(**k)).count();
     let crc_pairs = if cfg.options.crc { crc_runs(cfg) } else { 0 };
     let rounds = cfg.repeat.max(1);
     let entries: usize = modes.iter().map(|&(_, inflight)| kinds.iter().filter(|e| in_mode(e, inflight)).count()).sum();
     let floors = cfg.sizes.len() * modes.len() * rounds;
-    let total = entries * cfg.sizes.len() * rounds + floors + plain.len() * profiled + crc_kinds * 2 * crc_pairs;
+    let total = entries * cfg.sizes.len() * rounds + floors + profiled.len() + crc_kinds * 2 * crc_pairs;
     let mut done = 0;
     // The floor is one more slot of every round's rotation, so that it
     // meets the machine at the same moments as the rings it is compared
@@ -850,13 +851,18 @@ pub fn run_on(
                 Err(e) => rep.notes.push(format!("no CRC cost of {kind} at {}: {e}", cfg.site)),
             }
         }
+    }
+    // Each transport, and with a key each keyed ring, so that a keyed
+    // row's extra shows where it goes.
+    for &e in &profiled {
         if let (Some((perf, dir)), Some(&size)) = (&cfg.profile, cfg.sizes.first()) {
-            progress(done, total, &format!("{kind} {size} B latency under perf"));
+            let label = e.label(&cfg.programs);
+            progress(done, total, &format!("{label} {size} B latency under perf"));
             // Long enough for a few thousand samples whatever the latency.
             let frames = ((256usize << 20) / size).clamp(200, 10_000) as u64;
-            match profile::record(perf, &ring_config(cfg, Entry::plain(kind), size, frames, 1), &cfg.site, dir) {
+            match profile::record(perf, &ring_config(cfg, e, size, frames, 1), &label, &cfg.site, dir) {
                 Ok(p) => rep.profiles.push(p),
-                Err(e) => rep.notes.push(format!("no profile of {kind} at {}: {e}", cfg.site)),
+                Err(e) => rep.notes.push(format!("no profile of {label} at {}: {e}", cfg.site)),
             }
             done += 1;
         }
