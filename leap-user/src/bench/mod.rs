@@ -557,7 +557,7 @@ fn entry_keys(cfg: &BenchConfig, mode: KeyMode) -> Option<KeySet> {
 }
 
 /// The plain row's transport of a keyed row's (`udp` for `udp+key`).
-fn plain_label(keyed: &str) -> Option<&str> {
+pub(crate) fn plain_label(keyed: &str) -> Option<&str> {
     keyed.strip_suffix("+key").or_else(|| keyed.strip_suffix("+enc"))
 }
 
@@ -1299,6 +1299,9 @@ mod tests {
         let table = md.split("## What the ring key costs").nth(1).expect("a key table");
         let line = table.lines().find(|l| l.starts_with("| udp+key | host |")).unwrap_or_else(|| panic!("{table}"));
         assert!(line.contains("| 5.0 us (1.25x) | 3.0 us (1.0 x 3) |"), "{line}");
+        assert!(table.contains("| CPU/frame over plain, 8 in flight |"), "{table}");
+        let header = table.lines().find(|l| l.starts_with("| transport |")).unwrap();
+        assert_eq!(line.matches('|').count(), header.matches('|').count(), "a cell per column: {table}");
         let tcp_line = table.lines().find(|l| l.starts_with("| tcp+key |")).unwrap();
         assert!(tcp_line.contains("not measured"), "{tcp_line}");
     }

@@ -424,11 +424,13 @@ fn key_costs(s: &mut String, r: &BenchReport) {
          datagram of one frame once, with the link's own code and no socket (`leap bench`'s key floor, measured \
          in the floor's slot of every round, on the first node's CPU): a keyed ring pays it once per hop, so \
          hops x floor is the cryptography's share of the round trip's extra; a frame's bits over it is what one \
-         core can seal and open, the keyed ring's ceiling. Targets: p50 within 1.05x of plain at 16 392 B, \
+         core can seal and open, the keyed ring's ceiling. With 8 frames in flight a ring is bound by its CPUs: \
+         the keyed row's CPU per frame (all nodes) over the plain row's, next to the key floor times the hops, \
+         says how much of that is the cryptography. Targets: p50 within 1.05x of plain at 16 392 B, \
          Gbit/s at least 0.9x at 1 MiB, 8 in flight.\n\n\
          | transport | site | frame | p50 over plain | of which the key floor (per hop x hops) | \
-         Gbit/s vs plain, 8 in flight | key floor's ceiling, one core |\n\
-         |---|---|---|---|---|---|---|"
+         Gbit/s vs plain, 8 in flight | CPU/frame over plain, 8 in flight | key floor's ceiling, one core |\n\
+         |---|---|---|---|---|---|---|---|"
     );
     let us = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1} us"));
     for x in keyed {
@@ -442,13 +444,18 @@ fn key_costs(s: &mut String, r: &BenchReport) {
         };
         let thr = find(r, &x.transport, &x.site, x.frame_size, "throughput");
         let gbit = thr.map_or("-".into(), |t| format!("{} ({:.2} Gbit/s)", ratio(t.gbit_vs_plain), t.gbit_per_s));
+        let plain_thr = super::plain_label(&x.transport).and_then(|p| find(r, p, &x.site, x.frame_size, "throughput"));
+        let cpu = match (thr, plain_thr) {
+            (Some(t), Some(p)) => format!("{:.1} us", t.cpu_us_per_frame - p.cpu_us_per_frame),
+            _ => "-".into(),
+        };
         let ceiling = thr
             .and_then(|t| t.key_floor_gbit_per_s)
             .or(x.key_floor_gbit_per_s)
             .map_or("-".into(), |g| format!("{g:.2} Gbit/s"));
         let _ = writeln!(
             s,
-            "| {} | {} | {} B | {over} | {floor} | {gbit} | {ceiling} |",
+            "| {} | {} | {} B | {over} | {floor} | {gbit} | {cpu} | {ceiling} |",
             x.transport, x.site, x.frame_size
         );
     }
