@@ -423,8 +423,9 @@ fn key_costs(s: &mut String, r: &BenchReport) {
          rounds (medians of the per-round differences and ratios). The key floor is sealing and opening every \
          datagram of one frame once, with the link's own code and no socket (`leap bench`'s key floor, measured \
          in the floor's slot of every round, on the first node's CPU): a keyed ring pays it once per hop, so \
-         hops x floor is the cryptography's share of the round trip's extra; a frame's bits over it is what one \
-         core can seal and open, the keyed ring's ceiling. With 8 frames in flight a ring is bound by its CPUs: \
+         hops x floor is the cryptography's CPU per frame, and bounds its share of the round trip's extra from \
+         above (a sender's seals and its next node's opens overlap chunk by chunk where each has a core of its \
+         own); a frame's bits over it is what one core can seal and open, the keyed ring's ceiling. With 8 frames in flight a ring is bound by its CPUs: \
          the keyed row's CPU per frame (all nodes) over the plain row's, next to the key floor times the hops, \
          says how much of that is the cryptography. Targets: p50 within 1.05x of plain at 16 392 B, \
          Gbit/s at least 0.9x at 1 MiB, 8 in flight.\n\n\
