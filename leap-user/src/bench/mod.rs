@@ -3,8 +3,13 @@
 //! rounds (each round runs every transport once, the order rotating), with
 //! the floor of one 64-byte datagram per hop measured in the same rounds
 //! and rotation, so that figures compare as ratios measured together.
+//! With a ring key, the key floor (sealing and opening every datagram of a
+//! frame, [`key_floor`]) is measured in the floor's slot too, so that a
+//! keyed row's extra over the plain one reads next to what the
+//! cryptography alone takes.
 
 pub mod floor;
+pub mod key_floor;
 pub mod profile;
 pub mod programs;
 pub mod report;
@@ -20,6 +25,7 @@ use crate::bench::programs::{RingProgram, SEP};
 use crate::netns::Topology;
 use crate::ring::{Percentiles, Placement, RingConfig, RingReport};
 use crate::transport::open::{Options, TransportKind};
+use crate::transport::ring_key::KeySet;
 
 /// Frame sizes measured by default: Llama-3-8B and -70B steps, a prefill
 /// chunk, a megabyte.
@@ -246,6 +252,37 @@ pub struct BenchRow {
     /// Gbit/s / TCP's at the same size, mode and site (median of the
     /// per-round ratios when both have rounds).
     pub gbit_vs_tcp: Option<f64>,
+    /// A keyed datagram row (`udp+key`, `xdp+enc`): the key floor in each
+    /// of its rounds, in round order: sealing and opening every datagram
+    /// of one frame once (one hop) with its key mode, in microseconds
+    /// ([`key_floor`]; empty for other rows and where it is not measured).
+    #[serde(default)]
+    pub round_key_floor_us: Vec<f64>,
+    /// The median of [`Self::round_key_floor_us`]: the cryptography of one
+    /// hop.
+    #[serde(default)]
+    pub key_floor_us: Option<f64>,
+    /// [`Self::key_floor_us`] times the ring's hops: the cryptography's
+    /// share of a round trip.
+    #[serde(default)]
+    pub key_floor_round_trip_us: Option<f64>,
+    /// The frame's bits over [`Self::key_floor_us`]: what one core can
+    /// seal and open (a node seals what it opened), the keyed ring's
+    /// ceiling.
+    #[serde(default)]
+    pub key_floor_gbit_per_s: Option<f64>,
+    /// A keyed row: its p50 minus the plain row's (same transport, size,
+    /// mode and site), the median of the per-round differences.
+    #[serde(default)]
+    pub p50_over_plain_us: Option<f64>,
+    /// A keyed row: p50 / the plain row's, the median of the per-round
+    /// ratios.
+    #[serde(default)]
+    pub p50_vs_plain: Option<f64>,
+    /// A keyed row: Gbit/s / the plain row's, the median of the per-round
+    /// ratios.
+    #[serde(default)]
+    pub gbit_vs_plain: Option<f64>,
 }
 
 /// The floor at one site.
@@ -344,6 +381,19 @@ pub trait Rings {
     ///
     /// A failure that should stop the benchmark.
     fn floor(&mut self, nodes: usize, rounds: usize) -> Result<FloorOutcome, String>;
+    /// The key floor ([`key_floor::measure`]): microseconds to seal and
+    /// open every datagram of one frame of `size` bytes with `keys`, on
+    /// the CPU of the ring's first node. Called in the floor's slot of
+    /// every round. By default not measured (`None`): the rings run on
+    /// other machines than this process.
+    ///
+    /// # Errors
+    ///
+    /// The measurement failing (said in the report's notes).
+    fn key_floor(&mut self, keys: &KeySet, size: usize) -> Result<Option<f64>, String> {
+        let _ = (keys, size);
+        Ok(None)
+    }
     /// Runs one ring and reports what its head measured.
     ///
     /// # Errors
@@ -429,6 +479,10 @@ impl Rings for LocalRings<'_> {
         floor::measure(topo.as_ref(), nodes, rounds, &self.cfg.options.cpus).map(FloorOutcome::Measured)
     }
 
+    fn key_floor(&mut self, keys: &KeySet, size: usize) -> Result<Option<f64>, String> {
+        key_floor::measure(keys, size, &self.cfg.options.cpus).map(Some)
+    }
+
     fn run(&mut self, rc: &RingConfig) -> Result<RingReport, String> {
         crate::ring::run(rc).map_err(|e| e.to_string())
     }
@@ -484,19 +538,27 @@ fn ring_config(cfg: &BenchConfig, e: Entry, size: usize, frames: u64, inflight: 
         frame_len: size,
         recv_timeout: cfg.options.recv_timeout.map(|t| t.min(RECV_TIMEOUT_MAX)),
         busy_poll: cfg.options.busy_poll.filter(|_| e.busy_poll),
-        ring_key: match e.key {
-            KeyMode::Plain => None,
-            mode => cfg.options.ring_key.clone().map(|k| crate::transport::ring_key::KeySet {
-                encrypt: mode == KeyMode::Encrypted,
-                tag_frames: true,
-                ..k
-            }),
-        },
+        ring_key: entry_keys(cfg, e.key),
         ..cfg.options.clone()
     };
     rc.control = false;
     rc.stall_timeout = Duration::from_secs(20);
     rc
+}
+
+/// The keys of a ring run in key mode `mode` (`None`: plain, or no key).
+fn entry_keys(cfg: &BenchConfig, mode: KeyMode) -> Option<KeySet> {
+    match mode {
+        KeyMode::Plain => None,
+        mode => {
+            cfg.options.ring_key.clone().map(|k| KeySet { encrypt: mode == KeyMode::Encrypted, tag_frames: true, ..k })
+        }
+    }
+}
+
+/// The plain row's transport of a keyed row's (`udp` for `udp+key`).
+pub(crate) fn plain_label(keyed: &str) -> Option<&str> {
+    keyed.strip_suffix("+key").or_else(|| keyed.strip_suffix("+enc"))
 }
 
 /// The median (the mean of the middle two of an even count; 0 if empty).
@@ -592,6 +654,13 @@ fn row(
         round_floor_p50_us: Vec::new(),
         p50_vs_floor: None,
         gbit_vs_tcp: None,
+        round_key_floor_us: Vec::new(),
+        key_floor_us: None,
+        key_floor_round_trip_us: None,
+        key_floor_gbit_per_s: None,
+        p50_over_plain_us: None,
+        p50_vs_plain: None,
+        gbit_vs_plain: None,
     }
 }
 
@@ -640,13 +709,14 @@ pub fn run_on(
     // Ring programs run one frame in flight: latency rows only.
     let in_mode = |e: &Entry, inflight: usize| inflight == 1 || e.program.is_none();
     let modes = [("latency", 1usize), ("throughput", THROUGHPUT_INFLIGHT)];
-    let profiled = usize::from(cfg.profile.is_some());
+    let profiled: &[Entry] = if cfg.profile.is_some() { &kinds } else { &[] };
+    let profiled: Vec<Entry> = profiled.iter().copied().filter(|e| !e.busy_poll && e.program.is_none()).collect();
     let crc_kinds = plain.iter().filter(|k| has_crc(**k)).count();
     let crc_pairs = if cfg.options.crc { crc_runs(cfg) } else { 0 };
     let rounds = cfg.repeat.max(1);
     let entries: usize = modes.iter().map(|&(_, inflight)| kinds.iter().filter(|e| in_mode(e, inflight)).count()).sum();
     let floors = cfg.sizes.len() * modes.len() * rounds;
-    let total = entries * cfg.sizes.len() * rounds + floors + plain.len() * profiled + crc_kinds * 2 * crc_pairs;
+    let total = entries * cfg.sizes.len() * rounds + floors + profiled.len() + crc_kinds * 2 * crc_pairs;
     let mut done = 0;
     // The floor is one more slot of every round's rotation, so that it
     // meets the machine at the same moments as the rings it is compared
@@ -655,6 +725,14 @@ pub fn run_on(
     let mut floor_on = true;
     let mut floor_runs: Vec<Percentiles> = Vec::new();
     let floor_trips = if cfg.quick { 1000 } else { 3000 };
+    // The key floor of each key mode a keyed datagram row runs, with the
+    // keys that row gets; off once it fails or is not measured here.
+    let key_floors: Vec<(KeyMode, KeySet)> = [KeyMode::Tagged, KeyMode::Encrypted]
+        .into_iter()
+        .filter(|&m| kinds.iter().any(|e| e.key == m && has_crc(e.kind)))
+        .filter_map(|m| Some((m, entry_keys(cfg, m)?)))
+        .collect();
+    let mut key_floor_on = true;
     for &size in &cfg.sizes {
         // A transport that failed at this size is not tried again at it.
         let mut failed = vec![false; kinds.len()];
@@ -663,6 +741,7 @@ pub fn run_on(
             let mut runs: Vec<Vec<RingReport>> = vec![Vec::new(); kinds.len()];
             let active: Vec<usize> = (0..kinds.len()).filter(|&i| in_mode(&kinds[i], inflight)).collect();
             let mut floor_p50 = Vec::new();
+            let mut key_floor_us: Vec<Vec<f64>> = vec![Vec::new(); key_floors.len()];
             for round in 0..rounds {
                 // Every transport and the floor once per round, the order
                 // rotating, so that the machine's drift (other work, clock
@@ -672,6 +751,19 @@ pub fn run_on(
                     let slot = (j + round) % slots;
                     if slot == active.len() {
                         done += 1;
+                        for (k, (m, keys)) in key_floors.iter().enumerate() {
+                            if !key_floor_on {
+                                break;
+                            }
+                            match rings.key_floor(keys, size) {
+                                Ok(Some(us)) => key_floor_us[k].push(us),
+                                Ok(None) => key_floor_on = false,
+                                Err(e) => {
+                                    rep.notes.push(format!("no key floor ({m:?}) at {}: {e}", cfg.site));
+                                    key_floor_on = false;
+                                }
+                            }
+                        }
                         if !floor_on {
                             continue;
                         }
@@ -721,6 +813,11 @@ pub fn run_on(
                 if !runs[i].is_empty() {
                     let mut r = row(cfg, kind, size, mode, inflight, frames, &runs[i]);
                     r.round_floor_p50_us = floor_p50.clone();
+                    if has_crc(kind.kind)
+                        && let Some(k) = key_floors.iter().position(|(m, _)| *m == kind.key)
+                    {
+                        r.round_key_floor_us = key_floor_us[k].clone();
+                    }
                     rep.rows.push(r);
                 }
             }
@@ -754,13 +851,18 @@ pub fn run_on(
                 Err(e) => rep.notes.push(format!("no CRC cost of {kind} at {}: {e}", cfg.site)),
             }
         }
+    }
+    // Each transport, and with a key each keyed ring, so that a keyed
+    // row's extra shows where it goes.
+    for &e in &profiled {
         if let (Some((perf, dir)), Some(&size)) = (&cfg.profile, cfg.sizes.first()) {
-            progress(done, total, &format!("{kind} {size} B latency under perf"));
+            let label = e.label(&cfg.programs);
+            progress(done, total, &format!("{label} {size} B latency under perf"));
             // Long enough for a few thousand samples whatever the latency.
             let frames = ((256usize << 20) / size).clamp(200, 10_000) as u64;
-            match profile::record(perf, &ring_config(cfg, Entry::plain(kind), size, frames, 1), &cfg.site, dir) {
+            match profile::record(perf, &ring_config(cfg, e, size, frames, 1), &label, &cfg.site, dir) {
                 Ok(p) => rep.profiles.push(p),
-                Err(e) => rep.notes.push(format!("no profile of {kind} at {}: {e}", cfg.site)),
+                Err(e) => rep.notes.push(format!("no profile of {label} at {}: {e}", cfg.site)),
             }
             done += 1;
         }
@@ -856,6 +958,23 @@ impl BenchReport {
             r.p50_vs_floor = round_ratio(&r.round_p50_us, &r.round_floor_p50_us)
                 .map(|(v, _)| v)
                 .or_else(|| floor.filter(|f| f.rtt_us.p50 > 0.0).map(|f| r.rtt_us.p50 / f.rtt_us.p50));
+            // A keyed row against the plain one of its rounds, and the key
+            // floor measured in them.
+            let plain = plain_label(&r.transport).and_then(|p| {
+                rows.iter()
+                    .find(|t| t.transport == p && t.site == r.site && t.frame_size == r.frame_size && t.mode == r.mode)
+            });
+            if let Some(p) = plain {
+                let diffs: Vec<f64> = r.round_p50_us.iter().zip(&p.round_p50_us).map(|(k, p)| k - p).collect();
+                r.p50_over_plain_us = (!diffs.is_empty()).then(|| median(diffs));
+                r.p50_vs_plain = round_ratio(&r.round_p50_us, &p.round_p50_us).map(|(v, _)| v);
+                r.gbit_vs_plain = round_ratio(&r.round_gbit_per_s, &p.round_gbit_per_s).map(|(v, _)| v);
+            }
+            r.key_floor_us = (!r.round_key_floor_us.is_empty()).then(|| median(r.round_key_floor_us.clone()));
+            let hops = floor.map_or(self.nodes, |f| f.hops);
+            r.key_floor_round_trip_us = r.key_floor_us.map(|us| us * hops as f64);
+            r.key_floor_gbit_per_s =
+                r.key_floor_us.filter(|&us| us > 0.0).map(|us| r.frame_size as f64 * 8.0 / (us * 1e3));
         }
     }
 
@@ -932,6 +1051,13 @@ mod tests {
         floor_p50: fn(usize) -> f64,
         /// Floor runs so far.
         floors: usize,
+        /// Added to the p50 of a tagged and of an encrypted ring.
+        key_extra: [f64; 2],
+        /// The key floor: `key_floor(encrypt, n)` for its `n`th run in
+        /// that mode (`None`: not measured).
+        key_floor: fn(bool, usize) -> Option<f64>,
+        /// Key floor runs so far: whether each encrypted, in run order.
+        key_floors: Vec<bool>,
     }
 
     impl Scripted {
@@ -945,6 +1071,9 @@ mod tests {
                 order: Vec::new(),
                 floor_p50: |_| 10.0,
                 floors: 0,
+                key_extra: [0.0; 2],
+                key_floor: |_, _| None,
+                key_floors: Vec::new(),
             }
         }
     }
@@ -959,6 +1088,11 @@ mod tests {
         fn floor(&mut self, _: usize, _: usize) -> Result<FloorOutcome, String> {
             self.floors += 1;
             Ok(FloorOutcome::Measured(Percentiles { p50: (self.floor_p50)(self.floors - 1), ..Percentiles::default() }))
+        }
+        fn key_floor(&mut self, keys: &KeySet, _: usize) -> Result<Option<f64>, String> {
+            let n = self.key_floors.iter().filter(|&&e| e == keys.encrypt).count();
+            self.key_floors.push(keys.encrypt);
+            Ok((self.key_floor)(keys.encrypt, n))
         }
         fn run(&mut self, rc: &RingConfig) -> Result<RingReport, String> {
             let n =
@@ -978,7 +1112,8 @@ mod tests {
                 datagrams_sent: datagrams,
                 ..Stats::default()
             };
-            Ok(report(rc, (self.p50)(rc.transport, n), stats))
+            let extra = rc.options.ring_key.as_ref().map_or(0.0, |k| self.key_extra[usize::from(k.encrypt)]);
+            Ok(report(rc, (self.p50)(rc.transport, n) + extra, stats))
         }
         fn run_program(&mut self, program: &RingProgram, rc: &RingConfig) -> Result<RingReport, String> {
             let n = self.order.iter().filter(|o| o.0 == rc.transport && o.1.as_deref() == Some(&program.name)).count();
@@ -1130,6 +1265,55 @@ mod tests {
         assert!(key_modes(TransportKind::Kmod).is_empty() && !has_key(TransportKind::Kmod));
         let key = rep.rows.iter().find(|r| r.transport == "tcp+key").unwrap();
         assert_eq!(key.p50_vs_tcp, Some(1.0), "the keyed cost is read against tcp of the same rounds");
+    }
+
+    #[test]
+    fn keyed_datagram_rows_carry_the_key_floor_of_their_rounds_beside_their_extra_over_plain() {
+        let mut rings = Scripted::new(|k, _| if k == TransportKind::Tcp { 10.0 } else { 20.0 });
+        rings.key_extra = [5.0, 8.0];
+        // Tagged: 1 us in odd runs, 2 us in even ones; encrypted 4 us.
+        rings.key_floor = |encrypt, n| Some(if encrypt { 4.0 } else { [1.0, 2.0][n % 2] });
+        let mut cfg = config(3);
+        cfg.options.ring_key = Some(KeySet::new(crate::transport::ring_key::RingKey::from_bytes([1; 32])));
+        let rep = run_on(&cfg, &mut rings, &|_, _, _| {}).unwrap();
+        // Once per mode in the floor's slot of every round of each mode.
+        assert_eq!(rings.key_floors, [false, true].repeat(2 * 3));
+        let row = |t: &str, mode: &str| rep.rows.iter().find(|r| r.transport == t && r.mode == mode).unwrap();
+        let key = row("udp+key", "latency");
+        assert_eq!(key.round_key_floor_us, [1.0, 2.0, 1.0], "the latency rounds' runs, in round order");
+        assert_eq!(key.key_floor_us, Some(1.0));
+        assert_eq!(key.key_floor_round_trip_us, Some(3.0), "one seal and open per hop, 3 hops");
+        let gbit = key.key_floor_gbit_per_s.unwrap();
+        assert!((gbit - 16_392.0 * 8.0 / 1e3).abs() < 1e-9, "{gbit}");
+        assert_eq!(key.p50_over_plain_us, Some(5.0));
+        assert_eq!(key.p50_vs_plain, Some(1.25));
+        assert_eq!(row("udp+key", "throughput").round_key_floor_us, [2.0, 1.0, 2.0]);
+        let enc = row("udp+enc", "latency");
+        assert_eq!((enc.key_floor_us, enc.p50_over_plain_us), (Some(4.0), Some(8.0)));
+        // TCP seals whole frames: its keyed rows have no datagram floor.
+        let tcp = row("tcp+key", "latency");
+        assert!(tcp.round_key_floor_us.is_empty() && tcp.key_floor_us.is_none());
+        assert_eq!(tcp.p50_over_plain_us, Some(5.0));
+        assert!(row("udp", "latency").p50_over_plain_us.is_none(), "a plain row has no plain row to compare with");
+        let md = report::markdown(&rep);
+        let table = md.split("## What the ring key costs").nth(1).expect("a key table");
+        let line = table.lines().find(|l| l.starts_with("| udp+key | host |")).unwrap_or_else(|| panic!("{table}"));
+        assert!(line.contains("| 5.0 us (1.25x) | 3.0 us (1.0 x 3) |"), "{line}");
+        assert!(table.contains("| CPU/frame over plain, 8 in flight |"), "{table}");
+        let header = table.lines().find(|l| l.starts_with("| transport |")).unwrap();
+        assert_eq!(line.matches('|').count(), header.matches('|').count(), "a cell per column: {table}");
+        let tcp_line = table.lines().find(|l| l.starts_with("| tcp+key |")).unwrap();
+        assert!(tcp_line.contains("not measured"), "{tcp_line}");
+    }
+
+    #[test]
+    fn rings_elsewhere_measure_no_key_floor_and_say_nothing_of_it() {
+        let mut rings = Scripted::new(|_, _| 20.0);
+        let mut cfg = config(2);
+        cfg.options.ring_key = Some(KeySet::new(crate::transport::ring_key::RingKey::from_bytes([1; 32])));
+        let rep = run_on(&cfg, &mut rings, &|_, _, _| {}).unwrap();
+        assert_eq!(rings.key_floors.len(), 1, "asked once, then off");
+        assert!(rep.rows.iter().all(|r| r.key_floor_us.is_none()));
     }
 
     #[test]

@@ -109,15 +109,16 @@ impl Drop for Recorder {
     }
 }
 
-/// Runs `rc` once under `perf record` and summarises it; the raw report text
-/// is kept as `dir/profile-<transport>-<site>.txt`.
+/// Runs `rc` once under `perf record` and summarises it as the row `label`
+/// (`udp`, `udp+key`); the raw report text is kept as
+/// `dir/profile-<label>-<site>.txt`.
 ///
 /// # Errors
 ///
 /// perf failing to record or report, or the ring run failing.
-pub fn record(perf: &Path, rc: &RingConfig, site: &str, dir: &Path) -> Result<Profile, String> {
+pub fn record(perf: &Path, rc: &RingConfig, label: &str, site: &str, dir: &Path) -> Result<Profile, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let name = format!("profile-{}-{site}", rc.transport);
+    let name = format!("profile-{label}-{site}");
     let data = dir.join(format!("{name}.data"));
     let rec = Recorder::start(perf, &data)?;
     // perf needs a moment to open its events before the run starts.
@@ -144,7 +145,7 @@ pub fn record(perf: &Path, rc: &RingConfig, site: &str, dir: &Path) -> Result<Pr
             report(perf, &data, &["--sort", "sym", "--comms", &list, "--percentage", "relative", "--time", &window])?;
         let text = format!("# {name}: samples by command\n{comms}\n# samples of {list} by symbol\n{syms}");
         std::fs::write(dir.join(format!("{name}.txt")), text).map_err(|e| e.to_string())?;
-        Ok(summarise(&comms, &syms, rc.transport.to_string(), site, rc.frame_size))
+        Ok(summarise(&comms, &syms, label.to_string(), site, rc.frame_size))
     });
     let _ = std::fs::remove_file(&data);
     let _ = std::fs::remove_file(dir.join(format!("{name}.data.old")));
@@ -186,6 +187,8 @@ fn parse(text: &str) -> Vec<(&str, f64)> {
 
 /// Kinds of work, matched on symbol names in order (first match wins).
 const CATEGORIES: &[(&str, &[&str])] = &[
+    // A keyed ring's seals and checks (`ring`'s AES-GCM, GHASH and HKDF).
+    ("ring key: AES-GCM", &["ring_core_", "[.] ring::", "[.] <ring::", "aes_gcm", "gcm_", "aes_hw", "ghash"]),
     ("leap user space", &["[.] leap::", "[.] <leap::"]),
     ("copying data", &["memcpy", "memmove", "copy_bits", "_copy_", "copy_user", "csum_partial_copy", "copyout"]),
     ("GSO segmentation / skb copy for XDP", &["skb_segment", "gso_segment", "skb_pp_cow", "__skb_gso"]),
@@ -340,6 +343,13 @@ mod tests {
         assert!((total - 100.0).abs() < 1e-9);
         assert_eq!(p.top[0], ("[k] _raw_spin_unlock_irqrestore".to_string(), 20.0));
         assert!(p.categories.windows(2).all(|w| w[0].1 >= w[1].1), "sorted, largest first");
+    }
+
+    #[test]
+    fn a_keyed_rings_aes_gcm_is_a_kind_of_work_of_its_own() {
+        assert_eq!(category("[.] ring_core_0_17_14__aes_gcm_enc_update_vaes_avx2"), "ring key: AES-GCM");
+        assert_eq!(category("[.] ring::aead::aes_gcm::seal"), "ring key: AES-GCM");
+        assert_eq!(category("[.] leap::ring::node::worker"), "leap user space", "leap's ring module is not `ring`");
     }
 
     #[test]

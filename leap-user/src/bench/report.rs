@@ -286,6 +286,7 @@ pub fn markdown(r: &BenchReport) -> String {
         targets(&mut s, r, site);
     }
     crc_costs(&mut s, r);
+    key_costs(&mut s, r);
     profiles(&mut s, r);
     hosts(&mut s, r);
     if !r.skipped.is_empty() {
@@ -402,6 +403,61 @@ fn crc_costs(s: &mut String, r: &BenchReport) {
             s,
             "| {} | {} | {} B | {:.1} us | {:.1} us | {ratio:.3} | {:.1} us | {:.1} us |",
             c.transport, c.site, c.frame_size, c.p50_crc_us, c.p50_no_crc_us, c.cpu_crc_us, c.cpu_no_crc_us
+        );
+    }
+    let _ = writeln!(s);
+}
+
+/// The keyed rows next to the plain ones of their rounds, and the key
+/// floor measured in the same rounds: how much of a keyed ring's extra the
+/// cryptography alone takes, and the ceiling it sets.
+fn key_costs(s: &mut String, r: &BenchReport) {
+    let keyed: Vec<&BenchRow> = r.rows.iter().filter(|x| x.mode == "latency" && x.p50_vs_plain.is_some()).collect();
+    if keyed.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "## What the ring key costs\n\n\
+         Each keyed row (`+key`: every datagram tagged, `+enc`: encrypted) against the plain row of the same \
+         rounds (medians of the per-round differences and ratios). The key floor is sealing and opening every \
+         datagram of one frame once, with the link's own code and no socket (`leap bench`'s key floor, measured \
+         in the floor's slot of every round, on the first node's CPU): a keyed ring pays it once per hop, so \
+         hops x floor is the cryptography's CPU per frame, and bounds its share of the round trip's extra from \
+         above (a sender's seals and its next node's opens overlap chunk by chunk where each has a core of its \
+         own); a frame's bits over it is what one core can seal and open, the keyed ring's ceiling. With 8 frames in flight a ring is bound by its CPUs: \
+         the keyed row's CPU per frame (all nodes) over the plain row's, next to the key floor times the hops, \
+         says how much of that is the cryptography. Targets: p50 within 1.05x of plain at 16 392 B, \
+         Gbit/s at least 0.9x at 1 MiB, 8 in flight.\n\n\
+         | transport | site | frame | p50 over plain | of which the key floor (per hop x hops) | \
+         Gbit/s vs plain, 8 in flight | CPU/frame over plain, 8 in flight | key floor's ceiling, one core |\n\
+         |---|---|---|---|---|---|---|---|"
+    );
+    let us = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1} us"));
+    for x in keyed {
+        let over = format!("{} ({})", us(x.p50_over_plain_us), ratio(x.p50_vs_plain));
+        let floor = match (x.key_floor_round_trip_us, x.key_floor_us) {
+            (Some(rt), Some(hop)) => {
+                let hops = r.floors.iter().find(|f| f.site == x.site).map_or(r.nodes, |f| f.hops);
+                format!("{rt:.1} us ({hop:.1} x {hops})")
+            }
+            _ => "not measured".into(),
+        };
+        let thr = find(r, &x.transport, &x.site, x.frame_size, "throughput");
+        let gbit = thr.map_or("-".into(), |t| format!("{} ({:.2} Gbit/s)", ratio(t.gbit_vs_plain), t.gbit_per_s));
+        let plain_thr = super::plain_label(&x.transport).and_then(|p| find(r, p, &x.site, x.frame_size, "throughput"));
+        let cpu = match (thr, plain_thr) {
+            (Some(t), Some(p)) => format!("{:.1} us", t.cpu_us_per_frame - p.cpu_us_per_frame),
+            _ => "-".into(),
+        };
+        let ceiling = thr
+            .and_then(|t| t.key_floor_gbit_per_s)
+            .or(x.key_floor_gbit_per_s)
+            .map_or("-".into(), |g| format!("{g:.2} Gbit/s"));
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} B | {over} | {floor} | {gbit} | {cpu} | {ceiling} |",
+            x.transport, x.site, x.frame_size
         );
     }
     let _ = writeln!(s);
@@ -741,6 +797,13 @@ mod tests {
             round_floor_p50_us: Vec::new(),
             p50_vs_floor: None,
             gbit_vs_tcp: None,
+            round_key_floor_us: Vec::new(),
+            key_floor_us: None,
+            key_floor_round_trip_us: None,
+            key_floor_gbit_per_s: None,
+            p50_over_plain_us: None,
+            p50_vs_plain: None,
+            gbit_vs_plain: None,
         }
     }
 

@@ -159,7 +159,9 @@
 //!   only when it leaves);
 //! - [ ] `send_with`/`begin_send`/`finish_send` (frames written in place):
 //!   [`Link::send`] copies the frame once (into the kept slot, as `send`
-//!   does, or into a queue when it is not kept, which `send` does not);
+//!   does, or into a queue when it is not kept, which `send` does not); a
+//!   keyed driver's frame written in place into the kept slot is queued
+//!   from there by [`Link::send_kept`], not copied;
 //! - [ ] one I/O driver: `datagram.rs` still holds the driver
 //!   (`DatagramLink`, `Shared`, `Driver`, the receive loop), named as
 //!   before (not yet `transport/driver.rs`); the halves, the async layer
@@ -1491,6 +1493,32 @@ impl Link {
         Ok(seq)
     }
 
+    /// As [`Self::send_parts`] for frame `seq` of `len` bytes that the
+    /// driver wrote in place into the slot of [`Self::retx_mut`] that
+    /// keeps it and committed there with `reserved` (both from
+    /// [`Self::next_frame`], which said to keep it; no trailer): its chunks
+    /// leave through [`Self::poll_transmit`] from that slot, never copied.
+    ///
+    /// # Errors
+    ///
+    /// The frame's length when it is empty or too long for the format.
+    ///
+    /// # Panics
+    ///
+    /// In debug builds, if the retransmit buffer does not hold frame `seq`.
+    pub fn send_kept(&mut self, now: Instant, seq: u16, reserved: u16, len: usize) -> Result<u16, usize> {
+        if !self.frame_len_ok(len) {
+            return Err(len);
+        }
+        debug_assert!(
+            self.retx.as_ref().and_then(|r| r.get(seq)).is_some_and(|(f, _, t)| f.len() == len && t.is_empty())
+        );
+        self.seq = seq.wrapping_add(1);
+        self.send_hellos(now);
+        self.queue_chunks(now, seq, reserved, len, 0, None);
+        Ok(seq)
+    }
+
     /// The frames kept for NACKs (`None`: not reliable), for a driver that
     /// sends first copies itself and keeps them here.
     pub fn retx_mut(&mut self) -> Option<&mut RetransmitBuffer> {
@@ -1573,7 +1601,6 @@ impl Link {
         let crc = (reserved & flags::CRC != 0).then(|| crc32c::crc32c_append(crc32c::crc32c(head), tail).to_le_bytes());
         let trailer: &[u8] = crc.as_ref().map_or(&[], |c| c);
         let len = head.len() + tail.len();
-        let total = chunks_for_stride(len + trailer.len(), frame_bytes_per_chunk(reserved)).expect("checked by send");
         let kept = match &mut self.retx {
             Some(retx) if reserved & flags::LEAP != 0 => {
                 retx.store(seq, reserved, head, tail, trailer);
@@ -1593,6 +1620,23 @@ impl Link {
             v.extend_from_slice(trailer);
             v
         });
+        self.queue_chunks(now, seq, reserved, len, trailer.len(), data);
+    }
+
+    /// Queues the chunks of frame `seq` of `len` bytes and a trailer of
+    /// `trailer` bytes, sent with `reserved`: from `data`, else from the
+    /// retransmit buffer, which keeps it.
+    fn queue_chunks(
+        &mut self,
+        now: Instant,
+        seq: u16,
+        reserved: u16,
+        len: usize,
+        trailer: usize,
+        data: Option<Vec<u8>>,
+    ) {
+        let kept = data.is_none();
+        let total = chunks_for_stride(len + trailer, frame_bytes_per_chunk(reserved)).expect("checked by send");
         let k = if reserved & flags::LEAP != 0 { self.train } else { 1 };
         self.outgoing.push_back(Outgoing { seq, reserved, next_id: 0, total, train: k, data });
         if kept {

@@ -1568,3 +1568,30 @@ fn a_pair_changes_keys_between_datagrams_while_frames_cross_and_loses_none() {
     let mut plain = Link::new(LinkConfig::new(addr(3)), now);
     assert_eq!(plain.set_keys(ring_key(2), now), Err(KeyChangeError::Unkeyed));
 }
+
+#[test]
+fn a_keyed_frame_written_where_it_is_kept_is_sealed_from_there_through_loss_and_never_copied() {
+    let (mut s, _) = recorded_lossy_pair(81, &ring_key(3));
+    let copied = s.nodes[0].link.stats().copied_bytes;
+    let frames: Vec<_> =
+        [16_392, 1 << 20, 1, KEYED_PAYLOAD_MAX + 1].iter().enumerate().map(|(i, &l)| frame(i as u8, l)).collect();
+    for f in &frames {
+        // As a driver's `send_with` does: the frame written into the slot
+        // that keeps it, committed, then queued from there.
+        let now = s.now;
+        let link = &mut s.nodes[0].link;
+        let head = link.next_frame(now, FrameKind::Data);
+        assert!(head.keep, "a proven keyed next node: kept for NACKs");
+        let retx = link.retx_mut().unwrap();
+        retx.slot_mut(head.seq, f.len()).copy_from_slice(f);
+        retx.commit(head.seq, head.reserved, f.len(), &[]);
+        assert_eq!(link.send_kept(now, head.seq, head.reserved, f.len()), Ok(head.seq));
+    }
+    s.run_until_frames(1, 1 + frames.len(), Duration::from_secs(3));
+    assert!(s.nodes[1].frames[1..] == frames[..], "{} frames", s.nodes[1].frames.len());
+    let (a, b) = (s.nodes[0].link.stats(), s.nodes[1].link.stats());
+    assert!(a.retransmits > 0, "loss was repaired from the slots: {a:?}");
+    assert_eq!((b.frames_lost, b.drops.bad_tag), (0, 0));
+    assert_eq!(a.copied_bytes, copied, "the link copied none of them");
+    assert_eq!(s.nodes[0].link.send_kept(s.now, 9, 0, 0), Err(0), "an empty frame is refused");
+}

@@ -319,8 +319,9 @@ impl DatagramLink {
     }
 
     /// A keyed link's first copy: the link queues it (kept for NACKs, a
-    /// copy) and every chunk leaves sealed through [`Self::flush`], trains
-    /// in bursts of one `sendmmsg`.
+    /// copy; a frame written in place by [`Self::send_with`] is kept where
+    /// it was written instead) and every chunk leaves sealed through
+    /// [`Self::flush`], trains in bursts of one `sendmmsg`.
     fn send_keyed(&mut self, kind: FrameKind, head: &[u8], tail: &[u8]) -> Result<()> {
         let len = head.len() + tail.len();
         if !self.link.frame_len_ok(len) {
@@ -364,9 +365,10 @@ impl DatagramLink {
         if len == 0 || len > leap_common::chunk::FRAME_LEN_MAX {
             return Err(TransportError::BadFrameLen(len));
         }
+        if self.link.keyed() && !self.link.frame_len_ok(len) {
+            return Err(TransportError::BadFrameLen(len));
+        }
         let FrameHead { seq, reserved, keep } = self.prepare_send(kind);
-        // Keyed: the link keeps its own copy (see `send_keyed`).
-        let keep = keep && !self.link.keyed();
         let mut buf = match (self.link.retx_mut(), keep) {
             (Some(retx), true) => retx.take_slot(seq, len),
             _ => std::mem::take(&mut self.tx).into_vec(),
@@ -386,9 +388,24 @@ impl DatagramLink {
         let SendSlot { seq, reserved, kind, keep, len, buf } = slot;
         if self.link.keyed() {
             // Prepared when the slot was handed out.
-            let res = self.queue_keyed(kind, &buf[..len], &[]);
-            self.tx = OwnedBuf::from_vec(buf);
-            return res;
+            return match (self.link.retx_mut(), keep) {
+                (Some(retx), true) => {
+                    // Written where it is kept: its chunks are sealed from
+                    // there as they leave, the frame never copied.
+                    retx.put_slot(seq, buf);
+                    retx.commit(seq, reserved, len, &[]);
+                    let now = Instant::now();
+                    let res = self.link.send_kept(now, seq, reserved, len).map_err(TransportError::BadFrameLen);
+                    self.flush();
+                    self.recheck_trains(now);
+                    res.map(drop)
+                }
+                _ => {
+                    let res = self.queue_keyed(kind, &buf[..len], &[]);
+                    self.tx = OwnedBuf::from_vec(buf);
+                    res
+                }
+            };
         }
         let frame = &buf[..len];
         let crc = crate::link::crc_trailer(reserved, frame);
