@@ -166,7 +166,7 @@ impl std::fmt::Display for Entry {
 }
 
 /// One transport x size x mode, medians over the rounds.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct BenchRow {
     /// Backend.
     pub transport: String,
@@ -645,22 +645,9 @@ fn row(
         frames_resent: runs.iter().map(|r| r.frames_resent).sum(),
         copies_per_hop: copies_per_hop(runs),
         datagrams_per_frame: datagrams_per_frame(runs),
-        p50_vs_tcp: None,
-        p50_vs_tcp_spread_pct: None,
-        p50_vs_rust: None,
-        p50_vs_rust_spread_pct: None,
-        p50_vs_threads: None,
-        p50_vs_threads_spread_pct: None,
-        round_floor_p50_us: Vec::new(),
-        p50_vs_floor: None,
-        gbit_vs_tcp: None,
-        round_key_floor_us: Vec::new(),
-        key_floor_us: None,
-        key_floor_round_trip_us: None,
-        key_floor_gbit_per_s: None,
-        p50_over_plain_us: None,
-        p50_vs_plain: None,
-        gbit_vs_plain: None,
+        // The rounds' floors (set by `run_on`) and the comparisons with
+        // other rows (`BenchReport::compute_ratios`) come later.
+        ..BenchRow::default()
     }
 }
 

@@ -788,22 +788,7 @@ mod tests {
             frames_resent: 0,
             copies_per_hop: None,
             datagrams_per_frame: datagrams,
-            p50_vs_tcp: None,
-            p50_vs_tcp_spread_pct: None,
-            p50_vs_rust: None,
-            p50_vs_rust_spread_pct: None,
-            p50_vs_threads: None,
-            p50_vs_threads_spread_pct: None,
-            round_floor_p50_us: Vec::new(),
-            p50_vs_floor: None,
-            gbit_vs_tcp: None,
-            round_key_floor_us: Vec::new(),
-            key_floor_us: None,
-            key_floor_round_trip_us: None,
-            key_floor_gbit_per_s: None,
-            p50_over_plain_us: None,
-            p50_vs_plain: None,
-            gbit_vs_plain: None,
+            ..BenchRow::default()
         }
     }
 
