@@ -6,6 +6,7 @@
 //! reason, and the ring's frames per second stay within a generous bound
 //! of a quiet run of the same ring in the same test.
 
+mod support;
 mod xdp_common;
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -164,15 +165,7 @@ fn a_forger_with_the_neighbours_addresses_delivers_nothing_is_counted_and_does_n
             let stop = stop.clone();
             std::thread::spawn(move || {
                 n.set_recv_timeout(Some(Duration::from_millis(50)));
-                let mut buf = vec![0u8; FRAME];
-                let end = Instant::now() + Duration::from_secs(60);
-                while !stop.load(Ordering::Relaxed) && Instant::now() < end {
-                    match n.recv_prev(&mut buf) {
-                        Ok(got) => n.send_next(&buf[..got.len]).unwrap(),
-                        Err(TransportError::Timeout(_)) => {}
-                        Err(e) => panic!("forwarder: {e}"),
-                    }
-                }
+                support::forward_until(&mut n, FRAME, &stop, Duration::from_secs(60));
                 n
             })
         })

@@ -10,11 +10,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use leap::transport::ring_key::{KeyChangeError, KeySet, RingKey};
 use leap::transport::udp::{UdpConfig, UdpTransport};
-use leap::{FrameKind, Transport, TransportError};
+use leap::{Transport, TransportError};
 
 const LEN: usize = 16_392;
 
@@ -54,15 +54,7 @@ fn a_keyed_udp_ring_changes_keys_node_by_node_while_moving_frames_and_loses_none
         .map(|mut t| {
             let stop = stop.clone();
             std::thread::spawn(move || {
-                let mut buf = vec![0u8; LEN];
-                let limit = Instant::now() + Duration::from_secs(60);
-                while !stop.load(Ordering::Relaxed) && Instant::now() < limit {
-                    match t.recv_prev(&mut buf) {
-                        Ok(got) => t.send_next(&buf[..got.len]).unwrap(),
-                        Err(TransportError::Timeout(_)) => {}
-                        Err(e) => panic!("forwarder: {e}"),
-                    }
-                }
+                support::forward_until(&mut t, LEN, &stop, Duration::from_secs(60));
                 t
             })
         })
@@ -73,20 +65,7 @@ fn a_keyed_udp_ring_changes_keys_node_by_node_while_moving_frames_and_loses_none
         let head_stop = head_stop.clone();
         std::thread::spawn(move || {
             head.set_recv_timeout(Some(Duration::from_secs(5)));
-            let mut buf = vec![0u8; LEN];
-            let mut i = 0u32;
-            let limit = Instant::now() + Duration::from_secs(60);
-            while !head_stop.load(Ordering::Relaxed) && Instant::now() < limit {
-                let f = pattern(i, LEN);
-                head.send_next(&f).unwrap();
-                let got = head.recv_prev(&mut buf).unwrap_or_else(|e| panic!("frame {i}: {e}"));
-                assert_eq!((got.len, got.kind), (LEN, FrameKind::Data));
-                assert!(buf[..LEN] == f[..], "frame {i} changed on its way round");
-                i += 1;
-            }
-            // None twice: nothing more arrives.
-            head.set_recv_timeout(Some(Duration::from_millis(300)));
-            assert!(matches!(head.recv_prev(&mut buf), Err(TransportError::Timeout(_))), "a frame came twice");
+            let i = support::round_trips_until(&mut head, LEN, pattern, &head_stop, Duration::from_secs(60));
             (i, head.stats())
         })
     };

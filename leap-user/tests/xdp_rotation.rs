@@ -4,19 +4,20 @@
 //! only. Every frame comes back intact and once, none is lost. Needs root
 //! and BPF: `cargo xtask ci`.
 
+mod support;
 mod xdp_common;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use leap::netns::{NodeNet, Topology};
 use leap::transport::KeyControl;
 use leap::transport::ring_key::{KeySet, RingKey};
 use leap::transport::udp::UdpConfig;
 use leap::transport::xdp::{AttachMode, Delivery, XdpTransport, XdpTransportConfig};
-use leap::{FrameKind, Transport, TransportError};
+use leap::Transport;
 use xdp_common::{in_netns, object, pattern};
 
 const PORT: u16 = 9998;
@@ -49,15 +50,7 @@ fn rotate_while_moving(delivery: Delivery) {
                 let mut t = open(&n1, &n0, delivery, KeySet::new(k1));
                 controls_tx.send(t.key_control().expect("xdp takes new keys")).unwrap();
                 t.set_recv_timeout(Some(Duration::from_millis(50)));
-                let mut buf = vec![0u8; FRAME];
-                let end = Instant::now() + Duration::from_secs(60);
-                while !stop.load(Ordering::Relaxed) && Instant::now() < end {
-                    match t.recv_prev(&mut buf) {
-                        Ok(got) => t.send_next(&buf[..got.len]).unwrap(),
-                        Err(TransportError::Timeout(_)) => {}
-                        Err(e) => panic!("echo: {e}"),
-                    }
-                }
+                support::forward_until(&mut t, FRAME, &stop, Duration::from_secs(60));
                 t.stats()
             })
         })
@@ -69,18 +62,7 @@ fn rotate_while_moving(delivery: Delivery) {
             in_netns(n0.path(), move || {
                 let mut t = open(&n0, &n1, delivery, KeySet::new(k1));
                 controls_tx.send(t.key_control().expect("xdp takes new keys")).unwrap();
-                let mut buf = vec![0u8; FRAME];
-                let (mut i, end) = (0u32, Instant::now() + Duration::from_secs(60));
-                while !head_stop.load(Ordering::Relaxed) && Instant::now() < end {
-                    let f = pattern(i, FRAME);
-                    t.send_next(&f).unwrap();
-                    let got = t.recv_prev(&mut buf).unwrap_or_else(|e| panic!("head: frame {i}: {e}"));
-                    assert_eq!((got.len, got.kind), (FRAME, FrameKind::Data));
-                    assert!(buf[..FRAME] == f[..], "frame {i} changed on its way round");
-                    i += 1;
-                }
-                t.set_recv_timeout(Some(Duration::from_millis(300)));
-                assert!(matches!(t.recv_prev(&mut buf), Err(TransportError::Timeout(_))), "a frame came twice");
+                let i = support::round_trips_until(&mut t, FRAME, pattern, &head_stop, Duration::from_secs(60));
                 (i, t.stats())
             })
         })

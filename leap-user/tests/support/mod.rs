@@ -203,3 +203,44 @@ impl LogLines {
         LOG_LINES.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 }
+
+/// A worker of a test ring: passes every frame from the previous node on
+/// to the next unchanged (frames of at most `len` bytes) until `stop` is
+/// set or `limit` has passed.
+pub fn forward_until(t: &mut dyn leap::Transport, len: usize, stop: &std::sync::atomic::AtomicBool, limit: Duration) {
+    let mut buf = vec![0u8; len];
+    let end = Instant::now() + limit;
+    while !stop.load(Ordering::Relaxed) && Instant::now() < end {
+        match t.recv_prev(&mut buf) {
+            Ok(got) => t.send_next(&buf[..got.len]).unwrap(),
+            Err(leap::TransportError::Timeout(_)) => {}
+            Err(e) => panic!("forwarder: {e}"),
+        }
+    }
+}
+
+/// The head of a test ring: sends frame `i` (`pattern(i, len)`), takes it
+/// back and checks it is the same, again, until `stop` is set or `limit`
+/// has passed; then checks that nothing more comes (no frame twice).
+/// Returns how many frames went round.
+pub fn round_trips_until(
+    t: &mut dyn leap::Transport,
+    len: usize,
+    pattern: fn(u32, usize) -> Vec<u8>,
+    stop: &std::sync::atomic::AtomicBool,
+    limit: Duration,
+) -> u32 {
+    let mut buf = vec![0u8; len];
+    let (mut i, end) = (0u32, Instant::now() + limit);
+    while !stop.load(Ordering::Relaxed) && Instant::now() < end {
+        let f = pattern(i, len);
+        t.send_next(&f).unwrap();
+        let got = t.recv_prev(&mut buf).unwrap_or_else(|e| panic!("head: frame {i}: {e}"));
+        assert_eq!((got.len, got.kind), (len, leap::FrameKind::Data));
+        assert!(buf[..len] == f[..], "frame {i} changed on its way round");
+        i += 1;
+    }
+    t.set_recv_timeout(Some(Duration::from_millis(300)));
+    assert!(matches!(t.recv_prev(&mut buf), Err(leap::TransportError::Timeout(_))), "a frame came twice");
+    i
+}
