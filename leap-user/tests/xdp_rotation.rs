@@ -12,12 +12,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
+use leap::Transport;
 use leap::netns::{NodeNet, Topology};
 use leap::transport::KeyControl;
 use leap::transport::ring_key::{KeySet, RingKey};
 use leap::transport::udp::UdpConfig;
 use leap::transport::xdp::{AttachMode, Delivery, XdpTransport, XdpTransportConfig};
-use leap::Transport;
 use xdp_common::{in_netns, object, pattern};
 
 const PORT: u16 = 9998;

@@ -907,14 +907,29 @@ fn crc_cost(
     })
 }
 
+/// [`BenchReport::hops`] from its parts (also while its rows are changed).
+fn hops_at(floors: &[Floor], nodes: usize, site: &str) -> usize {
+    floors.iter().find(|f| f.site == site).map_or(nodes, |f| f.hops)
+}
+
 impl BenchReport {
+    /// Hops of the ring at `site`: its floor's, else one per node.
+    pub fn hops(&self, site: &str) -> usize {
+        hops_at(&self.floors, self.nodes, site)
+    }
+
     /// Fills the ratio columns from rows measured at the same site.
     pub fn compute_ratios(&mut self) {
         let rows = self.rows.clone();
         for r in &mut self.rows {
-            let tcp = rows
-                .iter()
-                .find(|t| t.transport == "tcp" && t.site == r.site && t.frame_size == r.frame_size && t.mode == r.mode);
+            // The row of ring `name` measured beside this one (the same
+            // site, frame size and mode).
+            let same = |name: &str| {
+                rows.iter().find(|t| {
+                    t.transport == name && t.site == r.site && t.frame_size == r.frame_size && t.mode == r.mode
+                })
+            };
+            let tcp = same("tcp");
             // Round by round when both have rounds (the same round ran
             // under the same conditions), else the ratio of the medians.
             let p50 = tcp.and_then(|t| round_ratio(&r.round_p50_us, &t.round_p50_us));
@@ -928,11 +943,6 @@ impl BenchReport {
             if let (base, Some(program)) = programs::split_label(&r.transport) {
                 // A ring program against Rust: as processes (the same
                 // layout) and as `leap ring`'s threads, round by round.
-                let same = |name: &str| {
-                    rows.iter().find(|t| {
-                        t.transport == name && t.site == r.site && t.frame_size == r.frame_size && t.mode == r.mode
-                    })
-                };
                 let vs = |t: Option<&BenchRow>| t.and_then(|t| round_ratio(&r.round_p50_us, &t.round_p50_us));
                 let rust = (program != programs::RUST).then(|| vs(same(&format!("{base}{SEP}{}", programs::RUST))));
                 (r.p50_vs_rust, r.p50_vs_rust_spread_pct) =
@@ -947,18 +957,14 @@ impl BenchReport {
                 .or_else(|| floor.filter(|f| f.rtt_us.p50 > 0.0).map(|f| r.rtt_us.p50 / f.rtt_us.p50));
             // A keyed row against the plain one of its rounds, and the key
             // floor measured in them.
-            let plain = plain_label(&r.transport).and_then(|p| {
-                rows.iter()
-                    .find(|t| t.transport == p && t.site == r.site && t.frame_size == r.frame_size && t.mode == r.mode)
-            });
-            if let Some(p) = plain {
+            if let Some(p) = plain_label(&r.transport).and_then(same) {
                 let diffs: Vec<f64> = r.round_p50_us.iter().zip(&p.round_p50_us).map(|(k, p)| k - p).collect();
                 r.p50_over_plain_us = (!diffs.is_empty()).then(|| median(diffs));
                 r.p50_vs_plain = round_ratio(&r.round_p50_us, &p.round_p50_us).map(|(v, _)| v);
                 r.gbit_vs_plain = round_ratio(&r.round_gbit_per_s, &p.round_gbit_per_s).map(|(v, _)| v);
             }
             r.key_floor_us = (!r.round_key_floor_us.is_empty()).then(|| median(r.round_key_floor_us.clone()));
-            let hops = floor.map_or(self.nodes, |f| f.hops);
+            let hops = hops_at(&self.floors, self.nodes, &r.site);
             r.key_floor_round_trip_us = r.key_floor_us.map(|us| us * hops as f64);
             r.key_floor_gbit_per_s =
                 r.key_floor_us.filter(|&us| us > 0.0).map(|us| r.frame_size as f64 * 8.0 / (us * 1e3));

@@ -438,8 +438,7 @@ fn key_costs(s: &mut String, r: &BenchReport) {
         let over = format!("{} ({})", us(x.p50_over_plain_us), ratio(x.p50_vs_plain));
         let floor = match (x.key_floor_round_trip_us, x.key_floor_us) {
             (Some(rt), Some(hop)) => {
-                let hops = r.floors.iter().find(|f| f.site == x.site).map_or(r.nodes, |f| f.hops);
-                format!("{rt:.1} us ({hop:.1} x {hops})")
+                format!("{rt:.1} us ({hop:.1} x {})", r.hops(&x.site))
             }
             _ => "not measured".into(),
         };
