@@ -426,10 +426,17 @@ pub fn run_ci(args: Args) -> Result<()> {
         tools::ensure(HOST_TOOLS)?;
         let obj = crate::ebpf::build_ebpf(true)?;
         for t in privileged_tests(&root)?.into_iter().filter(|t| t.starts_with("xdp_")) {
-            run(ignored_test(&t)?.env("LEAP_XDP_OBJECT", &obj))?;
+            run(ignored_test(&t)?.env(crate::ebpf::OBJECT_ENV, &obj))?;
         }
-        crate::python::setup()?.pytest("xdp", &[("LEAP_XDP_OBJECT", &obj)])?;
-        run(cargo()?.args(["build", "--release", "--locked", "-p", "leap", "--bin", "leap"]))?;
+        crate::python::setup()?.pytest("xdp", &[(crate::ebpf::OBJECT_ENV, &obj)])?;
+        // With the object embedded, as the tests above built it (cargo
+        // builds a package's binaries for its integration tests) and as the
+        // C, C++ and VM builds after it do: the build script reruns when
+        // `LEAP_XDP_OBJECT` changes, and each change rebuilds the library
+        // (about 30 s each).
+        run(cargo()?
+            .args(["build", "--release", "--locked", "-p", "leap", "--bin", "leap"])
+            .env(crate::ebpf::OBJECT_ENV, &obj))?;
         jumbo_rings(&root.join("target/release/leap"), &obj)?;
         crate::capi::xdp(&crate::capi::prepare(Some(&obj))?, &obj)?;
         crate::cpp::xdp(&crate::cpp::prepare(Some(&obj))?, &obj)
