@@ -2,6 +2,8 @@
 //! carries its tag (or is encrypted), and nothing a forger in the stream
 //! writes is delivered.
 
+mod support;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
@@ -219,7 +221,8 @@ fn a_key_on_the_kernel_module_transport_is_refused_not_dropped() {
 }
 
 /// New keys set on a running node: the established connection keeps the
-/// key it proved and goes on; the next connection must prove the new one.
+/// key it proved and goes on (the node warns that it no longer holds
+/// that key); the next connection must prove the new one.
 #[test]
 fn keys_set_while_running_are_proved_by_the_next_connection() {
     use leap::transport::ring_key::{KeyChangeError, ProofError, prove_connecting};
@@ -229,10 +232,23 @@ fn keys_set_while_running_are_proved_by_the_next_connection() {
     let tb = std::thread::spawn(move || TcpTransport::connect(cb).unwrap());
     let mut a = TcpTransport::connect(config(addr, b_addr, len, TcpFraming::Length, Some(keys(1, false)))).unwrap();
     let mut b = tb.join().unwrap();
+    support::LogLines::install();
+    let retired = || -> Vec<String> {
+        let lines = support::LogLines::lines();
+        lines.into_iter().filter(|l| l.contains("which this node no longer holds")).collect()
+    };
     let control = a.key_control().expect("tcp takes new keys");
     let both = KeySet { previous: Some(RingKey::from_bytes([1; 32])), ..keys(2, false) };
     control.set_keys(both).unwrap();
+    assert_eq!(retired(), Vec::<String>::new(), "K1 is still held");
     control.set_keys(keys(2, false)).unwrap();
+    // Both connections proved K1, which a no longer holds: a warns of each.
+    let warned = retired();
+    assert_eq!(warned.len(), 2, "{warned:?}");
+    assert!(
+        warned.iter().any(|l| l.contains("to the next node"))
+            && warned.iter().any(|l| l.contains("from the previous node"))
+    );
     assert_eq!(control.set_keys(keys(2, true)), Err(KeyChangeError::Encryption));
     let mut out = vec![0u8; len];
     for i in 0..5u8 {

@@ -64,7 +64,8 @@ pub const TAG_LEN: usize = 16;
 const MAGIC: &[u8; 8] = b"LEAPKEY2";
 const NONCE_LEN: usize = 32;
 const MAC_LEN: usize = 32;
-const ID_LEN: usize = 8;
+/// Bytes of a key's id ([`RingKey::id`]).
+pub const ID_LEN: usize = 8;
 const HELLO_LEN: usize = MAGIC.len() + 1 + NONCE_LEN + 2 * ID_LEN;
 const ANSWER_LEN: usize = NONCE_LEN + 1 + ID_LEN + MAC_LEN;
 /// `flags`: frames are encrypted.
@@ -181,7 +182,8 @@ impl RingKey {
 /// as `current` and the old one as `previous`, node by node (a running
 /// transport takes them through [`crate::Transport::key_control`]: the
 /// datagram transports from the next datagram, tcp from its next
-/// connection, an established one keeping the key it proved); a
+/// connection, an established one keeping the key it proved, with a
+/// warning once its node no longer holds that key); a
 /// connection between a node that has moved and one that has not proves
 /// the old key, and the moved node logs each time it does. When no such
 /// line shows any more, drop `previous` everywhere.
@@ -248,6 +250,11 @@ impl KeySet {
             Some(p) => format!("key {} (previous {})", short(&self.current), short(p)),
             None => format!("key {}", short(&self.current)),
         }
+    }
+
+    /// Whether the key of id `id` ([`RingKey::id`]) is one of these.
+    pub fn holds(&self, id: &[u8]) -> bool {
+        self.by_id(id).is_some()
     }
 
     fn by_id(&self, id: &[u8]) -> Option<&RingKey> {
@@ -438,6 +445,8 @@ pub struct Session {
     pub opener: Opener,
     /// The key proven was the [`KeySet::previous`] one.
     pub used_previous: bool,
+    /// The id ([`RingKey::id`]) of the key proven ([`KeySet::holds`]).
+    pub key_id: [u8; ID_LEN],
 }
 
 /// The AES-256-GCM key of one direction.
@@ -456,6 +465,7 @@ fn session(key: &RingKey, keys: &KeySet, nc: &[u8], ns: &[u8], connecting: bool)
         sealer: Sealer(Direction::new(tx, keys.encrypt)),
         opener: Opener(Direction::new(rx, keys.encrypt)),
         used_previous: keys.is_previous(key),
+        key_id: key.id(),
     }
 }
 

@@ -18,7 +18,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 pub use super::config::TcpFraming;
 use super::lend::OwnedBuf;
 use super::ready::Readiness;
-use super::ring_key::{self, KeySet, Session, TAG_LEN};
+use super::ring_key::{self, ID_LEN, KeySet, Session, TAG_LEN};
 use super::{FrameKind, FrameReceiver, FrameSender, Halves, Lent, Received, Result, Stats, Transport, TransportError};
 
 const PREFIX_LEN: usize = 8;
@@ -229,11 +229,26 @@ pub fn connect_keyed(
     keys: Option<&KeySet>,
     timeout: Duration,
 ) -> Result<(TcpStream, Option<Session>)> {
+    let (s, session, _) = connect_proving(addr, source, keys, timeout)?;
+    Ok((s, session))
+}
+
+/// The id of the key a connection proved ([`ring_key::RingKey::id`]).
+type KeyId = [u8; ID_LEN];
+
+/// [`connect_keyed`], returning also the id of the key proved.
+fn connect_proving(
+    addr: SocketAddr,
+    source: Option<SocketAddr>,
+    keys: Option<&KeySet>,
+    timeout: Duration,
+) -> Result<(TcpStream, Option<Session>, Option<KeyId>)> {
     let mut s = connect_from(addr, source, timeout)?;
-    let Some(keys) = keys else { return Ok((s, None)) };
+    let Some(keys) = keys else { return Ok((s, None, None)) };
     let session = ring_key::prove_connecting(&mut s, keys, PROOF_DEADLINE)
         .map_err(|source| TransportError::RingKey { peer: addr, source })?;
-    Ok((s, frame_keys(session, keys, "next", addr)))
+    let id = session.key_id;
+    Ok((s, frame_keys(session, keys, "next", addr), Some(id)))
 }
 
 /// What a proven connection keeps: its frame keys, unless `keys` prove the
@@ -274,6 +289,17 @@ pub fn accept_from(
     keys: Option<&KeySet>,
     timeout: Duration,
 ) -> Result<(TcpStream, Option<Session>)> {
+    accept_proving(l, prev, prev_port, keys, timeout).map(|(s, session, _)| (s, session))
+}
+
+/// [`accept_from`], returning also the id of the key proved.
+fn accept_proving(
+    l: &TcpListener,
+    prev: Option<IpAddr>,
+    prev_port: Option<u16>,
+    keys: Option<&KeySet>,
+    timeout: Duration,
+) -> Result<(TcpStream, Option<Session>, Option<KeyId>)> {
     l.set_nonblocking(true).map_err(|e| TransportError::io("fcntl", e))?;
     let start = Instant::now();
     loop {
@@ -294,16 +320,19 @@ pub fn accept_from(
                 }
                 let mut s = s;
                 s.set_nonblocking(false).map_err(|e| TransportError::io("fcntl", e))?;
-                let session = match keys.map(|k| (k, ring_key::prove_accepting(&mut s, k, PROOF_DEADLINE))) {
-                    None => None,
-                    Some((k, Ok(session))) => frame_keys(session, k, "previous", from),
+                let (session, id) = match keys.map(|k| (k, ring_key::prove_accepting(&mut s, k, PROOF_DEADLINE))) {
+                    None => (None, None),
+                    Some((k, Ok(session))) => {
+                        let id = session.key_id;
+                        (frame_keys(session, k, "previous", from), Some(id))
+                    }
                     Some((_, Err(e))) => {
                         log::warn!("refused a connection from {from}: {e}");
                         continue;
                     }
                 };
                 tune(&s);
-                return Ok((s, session));
+                return Ok((s, session, id));
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 if start.elapsed() >= timeout {
@@ -382,18 +411,22 @@ impl TcpTransport {
         let (next, timeout) = (cfg.next, cfg.setup_timeout);
         let source = cfg.source_port.map(|p| SocketAddr::new(cfg.listen.ip(), p));
         let key = cfg.ring_key.clone();
-        let connector = std::thread::spawn(move || connect_keyed(next, source, key.as_ref(), timeout));
-        let accepted = accept_from(&listener, cfg.prev, cfg.prev_port, cfg.ring_key.as_ref(), cfg.setup_timeout);
-        let to_next = connector.join().map_err(|_| TransportError::Unsupported("connect thread panicked"))??;
-        let from_prev = accepted?;
+        let connector = std::thread::spawn(move || connect_proving(next, source, key.as_ref(), timeout));
+        let accepted = accept_proving(&listener, cfg.prev, cfg.prev_port, cfg.ring_key.as_ref(), cfg.setup_timeout);
+        let (to_next, to_next_keys, next_proved) =
+            connector.join().map_err(|_| TransportError::Unsupported("connect thread panicked"))??;
+        let (from_prev, from_prev_keys, prev_proved) = accepted?;
         let stats = Arc::new(Mutex::new(Stats::default()));
         let timeout = cfg.recv_timeout;
-        let keys = Arc::new(Mutex::new(cfg.ring_key.clone()));
+        let keys = Arc::new(SharedKeys {
+            keys: Mutex::new(cfg.ring_key.clone()),
+            proved: Mutex::new(Proved { next: next_proved, prev: prev_proved }),
+        });
         let mut t = Self {
             tx: TcpSendHalf {
                 cfg: cfg.clone(),
                 keys: Arc::clone(&keys),
-                to_next: Some(Inbound::new(to_next)),
+                to_next: Some(Inbound::new((to_next, to_next_keys))),
                 stats: Arc::clone(&stats),
                 tx: OwnedBuf::default(),
                 pending: None,
@@ -402,7 +435,7 @@ impl TcpTransport {
                 cfg,
                 keys,
                 listener,
-                from_prev: Some(Inbound::new(from_prev)),
+                from_prev: Some(Inbound::new((from_prev, from_prev_keys))),
                 stats,
                 lend: OwnedBuf::default(),
                 ready: OnceLock::new(),
@@ -675,7 +708,7 @@ pub struct TcpSendHalf {
     cfg: TcpConfig,
     /// The ring keys new connections prove (shared with the receiving half
     /// and [`Transport::key_control`]).
-    keys: SharedKeys,
+    keys: Arc<SharedKeys>,
     to_next: Option<Inbound>,
     stats: Arc<Mutex<Stats>>,
     tx: OwnedBuf,
@@ -688,7 +721,7 @@ pub struct TcpSendHalf {
 #[derive(Debug)]
 pub struct TcpRecvHalf {
     cfg: TcpConfig,
-    keys: SharedKeys,
+    keys: Arc<SharedKeys>,
     listener: TcpListener,
     from_prev: Option<Inbound>,
     stats: Arc<Mutex<Stats>>,
@@ -702,19 +735,38 @@ pub struct TcpRecvHalf {
     applied: Option<Option<Duration>>,
 }
 
-/// The ring keys of a transport's next connections: set anew while it
-/// runs ([`super::KeyControl`]); a connection keeps the keys it proved.
-type SharedKeys = Arc<Mutex<Option<KeySet>>>;
-
-fn keys_now(keys: &SharedKeys) -> Option<KeySet> {
-    keys.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+/// The ring keys of a transport's next connections, set anew while it
+/// runs ([`super::KeyControl`]), and the keys its connections proved: a
+/// connection keeps the key it proved.
+#[derive(Debug)]
+struct SharedKeys {
+    keys: Mutex<Option<KeySet>>,
+    proved: Mutex<Proved>,
 }
 
-/// New keys for the next connections of a tcp transport keyed with `keys`.
-fn key_control(keys: &SharedKeys) -> super::KeyControl {
+/// The ids of the keys the connections to the next and from the previous
+/// node proved (`None`: unkeyed, or none yet).
+#[derive(Debug, Default)]
+struct Proved {
+    next: Option<KeyId>,
+    prev: Option<KeyId>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn keys_now(keys: &SharedKeys) -> Option<KeySet> {
+    lock(&keys.keys).clone()
+}
+
+/// New keys for the next connections of a tcp transport keyed with `keys`;
+/// warns of an established connection that goes on with a key they no
+/// longer hold.
+fn key_control(keys: &Arc<SharedKeys>) -> super::KeyControl {
     let keys = Arc::clone(keys);
     super::KeyControl::new(move |new: KeySet| {
-        let mut held = keys.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut held = lock(&keys.keys);
         let Some(old) = held.as_ref() else { return Err(ring_key::KeyChangeError::Unkeyed) };
         if (new.encrypt, new.tags()) != (old.encrypt, old.tags()) {
             return Err(ring_key::KeyChangeError::Encryption);
@@ -725,6 +777,17 @@ fn key_control(keys: &SharedKeys) -> super::KeyControl {
             new.describe(),
             old.describe()
         );
+        let proved = lock(&keys.proved);
+        for (id, side) in [(proved.next, "to the next node"), (proved.prev, "from the previous node")] {
+            if let Some(id) = id.filter(|id| !new.holds(id)) {
+                log::warn!(
+                    "ring key: the connection {side} goes on with key {}, which this node no longer holds: an \
+                     established connection keeps the key it proved until it reconnects (restart this node or \
+                     that neighbour to retire the key)",
+                    id[..4].iter().map(|b| format!("{b:02x}")).collect::<String>()
+                );
+            }
+        }
         *held = Some(new);
         Ok(())
     })
@@ -755,9 +818,10 @@ impl TcpSendHalf {
         self.to_next = None;
         let source = self.cfg.source_port.map(|p| SocketAddr::new(self.cfg.listen.ip(), p));
         let keys = keys_now(&self.keys);
-        let s = connect_keyed(self.cfg.next, source, keys.as_ref(), self.cfg.setup_timeout)?;
-        let _ = s.0.set_read_timeout(self.cfg.recv_timeout.map(|t| t.max(Duration::from_millis(1))));
-        let inb = self.to_next.insert(Inbound::new(s));
+        let (s, session, proved) = connect_proving(self.cfg.next, source, keys.as_ref(), self.cfg.setup_timeout)?;
+        let _ = s.set_read_timeout(self.cfg.recv_timeout.map(|t| t.max(Duration::from_millis(1))));
+        lock(&self.keys.proved).next = proved;
+        let inb = self.to_next.insert(Inbound::new((s, session)));
         TcpTransport::write(inb, prev, self.cfg.framing, kind, header, payload)?;
         self.sent(header.len() + payload.len())
     }
@@ -894,9 +958,11 @@ impl TcpRecvHalf {
         if self.from_prev.is_none() {
             let wait = self.cfg.recv_timeout.unwrap_or(self.cfg.setup_timeout);
             let keys = keys_now(&self.keys);
-            let s = accept_from(&self.listener, self.cfg.prev, self.cfg.prev_port, keys.as_ref(), wait)?;
-            log::info!("previous node connected again from {:?}", s.0.peer_addr().ok());
-            self.set_from_prev(Some(Inbound::new(s)));
+            let (s, session, proved) =
+                accept_proving(&self.listener, self.cfg.prev, self.cfg.prev_port, keys.as_ref(), wait)?;
+            log::info!("previous node connected again from {:?}", s.peer_addr().ok());
+            lock(&self.keys.proved).prev = proved;
+            self.set_from_prev(Some(Inbound::new((s, session))));
         }
         let inb = self.from_prev.as_mut().expect("connected");
         let res = TcpTransport::read(inb, &self.cfg, buf, "previous");
