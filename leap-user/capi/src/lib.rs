@@ -325,14 +325,26 @@ pub unsafe extern "C" fn leap_config_check(config: *const leap_config) -> leap_s
 /// `config` is NULL or a handle from `leap_config_new`, not used after.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn leap_config_free(config: *mut leap_config) {
-    if !config.is_null() {
-        let _ = guard(|| {
-            // SAFETY: made by Box::into_raw in leap_config_new; the caller
-            // gives it up.
-            drop(unsafe { Box::from_raw(config) });
-            Ok(())
-        });
+    // SAFETY: the caller's promise (made by leap_config_new, given up).
+    unsafe { free_handle(config, drop) }
+}
+
+/// Takes back a handle this library made with `Box::into_raw` and drops
+/// it, `finish` first taking apart what must go in order; NULL does
+/// nothing, and a panic does not cross the boundary.
+///
+/// # Safety
+///
+/// `p` is NULL or a handle this library gave out, not used after.
+unsafe fn free_handle<T>(p: *mut T, finish: impl FnOnce(Box<T>)) {
+    if p.is_null() {
+        return;
     }
+    let _ = guard(|| {
+        // SAFETY: made by Box::into_raw (the caller's promise), given up.
+        finish(unsafe { Box::from_raw(p) });
+        Ok(())
+    });
 }
 
 fn key_table() -> &'static [(std::ffi::CString, std::ffi::CString)] {
@@ -790,14 +802,8 @@ pub unsafe extern "C" fn leap_keys_set(
 /// `keys` is NULL or a handle from `leap_key_control`, not used after.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn leap_keys_free(keys: *mut leap_keys) {
-    if !keys.is_null() {
-        let _ = guard(|| {
-            // SAFETY: made by Box::into_raw in leap_key_control; the caller
-            // gives it up.
-            drop(unsafe { Box::from_raw(keys) });
-            Ok(())
-        });
-    }
+    // SAFETY: the caller's promise (made by leap_key_control, given up).
+    unsafe { free_handle(keys, drop) }
 }
 
 // ---------------------------------------------------------------------------
@@ -872,15 +878,13 @@ pub unsafe extern "C" fn leap_close(t: *mut leap_transport) -> leap_status {
 /// `t` is NULL or a handle from `leap_open`, not used after.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn leap_free(t: *mut leap_transport) {
-    if !t.is_null() {
-        let _ = guard(|| {
-            // SAFETY: made by Box::into_raw in leap_open; the caller gives it
-            // up. `Node` drops the lent frame before the transport.
-            let t = unsafe { Box::from_raw(t) };
+    // SAFETY: the caller's promise (made by leap_open, given up). `Node`
+    // drops the lent frame before the transport.
+    unsafe {
+        free_handle(t, |t| {
             if let Some(n) = t.node {
                 drop(n.rx.into_parts());
             }
-            Ok(())
         });
     }
 }
@@ -996,14 +1000,8 @@ pub unsafe extern "C" fn leap_sender_get_stats(s: *mut leap_sender, stats: *mut 
 /// `s` is NULL or a sender from `leap_split`, not used after.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn leap_sender_free(s: *mut leap_sender) {
-    if !s.is_null() {
-        let _ = guard(|| {
-            // SAFETY: made by Box::into_raw in leap_split; the caller gives
-            // it up.
-            drop(unsafe { Box::from_raw(s) });
-            Ok(())
-        });
-    }
+    // SAFETY: the caller's promise (made by leap_split, given up).
+    unsafe { free_handle(s, drop) }
 }
 
 /// As `leap_recv_prev`, on the receiving half.
@@ -1136,15 +1134,12 @@ pub unsafe extern "C" fn leap_receiver_get_stats(r: *mut leap_receiver, stats: *
 /// `r` is NULL or a receiver from `leap_split`, not used after.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn leap_receiver_free(r: *mut leap_receiver) {
-    if !r.is_null() {
-        let _ = guard(|| {
-            // SAFETY: made by Box::into_raw in leap_split; the caller gives
-            // it up.
-            let r = unsafe { Box::from_raw(r) };
+    // SAFETY: the caller's promise (made by leap_split, given up).
+    unsafe {
+        free_handle(r, |r| {
             if let Some(side) = r.half {
                 drop(side.into_parts());
             }
-            Ok(())
         });
     }
 }
