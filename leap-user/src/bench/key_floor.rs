@@ -15,7 +15,7 @@ use std::error::Error;
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use leap_common::chunk::{CHUNK_HEADER_LEN, flags};
+use leap_common::chunk::flags;
 
 use crate::frame::Chunker;
 use crate::transport::datagram_auth::{Opener, Seals, TRAILER_LEN};
@@ -68,13 +68,8 @@ fn seal_and_open(keys: &KeySet, size: usize, frames: usize) -> Result<f64, Floor
         .map(|id| {
             let c = chunker.chunk(id).expect("id below total");
             let mut d = vec![0; c.datagram_len() + TRAILER_LEN];
-            c.header.write(&mut d);
-            let mut at = CHUNK_HEADER_LEN;
-            for p in c.pieces {
-                d[at..at + p.len()].copy_from_slice(p);
-                at += p.len();
-            }
-            (d, at)
+            let len = c.write(&mut d);
+            (d, len)
         })
         .collect();
     let mut times = Vec::with_capacity(frames);

@@ -31,6 +31,22 @@ impl ChunkRef<'_> {
     pub fn datagram_len(&self) -> usize {
         CHUNK_HEADER_LEN + self.payload_len()
     }
+
+    /// Writes the datagram (header, then payload) at the start of `buf`;
+    /// returns its length.
+    ///
+    /// # Panics
+    ///
+    /// If `buf` is shorter than [`Self::datagram_len`].
+    pub fn write(&self, buf: &mut [u8]) -> usize {
+        self.header.write(buf);
+        let mut at = CHUNK_HEADER_LEN;
+        for p in self.pieces {
+            buf[at..at + p.len()].copy_from_slice(p);
+            at += p.len();
+        }
+        at
+    }
 }
 
 /// Iterator over the chunks of a frame made of `head` then `tail` (then a

@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 
-use leap_common::chunk::{CHUNK_DATAGRAM_MAX, CHUNK_HEADER_LEN};
+use leap_common::chunk::CHUNK_DATAGRAM_MAX;
 use leap_common::hello::Hello;
 
 use crate::frame::Chunker;
@@ -144,12 +144,5 @@ pub(super) fn write_one(
 }
 
 fn write_chunk(chunker: &Chunker<'_>, id: u16, buf: &mut [u8]) -> usize {
-    let c = chunker.chunk(id).expect("id below total");
-    c.header.write(buf);
-    let mut at = CHUNK_HEADER_LEN;
-    for p in c.pieces {
-        buf[at..at + p.len()].copy_from_slice(p);
-        at += p.len();
-    }
-    at
+    chunker.chunk(id).expect("id below total").write(buf)
 }
