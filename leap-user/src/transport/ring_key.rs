@@ -245,7 +245,7 @@ impl KeySet {
     /// A short name of the keys for the log: the first bytes of each key's
     /// id (which shows nothing of the key).
     pub fn describe(&self) -> String {
-        let short = |k: &RingKey| k.id()[..4].iter().map(|b| format!("{b:02x}")).collect::<String>();
+        let short = |k: &RingKey| log_name(&k.id());
         match &self.previous {
             Some(p) => format!("key {} (previous {})", short(&self.current), short(p)),
             None => format!("key {}", short(&self.current)),
@@ -264,6 +264,12 @@ impl KeySet {
     fn is_previous(&self, k: &RingKey) -> bool {
         self.previous.as_ref() == Some(k) && *k != self.current
     }
+}
+
+/// A key's name in the log: the first bytes of its id
+/// ([`RingKey::id`]), which shows nothing of the key.
+pub(crate) fn log_name(id: &[u8]) -> String {
+    id.iter().take(4).map(|b| format!("{b:02x}")).collect()
 }
 
 /// Why new keys were not taken by an open transport

@@ -784,7 +784,7 @@ fn key_control(keys: &Arc<SharedKeys>) -> super::KeyControl {
                     "ring key: the connection {side} goes on with key {}, which this node no longer holds: an \
                      established connection keeps the key it proved until it reconnects (restart this node or \
                      that neighbour to retire the key)",
-                    id[..4].iter().map(|b| format!("{b:02x}")).collect::<String>()
+                    ring_key::log_name(&id)
                 );
             }
         }
